@@ -1,0 +1,145 @@
+// Package dataplane defines the desired state that kpr's control plane computes
+// from the Kubernetes API, and the one small interface through which it is
+// handed to a dataplane backend (eBPF maps today, iptables or IPVS later).
+//
+// The types here are deliberately free of Kubernetes API types: the watcher
+// translates Services and EndpointSlices into them, and a backend only has to
+// understand addresses, ports and backend sets.
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Protocol is an IP protocol number, as carried in the BPF maps.
+type Protocol uint8
+
+const (
+	TCP  Protocol = 6
+	UDP  Protocol = 17
+	SCTP Protocol = 132
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	case SCTP:
+		return "SCTP"
+	}
+	return fmt.Sprintf("proto(%d)", uint8(p))
+}
+
+// ParseProtocol accepts the Kubernetes spellings "TCP", "UDP" and "SCTP".
+func ParseProtocol(s string) (Protocol, error) {
+	switch s {
+	case "TCP", "tcp", "":
+		return TCP, nil
+	case "UDP", "udp":
+		return UDP, nil
+	case "SCTP", "sctp":
+		return SCTP, nil
+	}
+	return 0, fmt.Errorf("unknown protocol %q: want TCP, UDP or SCTP", s)
+}
+
+// ServicePortName identifies one port of one Service, the unit kube-proxy
+// programs and the unit kpr applies.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	// Port is the Service port's name; empty for a single unnamed port.
+	Port     string
+	Protocol Protocol
+}
+
+func (n ServicePortName) String() string {
+	s := n.Namespace + "/" + n.Name
+	if n.Port != "" {
+		s += ":" + n.Port
+	}
+	return s + "/" + n.Protocol.String()
+}
+
+// FrontendKind says how a frontend address came to exist. Backends use it for
+// display and to decide which traffic policy governs the frontend.
+type FrontendKind uint8
+
+const (
+	ClusterIP FrontendKind = iota
+	NodePort
+	ExternalIP
+	LoadBalancer
+)
+
+func (k FrontendKind) String() string {
+	switch k {
+	case ClusterIP:
+		return "ClusterIP"
+	case NodePort:
+		return "NodePort"
+	case ExternalIP:
+		return "ExternalIP"
+	case LoadBalancer:
+		return "LoadBalancer"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Backend is one endpoint address and port that traffic may be sent to.
+type Backend struct {
+	Addr netip.Addr
+	Port uint16
+}
+
+func (b Backend) String() string { return netip.AddrPortFrom(b.Addr, b.Port).String() }
+
+// Frontend is one address:port a client may connect to, together with the
+// backend sets that serve it.
+type Frontend struct {
+	Addr     netip.Addr
+	Port     uint16
+	Protocol Protocol
+	Kind     FrontendKind
+
+	// Backends serve traffic that starts inside the cluster: every socket on
+	// this node. For a ClusterIP this is the set after internalTrafficPolicy;
+	// for NodePort, ExternalIP and LoadBalancer frontends it is the
+	// cluster-wide set, because kube-proxy sends locally originated traffic to
+	// cluster endpoints even under externalTrafficPolicy: Local.
+	// An empty set means "reject new connections".
+	Backends []Backend
+
+	// ExternalBackends, when non-nil, serve traffic that arrives from outside
+	// the node (externalTrafficPolicy: Local keeps it on node-local endpoints).
+	// Nil means external traffic uses Backends.
+	ExternalBackends []Backend
+}
+
+// AddrPort returns the frontend's address and port.
+func (f Frontend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(f.Addr, f.Port) }
+
+// ServicePort is the complete desired state of one Service port.
+type ServicePort struct {
+	Name      ServicePortName
+	Frontends []Frontend
+	// AffinityTimeout is the ClientIP session affinity timeout; zero means no
+	// session affinity.
+	AffinityTimeout time.Duration
+}
+
+// Dataplane is what the control plane drives. Implementations must make each
+// call atomic per ServicePort: on error a ServicePort is left as it was
+// before the call, never half-written.
+type Dataplane interface {
+	// Apply programs the given ServicePorts. A nil value deletes the
+	// ServicePort and every frontend it had.
+	Apply(changes map[ServicePortName]*ServicePort) error
+	// Reconcile makes the dataplane hold exactly the given ServicePorts,
+	// repairing drift and removing anything not listed.
+	Reconcile(all map[ServicePortName]*ServicePort) error
+}
