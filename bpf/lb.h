@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Map layout shared by kpr's BPF programs and, through bpf2go -type, by the
+ * Go control plane. This file is the single definition of these structs.
+ *
+ * Addresses are always 16 bytes in network byte order. IPv4 is stored in
+ * its v4-mapped IPv6 form (::ffff:a.b.c.d) so that one map serves both
+ * families and a dual-stack socket connecting to ::ffff:VIP finds the IPv4
+ * Service without a second lookup.
+ */
+#pragma once
+
+#include <linux/types.h>
+
+/* Which backend set a lookup wants (svc_key.scope). */
+enum svc_scope {
+	/* Traffic from sockets on this node: every cgroup hook uses this. */
+	SVC_SCOPE_INTERNAL = 0,
+	/* Traffic arriving from outside the node (externalTrafficPolicy). */
+	SVC_SCOPE_EXTERNAL = 1,
+};
+
+struct svc_key {
+	__u32 addr[4];	/* frontend address */
+	__u16 port;	/* frontend port, network byte order */
+	__u8 proto;	/* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 scope;	/* enum svc_scope */
+	__u16 slot;	/* 0: master entry; 1..count: backend slots */
+	__u16 pad;
+};
+
+struct svc_value {
+	__u32 backend_id;	/* slots only: key into the backend map */
+	__u32 rev_nat_id;	/* master only: key into the rev_nat map */
+	__u32 affinity_timeout;	/* master only: ClientIP affinity, seconds; 0 = off */
+	__u16 count;		/* master only: number of backend slots */
+	__u8 kind;		/* master only: dataplane.FrontendKind, for display;
+				 * only Go reads it */
+	__u8 pad;
+};
+
+struct backend {
+	__u32 addr[4];
+	__u16 port;	/* network byte order */
+	__u8 proto;
+	__u8 state;	/* 0 = active; other values are reserved */
+};
+
+/* rev_nat map value: the frontend a rev_nat_id stands for. */
+struct rev_nat_value {
+	__u32 addr[4];
+	__u16 port;	/* network byte order */
+	__u16 pad;
+};
+
+/*
+ * Per-socket reverse translation: a socket (cookie) that was sent to a
+ * backend sees the frontend it asked for in recvmsg and getpeername.
+ */
+struct sock_rev_key {
+	__u64 cookie;
+	__u32 addr[4];	/* backend address */
+	__u16 port;	/* backend port, network byte order */
+	__u16 pad[3];
+};
+
+struct sock_rev_value {
+	__u32 addr[4];	/* frontend address */
+	__u16 port;	/* frontend port, network byte order */
+	__u16 pad;
+	__u32 rev_nat_id;
+};
+
+/* ClientIP session affinity. At the socket layer the client is a netns. */
+struct affinity_key {
+	__u64 client;	/* network namespace cookie */
+	__u32 rev_nat_id;
+	__u32 pad;
+};
+
+struct affinity_value {
+	__u64 last_used_ns;	/* bpf_ktime_get_ns() of the last use */
+	__u32 backend_id;
+	__u32 pad;
+};

@@ -1,0 +1,365 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Socket-level Service load balancing on the cgroup v2 sock_addr hooks.
+ *
+ * connect and sendmsg rewrite a Service frontend (VIP:port) to a backend
+ * before the kernel routes anything, so no packet ever carries the VIP.
+ * recvmsg and getpeername rewrite the backend back to the frontend, so the
+ * application only ever sees the address it asked for.
+ */
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "lb.h"
+
+#define ECONNREFUSED 111
+#define AF_INET 2
+#define AF_INET6 10
+
+/* Set by the loader when the kernel lets cgroup programs choose the
+ * syscall's errno (bpf_set_retval, 5.18+). Without it a rejected connect
+ * fails with EPERM instead of ECONNREFUSED. */
+volatile const __u8 have_set_retval = 0;
+
+/* The scope the socket hooks look up. It is a constant rather than a literal
+ * so that enum svc_scope reaches BTF, and from there bpf2go's Go bindings. */
+volatile const enum svc_scope sock_scope = SVC_SCOPE_INTERNAL;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_key);
+	__type(value, struct svc_value);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(max_entries, 131072);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct rev_nat_value);
+	__uint(max_entries, 131072);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_rev_nat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock_rev_key);
+	__type(value, struct sock_rev_value);
+	__uint(max_entries, 131072);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_sock_rev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_affinity SEC(".maps");
+
+enum lb_result {
+	LB_NOT_SERVICE,	/* not a frontend: leave the address alone */
+	LB_TRANSLATED,	/* the address now points at a backend */
+	LB_REJECT,	/* a frontend without backends: fail the syscall */
+};
+
+static __always_inline void addr_from_v4(__u32 addr[4], __u32 ip4)
+{
+	addr[0] = 0;
+	addr[1] = 0;
+	addr[2] = bpf_htonl(0xffff);
+	addr[3] = ip4;
+}
+
+static __always_inline void addr_from_v6(__u32 addr[4], const struct bpf_sock_addr *ctx)
+{
+	addr[0] = ctx->user_ip6[0];
+	addr[1] = ctx->user_ip6[1];
+	addr[2] = ctx->user_ip6[2];
+	addr[3] = ctx->user_ip6[3];
+}
+
+static __always_inline void addr_copy(__u32 dst[4], const __u32 src[4])
+{
+	dst[0] = src[0];
+	dst[1] = src[1];
+	dst[2] = src[2];
+	dst[3] = src[3];
+}
+
+static __always_inline int reject(void)
+{
+	if (have_set_retval)
+		bpf_set_retval(-ECONNREFUSED);
+	return 0;
+}
+
+/* One socket keeps one backend: spread socket cookies over the slots. */
+static __always_inline __u32 cookie_hash(__u64 cookie)
+{
+	return (__u32)(cookie ^ (cookie >> 32)) * 2654435761u;
+}
+
+static __always_inline __u32 affinity_lookup(struct bpf_sock_addr *ctx,
+					      const struct svc_value *master)
+{
+	struct affinity_key key = {
+		.client = bpf_get_netns_cookie(ctx),
+		.rev_nat_id = master->rev_nat_id,
+	};
+	struct affinity_value *val;
+
+	val = bpf_map_lookup_elem(&kpr_affinity, &key);
+	if (!val)
+		return 0;
+	if (bpf_ktime_get_ns() - val->last_used_ns >
+	    (__u64)master->affinity_timeout * 1000000000ULL)
+		return 0;
+	return val->backend_id;
+}
+
+static __always_inline void affinity_update(struct bpf_sock_addr *ctx,
+					    const struct svc_value *master,
+					    __u32 backend_id)
+{
+	struct affinity_key key = {
+		.client = bpf_get_netns_cookie(ctx),
+		.rev_nat_id = master->rev_nat_id,
+	};
+	struct affinity_value val = {
+		.last_used_ns = bpf_ktime_get_ns(),
+		.backend_id = backend_id,
+	};
+
+	bpf_map_update_elem(&kpr_affinity, &key, &val, BPF_ANY);
+}
+
+/* Remember the frontend for this socket and backend, unless already known:
+ * an unconnected UDP socket calls sendmsg for every datagram. */
+static __always_inline void sock_rev_remember(__u64 cookie, const struct backend *be,
+					      const struct svc_key *frontend,
+					      __u32 rev_nat_id)
+{
+	struct sock_rev_key key = {
+		.cookie = cookie,
+		.port = be->port,
+	};
+	struct sock_rev_value val = {
+		.port = frontend->port,
+		.rev_nat_id = rev_nat_id,
+	};
+	struct sock_rev_value *old;
+
+	addr_copy(key.addr, be->addr);
+	old = bpf_map_lookup_elem(&kpr_sock_rev, &key);
+	if (old && old->rev_nat_id == rev_nat_id && old->port == frontend->port &&
+	    old->addr[3] == frontend->addr[3] && old->addr[2] == frontend->addr[2] &&
+	    old->addr[1] == frontend->addr[1] && old->addr[0] == frontend->addr[0])
+		return;
+	addr_copy(val.addr, frontend->addr);
+	bpf_map_update_elem(&kpr_sock_rev, &key, &val, BPF_ANY);
+}
+
+/*
+ * Look up the frontend in key and pick a backend for it. key->addr, port and
+ * proto must be set; on LB_TRANSLATED *out points at the chosen backend.
+ */
+static __always_inline enum lb_result lb_select(struct bpf_sock_addr *ctx,
+						struct svc_key *key,
+						const struct backend **out)
+{
+	const struct svc_value *master, *slot;
+	const struct backend *be = NULL;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	__u32 backend_id = 0, pick;
+	__u32 rev_nat_id;
+
+	key->scope = sock_scope;
+	key->slot = 0;
+	master = bpf_map_lookup_elem(&kpr_services, key);
+	if (!master)
+		return LB_NOT_SERVICE;
+	if (master->count == 0)
+		return LB_REJECT;
+
+	if (master->affinity_timeout) {
+		backend_id = affinity_lookup(ctx, master);
+		if (backend_id)
+			be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
+	}
+	if (!be) {
+		pick = key->proto == IPPROTO_UDP ? cookie_hash(cookie) : bpf_get_prandom_u32();
+		key->slot = (pick % master->count) + 1;
+		slot = bpf_map_lookup_elem(&kpr_services, key);
+		key->slot = 0;
+		if (!slot)
+			return LB_REJECT;
+		backend_id = slot->backend_id;
+		be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
+		if (!be)
+			return LB_REJECT;
+	}
+	if (master->affinity_timeout)
+		affinity_update(ctx, master, backend_id);
+
+	rev_nat_id = master->rev_nat_id;
+	sock_rev_remember(cookie, be, key, rev_nat_id);
+	*out = be;
+	return LB_TRANSLATED;
+}
+
+static __always_inline int is_lb_proto(__u32 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP;
+}
+
+static __always_inline int forward4(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = {};
+	const struct backend *be;
+
+	if (!is_lb_proto(ctx->protocol))
+		return 1;
+	addr_from_v4(key.addr, ctx->user_ip4);
+	key.port = (__u16)ctx->user_port;
+	key.proto = (__u8)ctx->protocol;
+
+	switch (lb_select(ctx, &key, &be)) {
+	case LB_REJECT:
+		return reject();
+	case LB_TRANSLATED:
+		ctx->user_ip4 = be->addr[3];
+		ctx->user_port = be->port;
+		return 1;
+	default:
+		return 1;
+	}
+}
+
+static __always_inline int forward6(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = {};
+	const struct backend *be;
+
+	if (!is_lb_proto(ctx->protocol))
+		return 1;
+	addr_from_v6(key.addr, ctx);
+	key.port = (__u16)ctx->user_port;
+	key.proto = (__u8)ctx->protocol;
+
+	switch (lb_select(ctx, &key, &be)) {
+	case LB_REJECT:
+		return reject();
+	case LB_TRANSLATED:
+		ctx->user_ip6[0] = be->addr[0];
+		ctx->user_ip6[1] = be->addr[1];
+		ctx->user_ip6[2] = be->addr[2];
+		ctx->user_ip6[3] = be->addr[3];
+		ctx->user_port = be->port;
+		return 1;
+	default:
+		return 1;
+	}
+}
+
+/* Find the frontend a socket was translated from, for a backend address. */
+static __always_inline const struct sock_rev_value *
+sock_rev_lookup(struct bpf_sock_addr *ctx, struct sock_rev_key *key)
+{
+	key->cookie = bpf_get_socket_cookie(ctx);
+	key->port = (__u16)ctx->user_port;
+	return bpf_map_lookup_elem(&kpr_sock_rev, key);
+}
+
+static __always_inline int reverse4(struct bpf_sock_addr *ctx)
+{
+	struct sock_rev_key key = {};
+	const struct sock_rev_value *val;
+
+	addr_from_v4(key.addr, ctx->user_ip4);
+	val = sock_rev_lookup(ctx, &key);
+	if (val) {
+		ctx->user_ip4 = val->addr[3];
+		ctx->user_port = val->port;
+	}
+	return 1;
+}
+
+static __always_inline int reverse6(struct bpf_sock_addr *ctx)
+{
+	struct sock_rev_key key = {};
+	const struct sock_rev_value *val;
+
+	addr_from_v6(key.addr, ctx);
+	val = sock_rev_lookup(ctx, &key);
+	if (val) {
+		ctx->user_ip6[0] = val->addr[0];
+		ctx->user_ip6[1] = val->addr[1];
+		ctx->user_ip6[2] = val->addr[2];
+		ctx->user_ip6[3] = val->addr[3];
+		ctx->user_port = val->port;
+	}
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int kpr_connect4(struct bpf_sock_addr *ctx) { return forward4(ctx); }
+
+SEC("cgroup/connect6")
+int kpr_connect6(struct bpf_sock_addr *ctx) { return forward6(ctx); }
+
+SEC("cgroup/sendmsg4")
+int kpr_sendmsg4(struct bpf_sock_addr *ctx) { return forward4(ctx); }
+
+SEC("cgroup/sendmsg6")
+int kpr_sendmsg6(struct bpf_sock_addr *ctx) { return forward6(ctx); }
+
+SEC("cgroup/recvmsg4")
+int kpr_recvmsg4(struct bpf_sock_addr *ctx) { return reverse4(ctx); }
+
+SEC("cgroup/recvmsg6")
+int kpr_recvmsg6(struct bpf_sock_addr *ctx) { return reverse6(ctx); }
+
+SEC("cgroup/getpeername4")
+int kpr_getpeer4(struct bpf_sock_addr *ctx) { return reverse4(ctx); }
+
+SEC("cgroup/getpeername6")
+int kpr_getpeer6(struct bpf_sock_addr *ctx) { return reverse6(ctx); }
+
+/* A closing socket forgets its reverse entry for the peer it was connected
+ * to; entries of unconnected UDP sockets age out of the LRU map. */
+SEC("cgroup/sock_release")
+int kpr_sock_release(struct bpf_sock *sk)
+{
+	struct sock_rev_key key = {};
+
+	key.cookie = bpf_get_socket_cookie(sk);
+	if (sk->family == AF_INET) {
+		addr_from_v4(key.addr, sk->dst_ip4);
+	} else if (sk->family == AF_INET6) {
+		key.addr[0] = sk->dst_ip6[0];
+		key.addr[1] = sk->dst_ip6[1];
+		key.addr[2] = sk->dst_ip6[2];
+		key.addr[3] = sk->dst_ip6[3];
+	} else {
+		return 1;
+	}
+	key.port = (__u16)sk->dst_port;
+	bpf_map_delete_elem(&kpr_sock_rev, &key);
+	return 1;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
