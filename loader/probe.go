@@ -1,0 +1,188 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// Feature names in a Report.
+const (
+	FeatureConnect      = "cgroup connect4/6 hooks"
+	FeatureSendmsg      = "cgroup sendmsg4/6 hooks"
+	FeatureRecvmsg      = "cgroup recvmsg4/6 hooks"
+	FeatureGetpeername  = "cgroup getpeername4/6 hooks"
+	FeatureSockRelease  = "cgroup sock_release hook"
+	FeatureCgroupLink   = "bpf_link for cgroup programs"
+	FeatureNetnsCookie  = "bpf_get_netns_cookie helper"
+	FeatureSocketCookie = "bpf_get_socket_cookie helper"
+	FeatureSetRetval    = "bpf_set_retval helper"
+	FeatureLRUHash      = "LRU hash maps"
+	FeatureNoPrealloc   = "BPF_F_NO_PREALLOC hash maps"
+	FeatureBatchOps     = "batch map operations"
+)
+
+// Feature is one probed kernel capability.
+type Feature struct {
+	Name      string `json:"name"`
+	Supported bool   `json:"supported"`
+	// Impact says what kpr does without it.
+	Impact string `json:"impact,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// Report is what this kernel supports, as kpr needs it.
+type Report struct {
+	Kernel   string    `json:"kernel"`
+	Features []Feature `json:"features"`
+}
+
+// Has reports whether the named feature was found.
+func (r Report) Has(name string) bool {
+	for _, f := range r.Features {
+		if f.Name == name {
+			return f.Supported
+		}
+	}
+	return false
+}
+
+// requiredForSocketLB are the features without which kpr's eBPF mode cannot
+// translate Services correctly.
+var requiredForSocketLB = []string{FeatureConnect, FeatureSendmsg, FeatureRecvmsg,
+	FeatureSocketCookie, FeatureNetnsCookie, FeatureLRUHash, FeatureNoPrealloc, FeatureCgroupLink}
+
+// RequireSocketLB returns an error naming every missing required feature.
+func (r Report) RequireSocketLB() error {
+	var missing []string
+	for _, name := range requiredForSocketLB {
+		if !r.Has(name) {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("kernel %s lacks %s, which kpr's eBPF mode needs; use --mode iptables or a Linux 5.8+ kernel",
+			r.Kernel, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// Probe checks the running kernel. It loads small throw-away programs and
+// maps; it attaches nothing anywhere but a cgroup it creates and removes.
+func Probe() Report {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	r := Report{Kernel: unix.ByteSliceToString(uts.Release[:])}
+	add := func(name, impact string, err error) {
+		f := Feature{Name: name, Supported: err == nil}
+		if err != nil {
+			f.Impact = impact
+			f.Error = err.Error()
+		}
+		r.Features = append(r.Features, f)
+	}
+
+	add(FeatureConnect, "required: no socket-level load balancing",
+		probeHooks(ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect))
+	add(FeatureSendmsg, "required: unconnected UDP to a Service is not translated",
+		probeHooks(ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Sendmsg))
+	add(FeatureRecvmsg, "required: UDP replies would come from the backend, not the Service",
+		probeHooks(ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCGroupUDP6Recvmsg))
+	add(FeatureGetpeername, "getpeername() on a connected socket shows the backend instead of the Service",
+		probeHooks(ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInet6GetPeername))
+	add(FeatureSockRelease, "per-socket reverse entries are only aged out of the LRU map, not freed on close",
+		probeSockRelease())
+	add(FeatureSocketCookie, "required: UDP backend choice and reverse translation need it",
+		features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetSocketCookie))
+	add(FeatureNetnsCookie, "required: session affinity identifies clients by network namespace",
+		features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetNetnsCookie))
+	add(FeatureSetRetval, "a connect to a Service without endpoints fails with EPERM instead of ECONNREFUSED",
+		features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval))
+	add(FeatureLRUHash, "required: per-socket and affinity maps are LRU",
+		features.HaveMapType(ebpf.LRUHash))
+	add(FeatureNoPrealloc, "required: service maps are allocated on use",
+		features.HaveMapFlag(features.BPF_F_NO_PREALLOC))
+	add(FeatureBatchOps, "bulk map loads fall back to one syscall per entry", probeBatch())
+	add(FeatureCgroupLink, "required: programs could not be pinned, so they would die with the process",
+		probeCgroupLink())
+	return r
+}
+
+// minimalProgram returns a program that allows every call.
+func minimalProgram(typ ebpf.ProgramType, attach ebpf.AttachType) (*ebpf.Program, error) {
+	return ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         typ,
+		AttachType:   attach,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+		License:      "GPL",
+	})
+}
+
+// probeHooks loads a trivial program per attach type: the kernel refuses
+// attach types it does not know.
+func probeHooks(types ...ebpf.AttachType) error {
+	for _, t := range types {
+		p, err := minimalProgram(ebpf.CGroupSockAddr, t)
+		if err != nil {
+			return fmt.Errorf("load program for attach type %s: %w", t, err)
+		}
+		p.Close()
+	}
+	return nil
+}
+
+func probeSockRelease() error {
+	p, err := minimalProgram(ebpf.CGroupSock, ebpf.AttachCgroupInetSockRelease)
+	if err != nil {
+		return err
+	}
+	return p.Close()
+}
+
+func probeBatch() error {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 2})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	_, err = m.BatchUpdate([]uint32{1}, []uint32{1}, nil)
+	return err
+}
+
+// probeCgroupLink attaches a do-nothing program to a fresh, empty cgroup and
+// checks that the result is a real bpf_link (only those report Info).
+func probeCgroupLink() error {
+	root, err := FindCgroup2Mount()
+	if err != nil {
+		return err
+	}
+	if root == "" {
+		return errors.New("cgroup2 is not mounted")
+	}
+	dir, err := os.MkdirTemp(root, "kpr-probe-")
+	if err != nil {
+		return fmt.Errorf("create probe cgroup: %w", err)
+	}
+	defer os.Remove(dir)
+	p, err := minimalProgram(ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: ebpf.AttachCGroupInet4Connect, Program: p})
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	if _, err := l.Info(); err != nil {
+		return fmt.Errorf("attached with legacy PROG_ATTACH only: %w", err)
+	}
+	return nil
+}
