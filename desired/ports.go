@@ -1,0 +1,217 @@
+package desired
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+// Loopback addresses NodePorts are also served on, as kube-proxy does for
+// clients on the node itself.
+var (
+	loopback4 = netip.MustParseAddr("127.0.0.1")
+	loopback6 = netip.MustParseAddr("::1")
+)
+
+// externalAddr is a Service-wide frontend address that is not a cluster IP
+// (an external IP or a load-balancer ingress IP).
+type externalAddr struct {
+	addr netip.Addr
+	kind dataplane.FrontendKind
+}
+
+// servicePort translates one port of the Service. ok is false when the port
+// itself is unusable (a Problem says why).
+func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, ok bool) {
+	label := portLabel(p)
+	proto, err := dataplane.ParseProtocol(string(p.Protocol))
+	if err != nil {
+		t.problem(t.svcObject, label+": "+err.Error())
+		return sp, false
+	}
+	if proto == dataplane.SCTP {
+		t.problem(t.svcObject, label+": SCTP is not supported by kpr; port left out")
+		return sp, false
+	}
+	port, valid := portNumber(p.Port)
+	if !valid {
+		t.problem(t.svcObject, fmt.Sprintf("%s: service port %d is out of range 1-65535", label, p.Port))
+		return sp, false
+	}
+	sp.Name = dataplane.ServicePortName{Namespace: t.svc.Namespace, Name: t.svc.Name, Port: p.Name, Protocol: proto}
+	sp.AffinityTimeout = t.affinity
+
+	nodePort := t.nodePort(p, label)
+	endpoints := t.endpointsFor(p.Name, proto)
+	seen := map[netip.AddrPort]dataplane.FrontendKind{}
+	add := func(f dataplane.Frontend) {
+		if kind, dup := seen[f.AddrPort()]; dup {
+			if kind != f.Kind {
+				t.problem(t.svcObject, fmt.Sprintf("%s: %s frontend %s is already the %s frontend; kept as %s",
+					label, f.Kind, f.AddrPort(), kind, kind))
+			}
+			return
+		}
+		seen[f.AddrPort()] = f.Kind
+		sp.Frontends = append(sp.Frontends, f)
+	}
+
+	for _, fam := range t.sortedFamilies() {
+		sets := categorize(endpoints[fam], t.node)
+		internal := sets.cluster
+		if t.internalLocal {
+			internal = sets.local
+		}
+		add(dataplane.Frontend{
+			Addr: t.families[fam], Port: port, Protocol: proto, Kind: dataplane.ClusterIP,
+			Backends: slices.Clone(internal),
+		})
+
+		// Traffic that starts on this node always uses the cluster-wide
+		// set on external frontends; only traffic from outside the node is
+		// kept local under externalTrafficPolicy: Local.
+		external := func(addr netip.Addr, port uint16, kind dataplane.FrontendKind) dataplane.Frontend {
+			f := dataplane.Frontend{
+				Addr: addr, Port: port, Protocol: proto, Kind: kind,
+				Backends: slices.Clone(sets.cluster),
+			}
+			if t.externalLocal {
+				f.ExternalBackends = slices.Clone(sets.local)
+			}
+			return f
+		}
+		if nodePort != 0 {
+			for _, a := range t.nodeAddrs[fam] {
+				add(external(a, nodePort, dataplane.NodePort))
+			}
+		}
+		for _, e := range t.externalAddrs[fam] {
+			add(external(e.addr, port, e.kind))
+		}
+	}
+	slices.SortFunc(sp.Frontends, compareFrontends)
+	return sp, true
+}
+
+// nodePort returns the port's NodePort, or 0 when it has none: only
+// NodePort and LoadBalancer Services have one (a LoadBalancer may opt out
+// with allocateLoadBalancerNodePorts: false).
+func (t *translation) nodePort(p *v1.ServicePort, label string) uint16 {
+	if !hasNodePorts(t.svc) || p.NodePort == 0 {
+		return 0
+	}
+	n, ok := portNumber(p.NodePort)
+	if !ok {
+		t.problem(t.svcObject, fmt.Sprintf("%s: nodePort %d is out of range 1-65535; no NodePort frontends", label, p.NodePort))
+		return 0
+	}
+	return n
+}
+
+func hasNodePorts(svc *v1.Service) bool {
+	return svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer
+}
+
+func portNumber(p int32) (uint16, bool) {
+	if p < 1 || p > 65535 {
+		return 0, false
+	}
+	return uint16(p), true
+}
+
+// portLabel names a Service port in problems.
+func portLabel(p *v1.ServicePort) string {
+	if p.Name != "" {
+		return "port " + quote(p.Name)
+	}
+	return "port " + strconv.Itoa(int(p.Port))
+}
+
+// servicePolicies reads the Service-wide settings every port shares:
+// traffic policies and session affinity.
+func (t *translation) servicePolicies() {
+	spec := &t.svc.Spec
+	t.internalLocal = spec.InternalTrafficPolicy != nil && *spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
+	// As upstream's ExternalPolicyLocal: the field only means something for
+	// the Service types that accept external traffic through node ports.
+	t.externalLocal = hasNodePorts(t.svc) && spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+
+	if spec.SessionAffinity != v1.ServiceAffinityClientIP {
+		return
+	}
+	secs := v1.DefaultClientIPServiceAffinitySeconds
+	if c := spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		if s := *c.ClientIP.TimeoutSeconds; s > 0 {
+			secs = s
+		} else {
+			t.problem(t.svcObject, fmt.Sprintf("sessionAffinityConfig.clientIP.timeoutSeconds %d is not positive; using the default %d", s, secs))
+		}
+	}
+	t.affinity = time.Duration(secs) * time.Second
+}
+
+// frontendAddrs collects the Service-wide frontend addresses other than the
+// cluster IPs, per family. Addresses of a family the Service does not have
+// are left out, as kube-proxy's per-family proxiers do.
+func (t *translation) frontendAddrs() {
+	t.nodeAddrs = map[family][]netip.Addr{}
+	if hasNodePorts(t.svc) {
+		addrs := make([]netip.Addr, 0, len(t.node.Addresses)+2)
+		for _, a := range t.node.Addresses {
+			if a.IsValid() && a.Zone() == "" && !a.Unmap().IsUnspecified() {
+				addrs = append(addrs, a.Unmap())
+			}
+		}
+		addrs = append(addrs, loopback4, loopback6)
+		for _, a := range addrs {
+			if f := familyOf(a); t.hasFamily(f) {
+				t.nodeAddrs[f] = append(t.nodeAddrs[f], a)
+			}
+		}
+	}
+
+	t.externalAddrs = map[family][]externalAddr{}
+	addExternal := func(s string, kind dataplane.FrontendKind) {
+		a, ok := parseIP(s)
+		if !ok {
+			t.problem(t.svcObject, fmt.Sprintf("%s address %s is not a valid IP address", kind, quote(s)))
+			return
+		}
+		f := familyOf(a)
+		if !t.hasFamily(f) {
+			t.problem(t.svcObject, fmt.Sprintf("%s address %s is %s but the Service has no %s cluster IP; ignored", kind, a, f, f))
+			return
+		}
+		t.externalAddrs[f] = append(t.externalAddrs[f], externalAddr{addr: a, kind: kind})
+	}
+	for _, s := range t.svc.Spec.ExternalIPs {
+		addExternal(s, dataplane.ExternalIP)
+	}
+	for _, ing := range t.svc.Status.LoadBalancer.Ingress {
+		if ing.IP == "" {
+			continue // a hostname-only ingress is not an address kpr can serve
+		}
+		// Only VIP-mode ingress is programmed: with ipMode Proxy the load
+		// balancer delivers to nodes or pods itself, and capturing its IP
+		// here would bypass it for in-cluster clients. Upstream also treats
+		// unknown modes as not VIP.
+		if ing.IPMode != nil && *ing.IPMode != v1.LoadBalancerIPModeVIP {
+			if *ing.IPMode != v1.LoadBalancerIPModeProxy {
+				t.problem(t.svcObject, fmt.Sprintf("load-balancer ingress %s has unknown ipMode %s; not programmed", ing.IP, quote(string(*ing.IPMode))))
+			}
+			continue
+		}
+		addExternal(ing.IP, dataplane.LoadBalancer)
+	}
+}
+
+func (t *translation) hasFamily(f family) bool {
+	_, ok := t.families[f]
+	return ok
+}
