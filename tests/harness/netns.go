@@ -1,0 +1,221 @@
+package harness
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NamePrefix starts the name of every network namespace and cgroup the
+// harness creates, so leftovers are easy to attribute.
+const NamePrefix = "kpr-"
+
+// netnsDir is where iproute2 and netns.NewNamed keep named namespaces.
+const netnsDir = "/run/netns"
+
+// NetNS is a named network namespace created by the harness. It is bind
+// mounted at Path (/run/netns/<Name>), so `ip netns list` shows it and
+// `nsenter --net=<Path>` enters it while the test runs.
+type NetNS struct {
+	// Name is the file name under /run/netns.
+	Name string
+	// Path is the bind mount that pins the namespace.
+	Path string
+
+	handle netns.NsHandle
+	nl     *netlink.Handle
+}
+
+// Handle returns an open file descriptor of the namespace. It stays valid
+// until the harness deletes the namespace at cleanup; do not close it.
+func (ns *NetNS) Handle() netns.NsHandle { return ns.handle }
+
+// Netlink returns a rtnetlink handle whose socket lives in the namespace, so
+// link, address and route calls on it act inside the namespace whatever
+// thread calls them. The harness owns it; do not close it.
+func (ns *NetNS) Netlink() *netlink.Handle { return ns.nl }
+
+// newNetNS creates and pins a named network namespace with lo up. The
+// calling thread is untouched: the unshare happens on a throw-away locked
+// thread.
+func newNetNS(name string) (*NetNS, error) {
+	ns := &NetNS{Name: name, Path: filepath.Join(netnsDir, name)}
+	err := onFreshThread(func() error {
+		orig, err := netns.Get()
+		if err != nil {
+			return fmt.Errorf("get current netns: %w", err)
+		}
+		defer orig.Close()
+		// NewNamed unshares this thread into the new namespace and leaves it
+		// there, even when it fails after the unshare.
+		h, createErr := netns.NewNamed(name)
+		if createErr != nil {
+			createErr = fmt.Errorf("create named netns %s: %w", name, createErr)
+		} else {
+			ns.handle = h
+			// A netlink socket keeps the netns it was created in.
+			if ns.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+				createErr = fmt.Errorf("open netlink socket in netns %s: %w", name, err)
+			}
+		}
+		if err := netns.Set(orig); err != nil {
+			return errThreadTainted{errors.Join(createErr, fmt.Errorf("return to original netns: %w", err))}
+		}
+		return createErr
+	})
+	if err != nil {
+		return nil, errors.Join(err, ns.destroy())
+	}
+	if err := ns.setLinkUp("lo"); err != nil {
+		return nil, errors.Join(err, ns.destroy())
+	}
+	return ns, nil
+}
+
+// destroy closes the harness's handles and removes the bind mount. The
+// kernel frees the namespace once nothing else references it (sockets and
+// fds held by the test keep it alive until they are closed).
+func (ns *NetNS) destroy() error {
+	if ns.nl != nil {
+		ns.nl.Close()
+		ns.nl = nil
+	}
+	if ns.handle.IsOpen() {
+		_ = ns.handle.Close()
+	}
+	// Unmount then remove, tolerating a half-created namespace (file
+	// created but never mounted) and a repeated call.
+	if err := unix.Unmount(ns.Path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount netns %s (try `ip netns delete %s`): %w", ns.Path, ns.Name, err)
+	}
+	if err := os.Remove(ns.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns file %s: %w", ns.Path, err)
+	}
+	return nil
+}
+
+func (ns *NetNS) setLinkUp(name string) error {
+	l, err := ns.nl.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find link %s in netns %s: %w", name, ns.Name, err)
+	}
+	if err := ns.nl.LinkSetUp(l); err != nil {
+		return fmt.Errorf("set link %s up in netns %s: %w", name, ns.Name, err)
+	}
+	return nil
+}
+
+// writeSysctl sets a per-namespace sysctl such as
+// "net/ipv4/ip_forward". /proc/sys/net reflects the netns of the thread
+// that opens it, so the write runs inside ns.
+func (ns *NetNS) writeSysctl(key, value string) error {
+	return Do(ns, func() error {
+		p := filepath.Join("/proc/sys", key)
+		if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
+			return fmt.Errorf("write sysctl %s=%s in netns %s: %w", key, value, ns.Name, err)
+		}
+		return nil
+	})
+}
+
+// Do runs fn on an OS thread that is inside ns, and returns fn's error.
+// Sockets created by fn stay in ns for their whole life, even when Go later
+// uses them from other threads. Goroutines started by fn do NOT inherit the
+// namespace. The caller's thread is never switched, so Do is safe to call
+// from any goroutine, concurrently.
+func Do(ns *NetNS, fn func() error) error {
+	if ns == nil || !ns.handle.IsOpen() {
+		return errors.New("harness.Do: namespace is nil or already deleted")
+	}
+	return onFreshThread(func() error {
+		orig, err := netns.Get()
+		if err != nil {
+			return fmt.Errorf("get current netns: %w", err)
+		}
+		defer orig.Close()
+		if err := netns.Set(ns.handle); err != nil {
+			return fmt.Errorf("enter netns %s: %w", ns.Name, err)
+		}
+		fnErr := callCatchingPanic(fn)
+		if err := netns.Set(orig); err != nil {
+			return errThreadTainted{errors.Join(fnErr, fmt.Errorf("return from netns %s: %w", ns.Name, err))}
+		}
+		return fnErr
+	})
+}
+
+// errThreadTainted marks a failure after which the locked thread is in an
+// unknown namespace and must not be reused by the Go scheduler.
+type errThreadTainted struct{ error }
+
+func (e errThreadTainted) Unwrap() error { return e.error }
+
+// panicError carries a panic from fn back to the caller's goroutine.
+type panicError struct{ value any }
+
+func (p panicError) Error() string { return fmt.Sprintf("panic: %v", p.value) }
+
+func callCatchingPanic(fn func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = panicError{v}
+		}
+	}()
+	return fn()
+}
+
+// onFreshThread runs fn in a new goroutine locked to its OS thread. If fn
+// reports that it could not restore the thread's namespace, the thread stays
+// locked so the runtime destroys it when the goroutine exits instead of
+// running other goroutines in the wrong namespace. Panics in fn are re-raised
+// in the caller's goroutine.
+func onFreshThread(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		err := callCatchingPanic(fn)
+		var tainted errThreadTainted
+		if !errors.As(err, &tainted) {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	err := <-errc
+	var p panicError
+	if errors.As(err, &p) {
+		panic(p.value)
+	}
+	return err
+}
+
+// randomSuffix returns n random lowercase hex characters.
+func randomSuffix(n int) string {
+	b := make([]byte, (n+1)/2)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand failed: %v", err))
+	}
+	return hex.EncodeToString(b)[:n]
+}
+
+// validName reports whether s is usable inside namespace and file names:
+// 1 to 32 characters of [a-z0-9-], not starting with '-'.
+func validName(s string) bool {
+	if s == "" || len(s) > 32 || strings.HasPrefix(s, "-") {
+		return false
+	}
+	for _, r := range s {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
+			return false
+		}
+	}
+	return true
+}
