@@ -1,0 +1,315 @@
+// Package maps is the typed Go API over kpr's pinned BPF maps. It writes
+// every change in an order that is safe for a concurrent lookup by the BPF
+// programs, keeps id allocators and reference counts that it rebuilds from
+// the maps on start, and refuses a change that would not fit instead of
+// leaving it half-written.
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+
+	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+// Scope selects which backend set of a frontend an entry holds.
+type Scope uint8
+
+const (
+	// ScopeInternal serves sockets on this node; the cgroup hooks use it.
+	ScopeInternal = Scope(bpf.KprSvcScopeSVC_SCOPE_INTERNAL)
+	// ScopeExternal serves traffic from outside the node.
+	ScopeExternal = Scope(bpf.KprSvcScopeSVC_SCOPE_EXTERNAL)
+)
+
+func (s Scope) String() string {
+	if s == ScopeExternal {
+		return "external"
+	}
+	return "internal"
+}
+
+// Frontend is one address:port:protocol clients connect to.
+type Frontend struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto dataplane.Protocol
+}
+
+func (f Frontend) String() string {
+	return netip.AddrPortFrom(f.Addr, f.Port).String() + "/" + f.Proto.String()
+}
+
+// ServiceKey names one entry set in the service map.
+type ServiceKey struct {
+	Frontend
+	Scope Scope
+}
+
+// Service is a frontend and scope with the backends that serve it.
+type Service struct {
+	ServiceKey
+	Kind dataplane.FrontendKind
+	// AffinityTimeout is the ClientIP affinity timeout in seconds; 0 is off.
+	AffinityTimeout uint32
+	// Backends in slot order. An empty list makes connects fail.
+	Backends []dataplane.Backend
+}
+
+// ErrMapFull is returned when a change needs more entries than a map has
+// left. Nothing of the refused Service was written.
+var ErrMapFull = errors.New("BPF map full")
+
+// backendAddr is what makes two backends the same backend.
+type backendAddr struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto dataplane.Protocol
+}
+
+// svcState mirrors what the maps hold for one ServiceKey.
+type svcState struct {
+	revNat          uint32
+	kind            dataplane.FrontendKind
+	affinityTimeout uint32
+	// slots[i] is the backend id in slot i+1; 0 where the map lacks the slot.
+	slots []uint32
+	// masterMissing marks a key found only through its slots.
+	masterMissing bool
+}
+
+// LB owns the service, backend and reverse-NAT maps. It is not safe for
+// concurrent use; the sync loop is its only writer.
+type LB struct {
+	services table[bpf.KprSvcKey, bpf.KprSvcValue]
+	backends table[uint32, bpf.KprBackend]
+	revNat   table[uint32, bpf.KprRevNatValue]
+
+	svcs        map[ServiceKey]*svcState
+	svcEntries  int // masters plus slots, as in the service map
+	backendIDs  map[backendAddr]uint32
+	backendOf   map[uint32]backendAddr
+	backendRefs map[uint32]int // slots pointing at each backend
+	revNatIDs   map[Frontend]uint32
+	revNatRefs  map[uint32]int // scopes using each reverse-NAT id
+
+	backendAlloc *idAllocator
+	revNatAlloc  *idAllocator
+}
+
+// New opens the LB over loaded or pinned maps and adopts their contents.
+func New(m *bpf.KprMaps) (*LB, error) {
+	return newLB(
+		newBPFTable[bpf.KprSvcKey, bpf.KprSvcValue](m.KprServices),
+		newBPFTable[uint32, bpf.KprBackend](m.KprBackends),
+		newBPFTable[uint32, bpf.KprRevNatValue](m.KprRevNat),
+	)
+}
+
+func newLB(services table[bpf.KprSvcKey, bpf.KprSvcValue], backends table[uint32, bpf.KprBackend],
+	revNat table[uint32, bpf.KprRevNatValue]) (*LB, error) {
+	lb := &LB{services: services, backends: backends, revNat: revNat}
+	if err := lb.Resync(); err != nil {
+		return nil, err
+	}
+	return lb, nil
+}
+
+// Resync rebuilds the in-memory view from the maps, so that later
+// comparisons see drift (entries changed behind kpr's back), and removes
+// entries no lookup can reach: slots without a master, slots past a
+// master's count, and unreferenced backends and reverse-NAT entries.
+func (lb *LB) Resync() error {
+	lb.svcs = map[ServiceKey]*svcState{}
+	lb.svcEntries = 0
+	lb.backendIDs = map[backendAddr]uint32{}
+	lb.backendOf = map[uint32]backendAddr{}
+	lb.backendRefs = map[uint32]int{}
+	lb.revNatIDs = map[Frontend]uint32{}
+	lb.revNatRefs = map[uint32]int{}
+	lb.backendAlloc = newIDAllocator("backend", 1, 1<<32-1)
+	lb.revNatAlloc = newIDAllocator("reverse-NAT", 1, 1<<32-1)
+
+	type slotEntry struct {
+		key ServiceKey
+		raw bpf.KprSvcKey
+		id  uint32
+	}
+	var slots []slotEntry
+	err := lb.services.dump(func(k bpf.KprSvcKey, v bpf.KprSvcValue) {
+		key := serviceKeyFromBPF(k)
+		if k.Slot != 0 {
+			slots = append(slots, slotEntry{key, k, v.BackendId})
+			return
+		}
+		lb.svcs[key] = &svcState{revNat: v.RevNatId, kind: dataplane.FrontendKind(v.Kind),
+			affinityTimeout: v.AffinityTimeout, slots: make([]uint32, v.Count)}
+		lb.svcEntries++
+	})
+	if err != nil {
+		return err
+	}
+	var unreachable []bpf.KprSvcKey
+	for _, s := range slots {
+		st := lb.svcs[s.key]
+		if st == nil || int(s.raw.Slot) > len(st.slots) {
+			unreachable = append(unreachable, s.raw)
+			continue
+		}
+		st.slots[s.raw.Slot-1] = s.id
+		lb.svcEntries++
+	}
+
+	err = lb.backends.dump(func(id uint32, b bpf.KprBackend) {
+		addr := backendAddr{addrFromBPF(b.Addr), portFromBPF(b.Port), dataplane.Protocol(b.Proto)}
+		lb.backendOf[id] = addr
+		lb.backendIDs[addr] = id
+		lb.backendAlloc.reserve(id)
+	})
+	if err != nil {
+		return err
+	}
+	revNats := map[uint32]Frontend{}
+	err = lb.revNat.dump(func(id uint32, v bpf.KprRevNatValue) {
+		revNats[id] = Frontend{Addr: addrFromBPF(v.Addr), Port: portFromBPF(v.Port)}
+		lb.revNatAlloc.reserve(id)
+	})
+	if err != nil {
+		return err
+	}
+
+	for key, st := range lb.svcs {
+		for i, id := range st.slots {
+			if _, ok := lb.backendOf[id]; ok {
+				lb.backendRefs[id]++
+			} else {
+				st.slots[i] = 0 // drift: the slot points nowhere
+			}
+		}
+		fe, ok := revNats[st.revNat]
+		if ok && fe.Addr == key.Addr && fe.Port == key.Port {
+			lb.revNatIDs[key.Frontend] = st.revNat
+			lb.revNatRefs[st.revNat]++
+		} else {
+			st.revNat = 0 // drift: rewritten on the next upsert
+		}
+	}
+
+	var orphanBackends []uint32
+	for id := range lb.backendOf {
+		if lb.backendRefs[id] == 0 {
+			orphanBackends = append(orphanBackends, id)
+		}
+	}
+	var orphanRevNats []uint32
+	for id := range revNats {
+		if lb.revNatRefs[id] == 0 {
+			orphanRevNats = append(orphanRevNats, id)
+			lb.revNatAlloc.release(id)
+		}
+	}
+	if err := lb.services.delete(unreachable); err != nil {
+		return err
+	}
+	if err := lb.revNat.delete(orphanRevNats); err != nil {
+		return err
+	}
+	return lb.dropBackends(orphanBackends)
+}
+
+// Get returns what the maps hold for key, resolved to addresses.
+// Missing slots or backends show up as the zero Backend.
+func (lb *LB) Get(key ServiceKey) (Service, bool) {
+	st, ok := lb.svcs[key]
+	if !ok {
+		return Service{}, false
+	}
+	svc := Service{ServiceKey: key, Kind: st.kind, AffinityTimeout: st.affinityTimeout}
+	for _, id := range st.slots {
+		b := lb.backendOf[id]
+		svc.Backends = append(svc.Backends, dataplane.Backend{Addr: b.Addr, Port: b.Port})
+	}
+	return svc, true
+}
+
+// List returns every Service in the maps, sorted by frontend and scope.
+func (lb *LB) List() []Service {
+	out := make([]Service, 0, len(lb.svcs))
+	for key := range lb.svcs {
+		svc, _ := lb.Get(key)
+		out = append(out, svc)
+	}
+	sort.Slice(out, func(i, j int) bool { return keyLess(out[i].ServiceKey, out[j].ServiceKey) })
+	return out
+}
+
+// Keys returns every ServiceKey in the maps.
+func (lb *LB) Keys() []ServiceKey {
+	out := make([]ServiceKey, 0, len(lb.svcs))
+	for key := range lb.svcs {
+		out = append(out, key)
+	}
+	return out
+}
+
+// Matches reports whether the maps already hold exactly svc, intact.
+func (lb *LB) Matches(svc Service) bool {
+	st, ok := lb.svcs[svc.ServiceKey]
+	if !ok || st.revNat == 0 || st.kind != svc.Kind || st.affinityTimeout != svc.AffinityTimeout ||
+		len(st.slots) != len(svc.Backends) {
+		return false
+	}
+	for i, id := range st.slots {
+		b, ok := lb.backendOf[id]
+		if !ok || b != (backendAddr{svc.Backends[i].Addr, svc.Backends[i].Port, svc.Proto}) {
+			return false
+		}
+	}
+	return true
+}
+
+func keyLess(a, b ServiceKey) bool {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c < 0
+	}
+	if a.Port != b.Port {
+		return a.Port < b.Port
+	}
+	if a.Proto != b.Proto {
+		return a.Proto < b.Proto
+	}
+	return a.Scope < b.Scope
+}
+
+func serviceKeyFromBPF(k bpf.KprSvcKey) ServiceKey {
+	return ServiceKey{
+		Frontend: Frontend{Addr: addrFromBPF(k.Addr), Port: portFromBPF(k.Port), Proto: dataplane.Protocol(k.Proto)},
+		Scope:    Scope(k.Scope),
+	}
+}
+
+func (k ServiceKey) bpfKey(slot int) bpf.KprSvcKey {
+	return bpf.KprSvcKey{Addr: addrToBPF(k.Addr), Port: portToBPF(k.Port), Proto: uint8(k.Proto),
+		Scope: uint8(k.Scope), Slot: uint16(slot)}
+}
+
+func validate(svc Service) error {
+	if !svc.Addr.IsValid() {
+		return fmt.Errorf("service %s: invalid frontend address", svc.Frontend)
+	}
+	if svc.Proto != dataplane.TCP && svc.Proto != dataplane.UDP {
+		return fmt.Errorf("service %s: protocol %s is not supported by the eBPF dataplane", svc.Frontend, svc.Proto)
+	}
+	if len(svc.Backends) > 1<<16-1 {
+		return fmt.Errorf("service %s: %d backends exceed the limit of 65535", svc.Frontend, len(svc.Backends))
+	}
+	for _, b := range svc.Backends {
+		if !b.Addr.IsValid() || b.Addr.Is4() != svc.Addr.Unmap().Is4() || b.Port == 0 {
+			return fmt.Errorf("service %s: backend %s is invalid or of the wrong IP family", svc.Frontend, b)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,404 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"testing"
+
+	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+// fakeTable is an in-memory map. After every single entry it writes or
+// deletes it calls check, which is how the tests catch an ordering that a
+// concurrent BPF lookup could observe half-done.
+type fakeTable[K comparable, V any] struct {
+	data    map[K]V
+	max     int
+	check   func()
+	writes  int
+	failAt  int // fail the failAt-th write from now on (0 = never)
+	failErr error
+}
+
+func newFake[K comparable, V any](max int) *fakeTable[K, V] {
+	return &fakeTable[K, V]{data: map[K]V{}, max: max}
+}
+
+func (t *fakeTable[K, V]) tick() error {
+	t.writes++
+	if t.failAt != 0 && t.writes >= t.failAt {
+		t.failAt = 0
+		return t.failErr
+	}
+	return nil
+}
+
+func (t *fakeTable[K, V]) put(keys []K, values []V) error {
+	for i := range keys {
+		if err := t.tick(); err != nil {
+			return err
+		}
+		if _, ok := t.data[keys[i]]; !ok && len(t.data) >= t.max {
+			return errors.New("E2BIG: fake map full")
+		}
+		t.data[keys[i]] = values[i]
+		if t.check != nil {
+			t.check()
+		}
+	}
+	return nil
+}
+
+func (t *fakeTable[K, V]) delete(keys []K) error {
+	for _, k := range keys {
+		delete(t.data, k)
+		if t.check != nil {
+			t.check()
+		}
+	}
+	return nil
+}
+
+func (t *fakeTable[K, V]) dump(fn func(K, V)) error {
+	for k, v := range t.data {
+		fn(k, v)
+	}
+	return nil
+}
+
+func (t *fakeTable[K, V]) maxEntries() int { return t.max }
+
+type fakeMaps struct {
+	t        testing.TB
+	services *fakeTable[bpf.KprSvcKey, bpf.KprSvcValue]
+	backends *fakeTable[uint32, bpf.KprBackend]
+	revNat   *fakeTable[uint32, bpf.KprRevNatValue]
+}
+
+func newFakeMaps(t testing.TB, svcMax, beMax, revMax int) *fakeMaps {
+	f := &fakeMaps{
+		t:        t,
+		services: newFake[bpf.KprSvcKey, bpf.KprSvcValue](svcMax),
+		backends: newFake[uint32, bpf.KprBackend](beMax),
+		revNat:   newFake[uint32, bpf.KprRevNatValue](revMax),
+	}
+	f.services.check = f.checkLookupSafe
+	f.backends.check = f.checkLookupSafe
+	f.revNat.check = f.checkLookupSafe
+	return f
+}
+
+// checkLookupSafe is what a BPF program relies on: every master's slots
+// exist, every slot's backend exists, and the reverse-NAT entry exists.
+func (f *fakeMaps) checkLookupSafe() {
+	f.t.Helper()
+	for k, v := range f.services.data {
+		if k.Slot != 0 {
+			continue
+		}
+		if _, ok := f.revNat.data[v.RevNatId]; !ok {
+			f.t.Fatalf("master %+v points at missing reverse-NAT entry %d", k, v.RevNatId)
+		}
+		for s := 1; s <= int(v.Count); s++ {
+			sk := k
+			sk.Slot = uint16(s)
+			slot, ok := f.services.data[sk]
+			if !ok {
+				f.t.Fatalf("master %+v (count %d) points at missing slot %d", k, v.Count, s)
+			}
+			if _, ok := f.backends.data[slot.BackendId]; !ok {
+				f.t.Fatalf("slot %d of %+v points at missing backend %d", s, k, slot.BackendId)
+			}
+		}
+	}
+}
+
+func (f *fakeMaps) lb() *LB {
+	f.t.Helper()
+	lb, err := newLB(f.services, f.backends, f.revNat)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return lb
+}
+
+type snapshot struct {
+	services map[bpf.KprSvcKey]bpf.KprSvcValue
+	backends map[uint32]bpf.KprBackend
+	revNat   map[uint32]bpf.KprRevNatValue
+}
+
+func (f *fakeMaps) snapshot() snapshot {
+	return snapshot{maps.Clone(f.services.data), maps.Clone(f.backends.data), maps.Clone(f.revNat.data)}
+}
+
+func svcFor(vip string, port uint16, backends ...string) Service {
+	s := Service{ServiceKey: ServiceKey{Frontend: Frontend{Addr: netip.MustParseAddr(vip), Port: port, Proto: dataplane.TCP}}}
+	for _, b := range backends {
+		ap := netip.MustParseAddrPort(b)
+		s.Backends = append(s.Backends, dataplane.Backend{Addr: ap.Addr(), Port: ap.Port()})
+	}
+	return s
+}
+
+func TestUpsertGrowShrinkDeleteKeepsLookupsSafe(t *testing.T) {
+	f := newFakeMaps(t, 1000, 1000, 1000)
+	lb := f.lb()
+	steps := []Service{
+		svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080"),
+		svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080", "10.244.0.5:8080"),
+		svcFor("10.96.0.1", 80, "10.244.0.5:8080"),
+		svcFor("10.96.0.1", 80),
+		svcFor("10.96.0.1", 80, "10.244.0.9:8080"),
+	}
+	for i, s := range steps {
+		if err := lb.Upsert(s); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		got, ok := lb.Get(s.ServiceKey)
+		if !ok || !reflect.DeepEqual(got.Backends, s.Backends) {
+			t.Fatalf("step %d: maps hold %+v, want %+v", i, got.Backends, s.Backends)
+		}
+		if len(f.backends.data) != len(s.Backends) {
+			t.Fatalf("step %d: %d backends in the map, want %d (orphans must go)", i, len(f.backends.data), len(s.Backends))
+		}
+	}
+	if err := lb.Delete(steps[0].ServiceKey); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.services.data) + len(f.backends.data) + len(f.revNat.data); n != 0 {
+		t.Fatalf("%d entries left after deleting the only service", n)
+	}
+}
+
+func TestSharedBackendsAndRevNatAreRefcounted(t *testing.T) {
+	f := newFakeMaps(t, 1000, 1000, 1000)
+	lb := f.lb()
+	a := svcFor("10.96.0.1", 80, "10.244.0.2:8080")
+	b := svcFor("10.96.0.2", 80, "10.244.0.2:8080")
+	ext := a
+	ext.Scope = ScopeExternal
+	if err := lb.Upsert(a, b, ext); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.backends.data) != 1 || len(f.revNat.data) != 2 {
+		t.Fatalf("want 1 shared backend and 2 reverse-NAT entries, got %d and %d", len(f.backends.data), len(f.revNat.data))
+	}
+	if err := lb.Delete(a.ServiceKey); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.backends.data) != 1 || len(f.revNat.data) != 2 {
+		t.Fatal("deleting one user removed a shared backend or reverse-NAT entry")
+	}
+	if err := lb.Delete(b.ServiceKey, ext.ServiceKey); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.backends.data)+len(f.revNat.data)+len(f.services.data) != 0 {
+		t.Fatal("entries left after the last users were deleted")
+	}
+}
+
+func TestMapFullLeavesServiceFullyOld(t *testing.T) {
+	// Room for one service with 2 backends (3 entries) plus one more entry.
+	f := newFakeMaps(t, 4, 100, 100)
+	lb := f.lb()
+	old := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080")
+	if err := lb.Upsert(old); err != nil {
+		t.Fatal(err)
+	}
+	before := f.snapshot()
+	grown := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080", "10.244.0.5:8080")
+	err := lb.Upsert(grown)
+	if !errors.Is(err, ErrMapFull) {
+		t.Fatalf("want ErrMapFull, got %v", err)
+	}
+	if !reflect.DeepEqual(before, f.snapshot()) {
+		t.Fatal("a refused upsert changed the maps")
+	}
+	if got, _ := lb.Get(old.ServiceKey); !reflect.DeepEqual(got.Backends, old.Backends) {
+		t.Fatalf("in-memory view changed to %v", got.Backends)
+	}
+	// A batch where only part fits applies what fits and names the rest.
+	small := svcFor("10.96.0.2", 80)
+	err = lb.Upsert(grown, small)
+	if !errors.Is(err, ErrMapFull) {
+		t.Fatalf("want ErrMapFull for the batch, got %v", err)
+	}
+	if _, ok := lb.Get(small.ServiceKey); !ok {
+		t.Fatal("the service that fits was not applied")
+	}
+}
+
+func TestFailedWriteIsRolledBack(t *testing.T) {
+	for failAt := 1; failAt <= 8; failAt++ {
+		t.Run(fmt.Sprint("fail at write ", failAt), func(t *testing.T) {
+			f := newFakeMaps(t, 100, 100, 100)
+			lb := f.lb()
+			old := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080")
+			if err := lb.Upsert(old); err != nil {
+				t.Fatal(err)
+			}
+			before := f.snapshot()
+			injected := errors.New("injected write failure")
+			for _, tb := range []interface{ setFail(int, error) }{f.services, f.backends, f.revNat} {
+				tb.setFail(failAt, injected)
+			}
+			newSvc := svcFor("10.96.0.1", 80, "10.244.0.7:8080", "10.244.0.8:8080", "10.244.0.9:8080")
+			err := lb.Upsert(newSvc)
+			if err == nil {
+				// The failure landed after the switch-over: fully new.
+				if got, _ := lb.Get(old.ServiceKey); !reflect.DeepEqual(got.Backends, newSvc.Backends) {
+					t.Fatalf("upsert succeeded but maps hold %v", got.Backends)
+				}
+				return
+			}
+			if !errors.Is(err, injected) {
+				t.Fatalf("error lost its cause: %v", err)
+			}
+			for _, tb := range []interface{ setFail(int, error) }{f.services, f.backends, f.revNat} {
+				tb.setFail(0, nil)
+			}
+			if !reflect.DeepEqual(before, f.snapshot()) {
+				t.Fatalf("maps not rolled back:\nbefore %+v\nafter  %+v", before, f.snapshot())
+			}
+			// The LB still works and its view matches the maps.
+			if err := lb.Upsert(newSvc); err != nil {
+				t.Fatal(err)
+			}
+			if !lb.Matches(newSvc) {
+				t.Fatal("retry after rollback did not apply")
+			}
+		})
+	}
+}
+
+func (t *fakeTable[K, V]) setFail(n int, err error) { t.writes, t.failAt, t.failErr = 0, n, err }
+
+func TestResyncAdoptsStateAndNeverReusesIDs(t *testing.T) {
+	f := newFakeMaps(t, 1000, 1000, 1000)
+	lb := f.lb()
+	a := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080")
+	b := svcFor("fd00:96::1", 53, "[fd00:244::2]:5353")
+	b.Proto = dataplane.UDP
+	b.AffinityTimeout = 30
+	b.Kind = dataplane.NodePort
+	if err := lb.Upsert(a, b); err != nil {
+		t.Fatal(err)
+	}
+	restarted := f.lb()
+	if !reflect.DeepEqual(lb.List(), restarted.List()) {
+		t.Fatalf("restart view differs:\n%+v\n%+v", lb.List(), restarted.List())
+	}
+	if !restarted.Matches(a) || !restarted.Matches(b) {
+		t.Fatal("restarted LB does not recognise what it adopted")
+	}
+	usedIDs := maps.Clone(f.backends.data)
+	c := svcFor("10.96.0.3", 80, "10.244.0.4:8080")
+	if err := restarted.Upsert(c); err != nil {
+		t.Fatal(err)
+	}
+	for id := range f.backends.data {
+		if old, ok := usedIDs[id]; ok && old != f.backends.data[id] {
+			t.Fatalf("backend id %d was reused", id)
+		}
+	}
+}
+
+func TestResyncRepairsDriftAndRemovesGarbage(t *testing.T) {
+	f := newFakeMaps(t, 1000, 1000, 1000)
+	lb := f.lb()
+	a := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080")
+	if err := lb.Upsert(a); err != nil {
+		t.Fatal(err)
+	}
+	// Someone deletes a slot by hand and leaves an orphan backend behind.
+	// Lookups of this service are broken until the repair, so stop checking.
+	f.services.check, f.backends.check, f.revNat.check = nil, nil, nil
+	slot := a.bpfKey(2)
+	delete(f.services.data, slot)
+	f.backends.data[999] = bpf.KprBackend{Port: 1}
+	if err := lb.Resync(); err != nil {
+		t.Fatal(err)
+	}
+	if lb.Matches(a) {
+		t.Fatal("drift not detected")
+	}
+	if _, ok := f.backends.data[999]; ok {
+		t.Fatal("orphan backend not removed")
+	}
+	if err := lb.Upsert(a); err != nil {
+		t.Fatal(err)
+	}
+	if !lb.Matches(a) {
+		t.Fatal("upsert did not repair the service")
+	}
+	f.checkLookupSafe()
+}
+
+func TestRandomChangesKeepLookupsSafe(t *testing.T) {
+	f := newFakeMaps(t, 100000, 100000, 100000)
+	lb := f.lb()
+	rng := rand.New(rand.NewPCG(1, 2))
+	want := map[ServiceKey]Service{}
+	for i := 0; i < 2000; i++ {
+		vip := netip.AddrFrom4([4]byte{10, 96, 0, byte(rng.IntN(20))})
+		key := ServiceKey{Frontend: Frontend{Addr: vip, Port: 80, Proto: dataplane.TCP}, Scope: Scope(rng.IntN(2))}
+		if rng.IntN(4) == 0 {
+			if err := lb.Delete(key); err != nil {
+				t.Fatal(err)
+			}
+			delete(want, key)
+			continue
+		}
+		svc := Service{ServiceKey: key, AffinityTimeout: uint32(rng.IntN(2))}
+		for n := rng.IntN(6); n > 0; n-- {
+			svc.Backends = append(svc.Backends, dataplane.Backend{
+				Addr: netip.AddrFrom4([4]byte{10, 244, 0, byte(rng.IntN(10))}), Port: 8080})
+		}
+		if err := lb.Upsert(svc); err != nil {
+			t.Fatal(err)
+		}
+		want[key] = svc
+	}
+	if len(lb.List()) != len(want) {
+		t.Fatalf("%d services in maps, want %d", len(lb.List()), len(want))
+	}
+	for _, svc := range want {
+		if !lb.Matches(svc) {
+			t.Fatalf("maps differ for %v", svc.ServiceKey)
+		}
+	}
+	restarted := f.lb()
+	if !reflect.DeepEqual(lb.List(), restarted.List()) {
+		t.Fatal("resync view differs after random changes")
+	}
+	svcEntries, backends, revNats := restarted.Used()
+	if svcEntries != len(f.services.data) || backends != len(f.backends.data) || revNats != len(f.revNat.data) {
+		t.Fatalf("accounting off: %d/%d/%d vs maps %d/%d/%d", svcEntries, backends, revNats,
+			len(f.services.data), len(f.backends.data), len(f.revNat.data))
+	}
+}
+
+func TestInvalidServicesAreRefusedWithoutWriting(t *testing.T) {
+	f := newFakeMaps(t, 100, 100, 100)
+	lb := f.lb()
+	mixed := svcFor("10.96.0.1", 80, "[fd00::1]:80")
+	sctp := svcFor("10.96.0.2", 80)
+	sctp.Proto = dataplane.SCTP
+	good := svcFor("10.96.0.3", 80, "10.244.0.2:80")
+	err := lb.Upsert(mixed, sctp, good)
+	if err == nil {
+		t.Fatal("invalid services accepted")
+	}
+	if _, ok := lb.Get(mixed.ServiceKey); ok {
+		t.Fatal("mixed-family service written")
+	}
+	if !lb.Matches(good) {
+		t.Fatal("a valid service in the same batch was not written")
+	}
+}

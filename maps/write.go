@@ -1,0 +1,385 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kpr-io/kpr/bpf"
+)
+
+// A change is written in six steps, each safe for a BPF program looking up
+// the same Service at the same moment:
+//
+//  1. new backends
+//  2. backend slots 1..n (new ones, and old ones overwritten in place)
+//  3. the reverse-NAT entry
+//  4. the master entry with the new count: from here on lookups see the
+//     new Service
+//  5. slots past the new count
+//  6. backends no slot points at any more
+//
+// A master therefore never points at a slot or a backend that does not
+// exist yet. Steps 1-4 are undone if any of them fails, so a Service is left
+// fully old or fully new.
+
+// plan is the change of one ServiceKey.
+type plan struct {
+	svc      Service
+	old      *svcState // nil for a new ServiceKey
+	slots    []uint32  // backend ids for slots 1..n
+	revNat   uint32
+	newRev   bool     // revNat was allocated for this plan
+	created  []uint32 // backend ids allocated for this plan
+	newCount int      // service map entries this plan adds
+}
+
+// Upsert writes the given Services. Each is applied completely or not at
+// all. Services that fit are applied even when others are refused; the
+// error names every refused one.
+func (lb *LB) Upsert(svcs ...Service) error {
+	var errs []error
+	valid := svcs[:0:0]
+	for _, svc := range svcs {
+		svc.Addr = svc.Addr.Unmap()
+		if err := validate(svc); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		valid = append(valid, svc)
+	}
+	if len(valid) == 0 {
+		return errors.Join(errs...)
+	}
+	// Fast path: the whole batch fits, so write it in six batched steps.
+	plans, err := lb.planAll(valid)
+	if err == nil {
+		if err = lb.commit(plans); err == nil {
+			return errors.Join(errs...)
+		}
+	}
+	if !errors.Is(err, ErrMapFull) || len(valid) == 1 {
+		return errors.Join(append(errs, err)...)
+	}
+	// Not everything fits: apply one Service at a time, each atomically,
+	// so as many as possible are served and the rest are reported.
+	for _, svc := range valid {
+		p, err := lb.planAll([]Service{svc})
+		if err == nil {
+			err = lb.commit(p)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// planAll allocates ids for a batch and checks that it fits. On error the
+// allocations are released and nothing is left behind.
+func (lb *LB) planAll(svcs []Service) ([]*plan, error) {
+	plans := make([]*plan, 0, len(svcs))
+	newEntries := 0
+	for _, svc := range svcs {
+		p, err := lb.plan(svc)
+		if err != nil {
+			lb.abandon(append(plans, p))
+			return nil, err
+		}
+		plans = append(plans, p)
+		newEntries += p.newCount
+	}
+	// Planning already registered new backends and reverse-NAT ids.
+	var full []string
+	if n, max := lb.svcEntries+newEntries, lb.services.maxEntries(); n > max {
+		full = append(full, fmt.Sprintf("service map needs %d of %d entries", n, max))
+	}
+	if n, max := len(lb.backendOf), lb.backends.maxEntries(); n > max {
+		full = append(full, fmt.Sprintf("backend map needs %d of %d entries", n, max))
+	}
+	if n, max := len(lb.revNatRefs), lb.revNat.maxEntries(); n > max {
+		full = append(full, fmt.Sprintf("reverse-NAT map needs %d of %d entries", n, max))
+	}
+	if len(full) > 0 {
+		lb.abandon(plans)
+		what := "a batch of services"
+		if len(svcs) == 1 {
+			what = "service " + svcs[0].Frontend.String()
+		}
+		return nil, fmt.Errorf("%w: %s refused, %v; raise the map sizes (kpr run --map-size-*) and restart kpr",
+			ErrMapFull, what, full)
+	}
+	return plans, nil
+}
+
+func (lb *LB) plan(svc Service) (*plan, error) {
+	p := &plan{svc: svc, old: lb.svcs[svc.ServiceKey]}
+	oldSlots := 0
+	if p.old == nil {
+		p.newCount = 1
+	} else {
+		oldSlots = len(p.old.slots)
+	}
+	if n := len(svc.Backends) - oldSlots; n > 0 {
+		p.newCount += n
+	}
+	for _, b := range svc.Backends {
+		addr := backendAddr{b.Addr, b.Port, svc.Proto}
+		id, ok := lb.backendIDs[addr]
+		if !ok {
+			var err error
+			if id, err = lb.backendAlloc.allocate(); err != nil {
+				return p, err
+			}
+			lb.backendIDs[addr] = id
+			lb.backendOf[id] = addr
+			p.created = append(p.created, id)
+		}
+		p.slots = append(p.slots, id)
+	}
+	if id, ok := lb.revNatIDs[svc.Frontend]; ok {
+		p.revNat = id
+	} else {
+		id, err := lb.revNatAlloc.allocate()
+		if err != nil {
+			return p, err
+		}
+		p.revNat, p.newRev = id, true
+		lb.revNatIDs[svc.Frontend] = id
+		lb.revNatRefs[id] = 0
+	}
+	return p, nil
+}
+
+// abandon releases the ids plans allocated; nothing was written yet.
+func (lb *LB) abandon(plans []*plan) {
+	for _, p := range plans {
+		if p == nil {
+			continue
+		}
+		for _, id := range p.created {
+			delete(lb.backendIDs, lb.backendOf[id])
+			delete(lb.backendOf, id)
+			lb.backendAlloc.release(id)
+		}
+		if p.newRev {
+			delete(lb.revNatIDs, p.svc.Frontend)
+			delete(lb.revNatRefs, p.revNat)
+			lb.revNatAlloc.release(p.revNat)
+		}
+	}
+}
+
+func (lb *LB) commit(plans []*plan) error {
+	// Steps 1-3.
+	var bKeys []uint32
+	var bVals []bpf.KprBackend
+	var sKeys []bpf.KprSvcKey
+	var sVals []bpf.KprSvcValue
+	var rKeys []uint32
+	var rVals []bpf.KprRevNatValue
+	for _, p := range plans {
+		for _, id := range p.created {
+			a := lb.backendOf[id]
+			bKeys = append(bKeys, id)
+			bVals = append(bVals, bpf.KprBackend{Addr: addrToBPF(a.Addr), Port: portToBPF(a.Port), Proto: uint8(a.Proto)})
+		}
+		for i, id := range p.slots {
+			sKeys = append(sKeys, p.svc.bpfKey(i+1))
+			sVals = append(sVals, bpf.KprSvcValue{BackendId: id})
+		}
+		if p.old == nil || p.old.revNat != p.revNat {
+			rKeys = append(rKeys, p.revNat)
+			rVals = append(rVals, bpf.KprRevNatValue{Addr: addrToBPF(p.svc.Addr), Port: portToBPF(p.svc.Port)})
+		}
+	}
+	if err := lb.backends.put(bKeys, bVals); err != nil {
+		return lb.rollback(plans, err)
+	}
+	if err := lb.services.put(sKeys, sVals); err != nil {
+		return lb.rollback(plans, err)
+	}
+	if err := lb.revNat.put(rKeys, rVals); err != nil {
+		return lb.rollback(plans, err)
+	}
+
+	// Step 4: the switch-over.
+	mKeys := make([]bpf.KprSvcKey, 0, len(plans))
+	mVals := make([]bpf.KprSvcValue, 0, len(plans))
+	for _, p := range plans {
+		mKeys = append(mKeys, p.svc.bpfKey(0))
+		mVals = append(mVals, bpf.KprSvcValue{Count: uint16(len(p.slots)), RevNatId: p.revNat,
+			AffinityTimeout: p.svc.AffinityTimeout, Kind: uint8(p.svc.Kind)})
+	}
+	if err := lb.services.put(mKeys, mVals); err != nil {
+		return lb.rollback(plans, err)
+	}
+
+	// The maps now serve the new state; account for it, then tidy up.
+	var surplus []bpf.KprSvcKey
+	var released []uint32
+	for _, p := range plans {
+		st := &svcState{revNat: p.revNat, kind: p.svc.Kind, affinityTimeout: p.svc.AffinityTimeout, slots: p.slots}
+		lb.svcEntries += p.newCount
+		if p.old != nil {
+			for i := len(p.slots); i < len(p.old.slots); i++ {
+				surplus = append(surplus, p.svc.bpfKey(i+1))
+				lb.svcEntries--
+			}
+			released = append(released, p.old.slots...)
+			if p.old.revNat != 0 && p.old.revNat != p.revNat {
+				lb.revNatRefs[p.old.revNat]--
+			}
+		}
+		if p.old == nil || p.old.revNat != p.revNat {
+			lb.revNatRefs[p.revNat]++
+		}
+		for _, id := range p.slots {
+			lb.backendRefs[id]++
+		}
+		lb.svcs[p.svc.ServiceKey] = st
+	}
+	// Steps 5 and 6.
+	if err := lb.services.delete(surplus); err != nil {
+		return fmt.Errorf("services are updated, but removing surplus slots failed (a resync retries): %w", err)
+	}
+	return lb.release(released)
+}
+
+// release drops one slot reference from each backend id and deletes the
+// backends nothing points at any more.
+func (lb *LB) release(ids []uint32) error {
+	var orphans []uint32
+	for _, id := range ids {
+		if id == 0 {
+			continue
+		}
+		lb.backendRefs[id]--
+		if lb.backendRefs[id] <= 0 {
+			delete(lb.backendRefs, id)
+			orphans = append(orphans, id)
+		}
+	}
+	return lb.dropBackends(orphans)
+}
+
+func (lb *LB) dropBackends(ids []uint32) error {
+	var gone []uint32
+	for _, id := range ids {
+		if _, ok := lb.backendOf[id]; !ok || lb.backendRefs[id] > 0 {
+			continue // already gone, or claimed again by a later plan
+		}
+		gone = append(gone, id)
+	}
+	if err := lb.backends.delete(gone); err != nil {
+		return fmt.Errorf("removing unused backends failed (a resync retries): %w", err)
+	}
+	for _, id := range gone {
+		delete(lb.backendIDs, lb.backendOf[id])
+		delete(lb.backendOf, id)
+		lb.backendAlloc.release(id)
+	}
+	return nil
+}
+
+// rollback undoes steps 1-4 after a failed write: old slots get their old
+// backend ids back, new slots, backends and reverse-NAT entries go. Masters
+// that were already switched are switched back first.
+func (lb *LB) rollback(plans []*plan, cause error) error {
+	var restoreKeys, dropKeys []bpf.KprSvcKey
+	var restoreVals []bpf.KprSvcValue
+	var dropRevNats, dropBackends []uint32
+	for _, p := range plans {
+		if p.old == nil {
+			dropKeys = append(dropKeys, p.svc.bpfKey(0))
+		} else {
+			restoreKeys = append(restoreKeys, p.svc.bpfKey(0))
+			restoreVals = append(restoreVals, bpf.KprSvcValue{Count: uint16(len(p.old.slots)), RevNatId: p.old.revNat,
+				AffinityTimeout: p.old.affinityTimeout, Kind: uint8(p.old.kind)})
+		}
+		oldN := 0
+		if p.old != nil {
+			oldN = len(p.old.slots)
+		}
+		for i := range p.slots {
+			if i < oldN {
+				restoreKeys = append(restoreKeys, p.svc.bpfKey(i+1))
+				restoreVals = append(restoreVals, bpf.KprSvcValue{BackendId: p.old.slots[i]})
+			} else {
+				dropKeys = append(dropKeys, p.svc.bpfKey(i+1))
+			}
+		}
+		if p.newRev {
+			dropRevNats = append(dropRevNats, p.revNat)
+		}
+		dropBackends = append(dropBackends, p.created...)
+	}
+	// Masters first (dropKeys starts with the new masters), then slots.
+	errs := []error{cause,
+		lb.services.delete(dropKeys),
+		lb.services.put(restoreKeys, restoreVals),
+		lb.revNat.delete(dropRevNats),
+		lb.backends.delete(dropBackends),
+	}
+	lb.abandon(plans)
+	return fmt.Errorf("writing services failed and was rolled back: %w", errors.Join(errs...))
+}
+
+// Delete removes the given ServiceKeys: master first, so lookups stop at
+// once, then slots, the reverse-NAT entry and orphaned backends.
+func (lb *LB) Delete(keys ...ServiceKey) error {
+	var masters, slots []bpf.KprSvcKey
+	var released []uint32
+	revNats := map[uint32]Frontend{}
+	var gone []ServiceKey
+	for _, key := range keys {
+		key.Addr = key.Addr.Unmap()
+		st, ok := lb.svcs[key]
+		if !ok {
+			continue
+		}
+		gone = append(gone, key)
+		masters = append(masters, key.bpfKey(0))
+		for i := range st.slots {
+			slots = append(slots, key.bpfKey(i+1))
+		}
+		released = append(released, st.slots...)
+		if st.revNat != 0 {
+			lb.revNatRefs[st.revNat]--
+			if lb.revNatRefs[st.revNat] <= 0 {
+				revNats[st.revNat] = key.Frontend
+			}
+		}
+	}
+	if err := lb.services.delete(masters); err != nil {
+		// Nothing is accounted as deleted yet; undo the reference drops.
+		for _, key := range gone {
+			if st := lb.svcs[key]; st.revNat != 0 {
+				lb.revNatRefs[st.revNat]++
+			}
+		}
+		return err
+	}
+	for _, key := range gone {
+		lb.svcEntries -= 1 + len(lb.svcs[key].slots)
+		delete(lb.svcs, key)
+	}
+	var errs []error
+	errs = append(errs, lb.services.delete(slots))
+	freed := make([]uint32, 0, len(revNats))
+	for id := range revNats {
+		freed = append(freed, id)
+	}
+	errs = append(errs, lb.revNat.delete(freed))
+	for id, fe := range revNats {
+		delete(lb.revNatIDs, fe)
+		delete(lb.revNatRefs, id)
+		lb.revNatAlloc.release(id)
+	}
+	errs = append(errs, lb.release(released))
+	return errors.Join(errs...)
+}
+
+// Used reports how many entries each map holds, for metrics and dump.
+func (lb *LB) Used() (services, backends, revNats int) {
+	return lb.svcEntries, len(lb.backendOf), len(lb.revNatRefs)
+}
