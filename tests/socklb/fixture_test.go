@@ -1,0 +1,125 @@
+// Package socklb tests kpr's socket-level dataplane end to end: the real BPF
+// programs attached to a test-owned cgroup, real sockets in network
+// namespaces, and backends that say who they are.
+package socklb
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/tests/harness"
+)
+
+const (
+	tcpPort uint16 = 8080
+	udpPort uint16 = 5353
+)
+
+// fixture is a node namespace with backend pods, and kpr's programs
+// attached to a cgroup that holds the test process.
+type fixture struct {
+	t       testing.TB
+	node    *harness.Node
+	pods    []*harness.Pod
+	cgroup  *harness.Cgroup
+	bpfRoot string
+	loaded  *loader.Loaded
+	lb      *maps.LB
+}
+
+func newFixture(t testing.TB, pods int, sizes loader.MapSizes) *fixture {
+	t.Helper()
+	harness.RequireRoot(t)
+	node, err := harness.NewNode(t, harness.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, node: node}
+	for i := 0; i < pods; i++ {
+		pod, err := node.AddPod(fmt.Sprintf("backend-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pod.ServeTCP(tcpPort); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pod.ServeUDP(udpPort); err != nil {
+			t.Fatal(err)
+		}
+		f.pods = append(f.pods, pod)
+	}
+	if f.cgroup, err = harness.NewCgroup(t); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cgroup.EnterProcess(); err != nil {
+		t.Fatal(err)
+	}
+	f.bpfRoot = "/sys/fs/bpf/kpr-test-" + randomHex(6)
+	// Registered before loading, so it runs after the loaded maps close.
+	t.Cleanup(func() {
+		if err := loader.Cleanup(f.bpfRoot); err != nil {
+			t.Errorf("cleanup of %s: %v", f.bpfRoot, err)
+		}
+	})
+	f.load(sizes)
+	return f
+}
+
+// load loads (or, the second time, adopts) the dataplane.
+func (f *fixture) load(sizes loader.MapSizes) {
+	f.t.Helper()
+	loaded, err := loader.Load(loader.Options{BPFRoot: f.bpfRoot, CgroupRoot: f.cgroup.Path, Sizes: sizes})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { loaded.Close() })
+	lb, err := maps.New(loaded.Maps)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.loaded, f.lb = loaded, lb
+}
+
+// service programs vip:port for proto with the given pods as backends.
+func (f *fixture) service(vip netip.Addr, port uint16, proto dataplane.Protocol, pods ...*harness.Pod) maps.Service {
+	f.t.Helper()
+	svc := maps.Service{ServiceKey: maps.ServiceKey{Frontend: maps.Frontend{Addr: vip, Port: port, Proto: proto}}}
+	backendPort := tcpPort
+	if proto == dataplane.UDP {
+		backendPort = udpPort
+	}
+	for _, p := range pods {
+		addr := p.IPv4
+		if vip.Is6() && !vip.Is4In6() {
+			addr = p.IPv6
+		}
+		svc.Backends = append(svc.Backends, dataplane.Backend{Addr: addr, Port: backendPort})
+	}
+	if err := f.lb.Upsert(svc); err != nil {
+		f.t.Fatal(err)
+	}
+	return svc
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// family runs a test body once per IP family with that family's VIP.
+type family struct {
+	name string
+	vip  netip.Addr
+}
+
+var families = []family{
+	{"IPv4", netip.MustParseAddr("10.96.0.10")},
+	{"IPv6", netip.MustParseAddr("fd00:96::10")},
+}
