@@ -98,6 +98,9 @@ type LB struct {
 
 	backendAlloc *idAllocator
 	revNatAlloc  *idAllocator
+
+	// readOnly LBs only look: they neither write nor collect garbage.
+	readOnly bool
 }
 
 // New opens the LB over loaded or pinned maps and adopts their contents.
@@ -107,6 +110,21 @@ func New(m *bpf.KprMaps) (*LB, error) {
 		newBPFTable[uint32, bpf.KprBackend](m.KprBackends),
 		newBPFTable[uint32, bpf.KprRevNatValue](m.KprRevNat),
 	)
+}
+
+// OpenReadOnly reads the maps without ever writing them, for inspection
+// tools such as `kpr dump` that run beside a live control plane.
+func OpenReadOnly(m *bpf.KprMaps) (*LB, error) {
+	lb := &LB{
+		services: newBPFTable[bpf.KprSvcKey, bpf.KprSvcValue](m.KprServices),
+		backends: newBPFTable[uint32, bpf.KprBackend](m.KprBackends),
+		revNat:   newBPFTable[uint32, bpf.KprRevNatValue](m.KprRevNat),
+		readOnly: true,
+	}
+	if err := lb.Resync(); err != nil {
+		return nil, err
+	}
+	return lb, nil
 }
 
 func newLB(services table[bpf.KprSvcKey, bpf.KprSvcValue], backends table[uint32, bpf.KprBackend],
@@ -210,6 +228,9 @@ func (lb *LB) Resync() error {
 			orphanRevNats = append(orphanRevNats, id)
 			lb.revNatAlloc.release(id)
 		}
+	}
+	if lb.readOnly {
+		return nil
 	}
 	if err := lb.services.delete(unreachable); err != nil {
 		return err

@@ -13,79 +13,19 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 )
 
-// fakeTable is an in-memory map. After every single entry it writes or
-// deletes it calls check, which is how the tests catch an ordering that a
-// concurrent BPF lookup could observe half-done.
-type fakeTable[K comparable, V any] struct {
-	data    map[K]V
-	max     int
-	check   func()
-	writes  int
-	failAt  int // fail the failAt-th write from now on (0 = never)
-	failErr error
-}
-
-func newFake[K comparable, V any](max int) *fakeTable[K, V] {
-	return &fakeTable[K, V]{data: map[K]V{}, max: max}
-}
-
-func (t *fakeTable[K, V]) tick() error {
-	t.writes++
-	if t.failAt != 0 && t.writes >= t.failAt {
-		t.failAt = 0
-		return t.failErr
-	}
-	return nil
-}
-
-func (t *fakeTable[K, V]) put(keys []K, values []V) error {
-	for i := range keys {
-		if err := t.tick(); err != nil {
-			return err
-		}
-		if _, ok := t.data[keys[i]]; !ok && len(t.data) >= t.max {
-			return errors.New("E2BIG: fake map full")
-		}
-		t.data[keys[i]] = values[i]
-		if t.check != nil {
-			t.check()
-		}
-	}
-	return nil
-}
-
-func (t *fakeTable[K, V]) delete(keys []K) error {
-	for _, k := range keys {
-		delete(t.data, k)
-		if t.check != nil {
-			t.check()
-		}
-	}
-	return nil
-}
-
-func (t *fakeTable[K, V]) dump(fn func(K, V)) error {
-	for k, v := range t.data {
-		fn(k, v)
-	}
-	return nil
-}
-
-func (t *fakeTable[K, V]) maxEntries() int { return t.max }
-
 type fakeMaps struct {
 	t        testing.TB
-	services *fakeTable[bpf.KprSvcKey, bpf.KprSvcValue]
-	backends *fakeTable[uint32, bpf.KprBackend]
-	revNat   *fakeTable[uint32, bpf.KprRevNatValue]
+	services *memTable[bpf.KprSvcKey, bpf.KprSvcValue]
+	backends *memTable[uint32, bpf.KprBackend]
+	revNat   *memTable[uint32, bpf.KprRevNatValue]
 }
 
 func newFakeMaps(t testing.TB, svcMax, beMax, revMax int) *fakeMaps {
 	f := &fakeMaps{
 		t:        t,
-		services: newFake[bpf.KprSvcKey, bpf.KprSvcValue](svcMax),
-		backends: newFake[uint32, bpf.KprBackend](beMax),
-		revNat:   newFake[uint32, bpf.KprRevNatValue](revMax),
+		services: newMemTable[bpf.KprSvcKey, bpf.KprSvcValue](svcMax),
+		backends: newMemTable[uint32, bpf.KprBackend](beMax),
+		revNat:   newMemTable[uint32, bpf.KprRevNatValue](revMax),
 	}
 	f.services.check = f.checkLookupSafe
 	f.backends.check = f.checkLookupSafe
@@ -277,7 +217,6 @@ func TestFailedWriteIsRolledBack(t *testing.T) {
 	}
 }
 
-func (t *fakeTable[K, V]) setFail(n int, err error) { t.writes, t.failAt, t.failErr = 0, n, err }
 
 func TestResyncAdoptsStateAndNeverReusesIDs(t *testing.T) {
 	f := newFakeMaps(t, 1000, 1000, 1000)

@@ -22,6 +22,8 @@ import (
 // exist yet. Steps 1-4 are undone if any of them fails, so a Service is left
 // fully old or fully new.
 
+var errReadOnly = errors.New("maps opened read-only: only the control plane writes them")
+
 // plan is the change of one ServiceKey.
 type plan struct {
 	svc      Service
@@ -37,6 +39,9 @@ type plan struct {
 // all. Services that fit are applied even when others are refused; the
 // error names every refused one.
 func (lb *LB) Upsert(svcs ...Service) error {
+	if lb.readOnly {
+		return errReadOnly
+	}
 	var errs []error
 	valid := svcs[:0:0]
 	for _, svc := range svcs {
@@ -327,6 +332,9 @@ func (lb *LB) rollback(plans []*plan, cause error) error {
 // Delete removes the given ServiceKeys: master first, so lookups stop at
 // once, then slots, the reverse-NAT entry and orphaned backends.
 func (lb *LB) Delete(keys ...ServiceKey) error {
+	if lb.readOnly {
+		return errReadOnly
+	}
 	var masters, slots []bpf.KprSvcKey
 	var released []uint32
 	revNats := map[uint32]Frontend{}

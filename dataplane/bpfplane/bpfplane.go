@@ -1,0 +1,188 @@
+// Package bpfplane is the eBPF implementation of dataplane.Dataplane: it
+// expands each desired ServicePort into one map entry set per frontend and
+// scope, and writes only what differs from what the maps already hold.
+package bpfplane
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/maps"
+)
+
+// Plane drives the BPF maps. Like maps.LB it has one writer: the sync loop.
+type Plane struct {
+	lb  *maps.LB
+	log *zap.Logger
+	// owned records which map entries each ServicePort wrote, so that a
+	// frontend a ServicePort no longer has is deleted, and two ServicePorts
+	// claiming one frontend are noticed instead of overwriting each other.
+	owned map[dataplane.ServicePortName][]maps.ServiceKey
+	owner map[maps.ServiceKey]dataplane.ServicePortName
+}
+
+// New returns a Plane over lb. Until the first Reconcile it knows no
+// owners, so that first call must list every ServicePort.
+func New(lb *maps.LB, log *zap.Logger) *Plane {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Plane{lb: lb, log: log,
+		owned: map[dataplane.ServicePortName][]maps.ServiceKey{},
+		owner: map[maps.ServiceKey]dataplane.ServicePortName{}}
+}
+
+var _ dataplane.Dataplane = (*Plane)(nil)
+
+// expand turns a ServicePort into map entries: every frontend gets its
+// internal scope, and an external scope when external traffic has a
+// backend set of its own.
+func expand(sp *dataplane.ServicePort) []maps.Service {
+	affinity := uint32(sp.AffinityTimeout / time.Second)
+	var out []maps.Service
+	seen := map[maps.ServiceKey]bool{}
+	add := func(fe dataplane.Frontend, scope maps.Scope, backends []dataplane.Backend) {
+		key := maps.ServiceKey{Frontend: maps.Frontend{Addr: fe.Addr.Unmap(), Port: fe.Port, Proto: fe.Protocol}, Scope: scope}
+		if seen[key] {
+			return
+		}
+		seen[key] = true
+		out = append(out, maps.Service{ServiceKey: key, Kind: fe.Kind, AffinityTimeout: affinity, Backends: backends})
+	}
+	for _, fe := range sp.Frontends {
+		add(fe, maps.ScopeInternal, fe.Backends)
+		if fe.ExternalBackends != nil {
+			add(fe, maps.ScopeExternal, fe.ExternalBackends)
+		}
+	}
+	return out
+}
+
+// Apply writes the given ServicePorts; nil deletes one.
+func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
+	want, err := p.claimAll(changes)
+	return errors.Join(err, p.write(want))
+}
+
+// claimAll claims the frontends of every ServicePort, in name order so that
+// which of two conflicting ServicePorts wins does not depend on map order.
+func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePort) (map[dataplane.ServicePortName][]maps.Service, error) {
+	names := make([]dataplane.ServicePortName, 0, len(sps))
+	for name := range sps {
+		names = append(names, name)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
+	want := make(map[dataplane.ServicePortName][]maps.Service, len(sps))
+	var errs []error
+	for _, name := range names {
+		if sps[name] == nil {
+			want[name] = nil
+			continue
+		}
+		svcs, err := p.claim(name, expand(sps[name]))
+		if err != nil {
+			errs = append(errs, err)
+		}
+		want[name] = svcs
+	}
+	return want, errors.Join(errs...)
+}
+
+// Reconcile re-reads the maps, writes whatever differs from all and
+// deletes every entry all does not mention, including entries of
+// Services deleted while kpr was down.
+func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePort) error {
+	if err := p.lb.Resync(); err != nil {
+		return fmt.Errorf("read BPF maps for reconcile: %w", err)
+	}
+	p.owned = map[dataplane.ServicePortName][]maps.ServiceKey{}
+	p.owner = map[maps.ServiceKey]dataplane.ServicePortName{}
+	want, err := p.claimAll(all)
+	errs := []error{err}
+	// Anything in the maps that nobody claimed is stale.
+	var stale []maps.ServiceKey
+	for _, key := range p.lb.Keys() {
+		if _, ok := p.owner[key]; !ok {
+			stale = append(stale, key)
+		}
+	}
+	if len(stale) > 0 {
+		p.log.Info("removing stale services from the maps", zap.Int("frontends", len(stale)))
+		if err := p.lb.Delete(stale...); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(append(errs, p.write(want))...)
+}
+
+// claim drops the entries another ServicePort already owns, with an error
+// naming both, and records the rest as name's.
+func (p *Plane) claim(name dataplane.ServicePortName, svcs []maps.Service) ([]maps.Service, error) {
+	var errs []error
+	kept := svcs[:0]
+	for _, svc := range svcs {
+		if other, ok := p.owner[svc.ServiceKey]; ok && other != name {
+			errs = append(errs, fmt.Errorf("%s: frontend %s is already served by %s; fix the conflicting Services",
+				name, svc.ServiceKey.Frontend, other))
+			continue
+		}
+		p.owner[svc.ServiceKey] = name
+		kept = append(kept, svc)
+	}
+	return kept, errors.Join(errs...)
+}
+
+// write upserts what differs, then deletes frontends ServicePorts dropped,
+// and records ownership for what the maps now hold.
+func (p *Plane) write(want map[dataplane.ServicePortName][]maps.Service) error {
+	var upserts []maps.Service
+	wanted := map[maps.ServiceKey]bool{}
+	for _, svcs := range want {
+		for _, svc := range svcs {
+			wanted[svc.ServiceKey] = true
+			if !p.lb.Matches(svc) {
+				upserts = append(upserts, svc)
+			}
+		}
+	}
+	var errs []error
+	if len(upserts) > 0 {
+		if err := p.lb.Upsert(upserts...); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var stale []maps.ServiceKey
+	for name := range want {
+		for _, key := range p.owned[name] {
+			if !wanted[key] && p.owner[key] == name {
+				stale = append(stale, key)
+			}
+		}
+	}
+	if err := p.lb.Delete(stale...); err != nil {
+		errs = append(errs, err)
+	}
+	for _, key := range stale {
+		delete(p.owner, key)
+	}
+	// A refused entry stays owned: the maps hold its old content or
+	// nothing, the error makes the sync retry, and a later delete of the
+	// ServicePort still removes it.
+	for name, svcs := range want {
+		keys := make([]maps.ServiceKey, 0, len(svcs))
+		for _, svc := range svcs {
+			keys = append(keys, svc.ServiceKey)
+		}
+		if len(keys) == 0 {
+			delete(p.owned, name)
+		} else {
+			p.owned[name] = keys
+		}
+	}
+	return errors.Join(errs...)
+}

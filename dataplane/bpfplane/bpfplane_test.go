@@ -1,0 +1,121 @@
+package bpfplane
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/maps"
+)
+
+func be(s string) dataplane.Backend {
+	ap := netip.MustParseAddrPort(s)
+	return dataplane.Backend{Addr: ap.Addr(), Port: ap.Port()}
+}
+
+func name(n string) dataplane.ServicePortName {
+	return dataplane.ServicePortName{Namespace: "default", Name: n, Protocol: dataplane.TCP}
+}
+
+func clusterIP(vip string, backends ...dataplane.Backend) *dataplane.ServicePort {
+	return &dataplane.ServicePort{Frontends: []dataplane.Frontend{{
+		Addr: netip.MustParseAddr(vip), Port: 80, Protocol: dataplane.TCP, Kind: dataplane.ClusterIP, Backends: backends}}}
+}
+
+func key(vip string, scope maps.Scope) maps.ServiceKey {
+	return maps.ServiceKey{Frontend: maps.Frontend{Addr: netip.MustParseAddr(vip), Port: 80, Proto: dataplane.TCP}, Scope: scope}
+}
+
+func TestApplyWritesScopesAndDeletesDroppedFrontends(t *testing.T) {
+	lb := maps.NewInMemory(1000, 1000, 1000)
+	p := New(lb, nil)
+	local, remote := be("10.244.0.2:8080"), be("10.244.1.2:8080")
+	sp := &dataplane.ServicePort{
+		AffinityTimeout: 30 * time.Second,
+		Frontends: []dataplane.Frontend{
+			{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: dataplane.TCP, Kind: dataplane.ClusterIP,
+				Backends: []dataplane.Backend{local, remote}},
+			{Addr: netip.MustParseAddr("192.168.1.1"), Port: 80, Protocol: dataplane.TCP, Kind: dataplane.NodePort,
+				Backends: []dataplane.Backend{local, remote}, ExternalBackends: []dataplane.Backend{local}},
+		},
+	}
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("web"): sp}); err != nil {
+		t.Fatal(err)
+	}
+	ext, ok := lb.Get(key("192.168.1.1", maps.ScopeExternal))
+	if !ok || len(ext.Backends) != 1 || ext.Backends[0] != local {
+		t.Fatalf("external scope = %+v, want only the local backend", ext)
+	}
+	internal, _ := lb.Get(key("192.168.1.1", maps.ScopeInternal))
+	if len(internal.Backends) != 2 || internal.AffinityTimeout != 30 || internal.Kind != dataplane.NodePort {
+		t.Fatalf("internal scope = %+v", internal)
+	}
+	if _, ok := lb.Get(key("10.96.0.1", maps.ScopeExternal)); ok {
+		t.Fatal("a frontend without ExternalBackends got an external scope")
+	}
+
+	// The NodePort goes away: its entries must go with it.
+	sp.Frontends = sp.Frontends[:1]
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("web"): sp}); err != nil {
+		t.Fatal(err)
+	}
+	if len(lb.List()) != 1 {
+		t.Fatalf("after dropping the NodePort the maps hold %v", lb.List())
+	}
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("web"): nil}); err != nil {
+		t.Fatal(err)
+	}
+	if len(lb.List()) != 0 {
+		t.Fatalf("after deleting the ServicePort the maps hold %v", lb.List())
+	}
+}
+
+func TestConflictingFrontendKeepsTheFirstOwner(t *testing.T) {
+	lb := maps.NewInMemory(1000, 1000, 1000)
+	p := New(lb, nil)
+	a, b := be("10.244.0.2:8080"), be("10.244.0.3:8080")
+	err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{
+		name("a"): clusterIP("10.96.0.1", a),
+		name("b"): clusterIP("10.96.0.1", b),
+	})
+	if err == nil {
+		t.Fatal("two ServicePorts claimed one frontend without an error")
+	}
+	got, _ := lb.Get(key("10.96.0.1", maps.ScopeInternal))
+	if len(got.Backends) != 1 || got.Backends[0] != a {
+		t.Fatalf("frontend serves %v, want the first owner's backend", got.Backends)
+	}
+	// Deleting the loser must not delete the winner's frontend.
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("b"): nil}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := lb.Get(key("10.96.0.1", maps.ScopeInternal)); !ok {
+		t.Fatal("deleting the conflicting ServicePort removed the owner's frontend")
+	}
+}
+
+func TestReconcileRemovesUnknownAndRepairs(t *testing.T) {
+	lb := maps.NewInMemory(1000, 1000, 1000)
+	// Left over from before a restart: one Service that still exists, one
+	// that was deleted while kpr was down.
+	stay := maps.Service{ServiceKey: key("10.96.0.1", maps.ScopeInternal), Backends: []dataplane.Backend{be("10.244.0.2:8080")}}
+	gone := maps.Service{ServiceKey: key("10.96.0.2", maps.ScopeInternal), Backends: []dataplane.Backend{be("10.244.0.3:8080")}}
+	if err := lb.Upsert(stay, gone); err != nil {
+		t.Fatal(err)
+	}
+	p := New(lb, nil)
+	err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{
+		name("stay"): clusterIP("10.96.0.1", be("10.244.0.2:8080"), be("10.244.0.4:8080")),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := lb.Get(gone.ServiceKey); ok {
+		t.Fatal("a Service deleted while kpr was down survived reconcile")
+	}
+	got, _ := lb.Get(stay.ServiceKey)
+	if len(got.Backends) != 2 {
+		t.Fatalf("reconcile did not update the surviving Service: %v", got.Backends)
+	}
+}
