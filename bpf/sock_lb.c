@@ -1,3 +1,5 @@
+//go:build ignore
+
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * Socket-level Service load balancing on the cgroup v2 sock_addr hooks.

@@ -217,7 +217,6 @@ func TestFailedWriteIsRolledBack(t *testing.T) {
 	}
 }
 
-
 func TestResyncAdoptsStateAndNeverReusesIDs(t *testing.T) {
 	f := newFakeMaps(t, 1000, 1000, 1000)
 	lb := f.lb()
