@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -308,4 +309,42 @@ func OpenPinnedMaps(bpfRoot string) (*bpf.KprMaps, error) {
 		}
 	}
 	return &m, nil
+}
+
+// DetachCgroup force-detaches every kpr program linked to cgroupRoot, pinned
+// or not, for example after the pins were lost. Programs of other tools on
+// the same cgroup are left alone: only programs named kpr_* are touched.
+func DetachCgroup(cgroupRoot string) (int, error) {
+	want, err := cgroupID(cgroupRoot)
+	if err != nil {
+		return 0, err
+	}
+	detached := 0
+	var errs []error
+	var it link.Iterator
+	defer it.Close()
+	for it.Next() {
+		info, err := it.Link.Info()
+		if err != nil || info.Cgroup() == nil || info.Cgroup().CgroupId != want {
+			continue
+		}
+		prog, err := ebpf.NewProgramFromID(info.Program)
+		if err != nil {
+			continue
+		}
+		pinfo, err := prog.Info()
+		prog.Close()
+		if err != nil || !strings.HasPrefix(pinfo.Name, "kpr_") {
+			continue
+		}
+		if err := it.Link.Detach(); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s from %s: %w", pinfo.Name, cgroupRoot, err))
+			continue
+		}
+		detached++
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, err)
+	}
+	return detached, errors.Join(errs...)
 }

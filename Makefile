@@ -1,0 +1,51 @@
+# kpr — see README.md. `make demo` runs the main job, `make test` the tests.
+SHELL := /bin/bash
+GO ?= go
+GOFLAGS_TEST ?= -count=1 -timeout 45m
+export GOFLAGS := -buildvcs=false
+
+-include tests/tools/tools.mk
+
+.PHONY: all build deps generate generate-check lint test unit bench demo clean
+
+all: build
+
+## build: the kpr binary into bin/ (no clang needed: the BPF objects are committed)
+build:
+	$(GO) build -o bin/kpr ./cmd/kpr
+
+## deps: Debian packages the BPF build and the tests need (only what is missing)
+deps:
+	@hack/deps.sh
+
+## generate: rebuild the BPF objects and their Go bindings with bpf2go
+generate: deps
+	cd bpf && $(GO) generate ./...
+
+## generate-check: fail if the committed BPF objects differ from a fresh build
+generate-check: deps
+	@hack/generate-check.sh
+
+## lint: gofmt and go vet
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+## unit: tests that need neither root nor the API server
+unit:
+	$(GO) test $(GOFLAGS_TEST) ./maps/... ./dataplane/... ./desired/... ./metrics/... ./health/...
+
+## test: everything CI runs: generated-code check, lint, all tests (root tests need root)
+test: deps generate-check lint tools
+	$(GO) test $(GOFLAGS_TEST) ./...
+
+## bench: the benchmarks, results under docs/
+bench: deps tools
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./tests/socklb/
+
+## demo: a local API server, three pods, a Service and kpr run, end to end
+demo: deps tools build
+	$(GO) run ./tests/demo
+
+clean:
+	rm -rf bin

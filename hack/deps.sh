@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kpr's build and tests need, when missing:
+# clang and libbpf-dev for `make generate`, bpftool for the BTF test,
+# iproute2 for the test namespaces. Runs apt only if something is absent.
+set -euo pipefail
+
+need=()
+command -v clang >/dev/null || need+=(clang llvm)
+[[ -f /usr/include/bpf/bpf_helpers.h ]] || need+=(libbpf-dev)
+command -v bpftool >/dev/null || need+=(bpftool)
+command -v ip >/dev/null || need+=(iproute2)
+command -v nsenter >/dev/null || need+=(util-linux)
+command -v flock >/dev/null || need+=(util-linux)
+[[ -d /usr/include/x86_64-linux-gnu/asm || -d /usr/include/asm ]] || need+=(linux-libc-dev)
+
+if [[ ${#need[@]} -eq 0 ]]; then
+	exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+	echo "hack/deps.sh: missing packages ${need[*]}; install them as root (apt-get install ${need[*]})" >&2
+	exit 1
+fi
+echo "hack/deps.sh: installing ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${need[@]}" >/dev/null
