@@ -352,3 +352,47 @@ func TestBpftoolShowsFieldNames(t *testing.T) {
 }
 
 
+
+func TestSessionAffinityStickToOneBackendPerClient(t *testing.T) {
+	f := newFixture(t, 3, loader.MapSizes{})
+	vip := netip.AddrPortFrom(families[0].vip, 80)
+	svc := f.service(vip.Addr(), vip.Port(), dataplane.TCP, f.pods...)
+	svc.AffinityTimeout = 60
+	if err := f.lb.Upsert(svc); err != nil {
+		t.Fatal(err)
+	}
+	// The node and a pod are two clients (two network namespaces).
+	client, err := f.node.AddPod("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []*harness.NetNS{f.node.NetNS, client.NetNS} {
+		seen := map[string]int{}
+		for i := 0; i < 30; i++ {
+			who, err := harness.WhoTCP(ns, vip, timeout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[who]++
+		}
+		if len(seen) != 1 {
+			t.Fatalf("client %s with affinity reached %v, want one backend", ns.Name, seen)
+		}
+	}
+	// Switching affinity off spreads connections again.
+	svc.AffinityTimeout = 0
+	if err := f.lb.Upsert(svc); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 60; i++ {
+		who, err := harness.WhoTCP(f.node.NetNS, vip, timeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[who] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("affinity off, yet 60 connects all reached %v", seen)
+	}
+}
