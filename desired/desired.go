@@ -70,7 +70,8 @@ func SkipService(svc *v1.Service) (skip bool, reason string) {
 }
 
 // SkipSlice reports whether kpr must ignore an EndpointSlice entirely
-// (headless label, FQDN address type, no service-name label).
+// (headless label, FQDN address type, no service-name label). An address
+// type other than IPv4 or IPv6 is skipped too: kpr cannot program it.
 func SkipSlice(slice *discoveryv1.EndpointSlice) (skip bool, reason string) {
 	if slice == nil {
 		return true, "nil EndpointSlice"
