@@ -15,6 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// cgroupPrefix starts the directory name of every test cgroup.
+const cgroupPrefix = NamePrefix + "test-"
+
 // Cgroup is a fresh cgroup v2 directory made for one test, so BPF cgroup
 // programs can be attached to it without touching any other process.
 type Cgroup struct {
@@ -37,6 +40,7 @@ type Cgroup struct {
 // process came from).
 func NewCgroup(tb testing.TB) (*Cgroup, error) {
 	tb.Helper()
+	sweepStaleOnce()
 	mount, err := Cgroup2Mount()
 	if err != nil {
 		return nil, err
@@ -46,7 +50,7 @@ func NewCgroup(tb testing.TB) (*Cgroup, error) {
 		return nil, err
 	}
 	cg := &Cgroup{
-		Path: filepath.Join(mount, "kpr-test-"+randomSuffix(8)),
+		Path: filepath.Join(mount, cgroupPrefix+randomSuffix(8)),
 		home: filepath.Join(mount, rel),
 	}
 	if err := os.Mkdir(cg.Path, 0o755); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -130,8 +131,9 @@ func (ns *NetNS) writeSysctl(key, value string) error {
 // Do runs fn on an OS thread that is inside ns, and returns fn's error.
 // Sockets created by fn stay in ns for their whole life, even when Go later
 // uses them from other threads. Goroutines started by fn do NOT inherit the
-// namespace. The caller's thread is never switched, so Do is safe to call
-// from any goroutine, concurrently.
+// namespace, but processes forked by fn do (see StartCommand). The caller's
+// thread is never switched, so Do is safe to call from any goroutine,
+// concurrently.
 func Do(ns *NetNS, fn func() error) error {
 	if ns == nil || !ns.handle.IsOpen() {
 		return errors.New("harness.Do: namespace is nil or already deleted")
@@ -151,6 +153,18 @@ func Do(ns *NetNS, fn func() error) error {
 		}
 		return fnErr
 	})
+}
+
+// StartCommand starts cmd with its network namespace set to ns (the child
+// is forked from a thread inside ns and inherits it), e.g. to run `kpr run`
+// as the node's agent. Its mount namespace is the test's, so /sys/fs/bpf and
+// cgroup2 stay visible (unlike under `ip netns exec`). The caller owns the
+// process: stop it by cmd.Process and Wait for it.
+func StartCommand(ns *NetNS, cmd *exec.Cmd) error {
+	if err := Do(ns, cmd.Start); err != nil {
+		return fmt.Errorf("start %s in %s: %w", cmd.Path, ns.Name, err)
+	}
+	return nil
 }
 
 // errThreadTainted marks a failure after which the locked thread is in an

@@ -99,6 +99,7 @@ type Node struct {
 // changed.
 func NewNode(tb testing.TB, opts Options) (*Node, error) {
 	tb.Helper()
+	sweepStaleOnce()
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -147,7 +148,11 @@ func (n *Node) setup() error {
 	}
 	nl := n.NetNS.Netlink()
 
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: n.Bridge}}
+	// No multicast snooping: the bridge floods all multicast, so IPv6
+	// neighbour discovery between pods never depends on which MLD reports
+	// the bridge happens to have seen.
+	noSnooping := false
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: n.Bridge}, MulticastSnooping: &noSnooping}
 	if err := nl.LinkAdd(br); err != nil {
 		return fmt.Errorf("create bridge %s: %w", n.Bridge, err)
 	}
@@ -284,10 +289,14 @@ func (p *Pod) wire() error {
 	if err := podNL.LinkSetUp(eth0); err != nil {
 		return fmt.Errorf("set eth0 up in %s: %w", p.NetNS.Name, err)
 	}
-	// Until the kernel's linkwatch work runs (up to a second after carrier
-	// comes up) a new link transmits through the noop qdisc and drops
-	// everything, which would cost the first connection a SYN retransmit.
-	// linkwatch sets the operstate in the same step, so wait for UP.
+	// A fresh link is not usable the moment it is set up, and the first
+	// packets lost to it cost a 1s retransmit (SYN or neighbour
+	// solicitation). Until the kernel's linkwatch work runs, a link
+	// transmits through the noop qdisc and drops everything; linkwatch sets
+	// the operstate in the same step, so wait for UP. After that, a link's
+	// IPv6 layer drops incoming multicast (neighbour solicitations) until
+	// addrconf has handled the carrier; it creates the link-local address
+	// in that step, so wait for one as well.
 	for _, l := range []struct {
 		nl    *netlink.Handle
 		index int
@@ -297,9 +306,17 @@ func (p *Pod) wire() error {
 		{nodeNL, p.HostVethIndex, p.HostVeth + " in " + n.NetNS.Name},
 		{nodeNL, n.BridgeIndex, n.Bridge + " in " + n.NetNS.Name},
 	} {
-		if err := waitOperUp(l.nl, l.index, linkUpTimeout); err != nil {
-			return fmt.Errorf("%s: %w", l.where, err)
+		if err := waitFor(l.where+" operationally up", operUp(l.nl, l.index)); err != nil {
+			return err
 		}
+	}
+	if err := waitFor("IPv6 link-local address on eth0 in "+p.NetNS.Name, hasLinkLocal(podNL, p.EthIndex)); err != nil {
+		return err
+	}
+	// The bridge gets its carrier with its first port; the gateway answers
+	// neighbour solicitations only once addrconf has handled that too.
+	if err := waitFor("IPv6 link-local address on "+n.Bridge+" in "+n.NetNS.Name, hasLinkLocal(nodeNL, n.BridgeIndex)); err != nil {
+		return err
 	}
 	for _, gw := range []netip.Addr{n.GatewayV4.Addr(), n.GatewayV6.Addr()} {
 		anyAddr := netip.IPv4Unspecified()
@@ -375,25 +392,54 @@ func (n *Node) close() error {
 	return errors.Join(errs...)
 }
 
-// linkUpTimeout bounds the wait for a new link to become operational; the
-// kernel normally needs well under a second.
+// linkUpTimeout bounds the wait for a new link to become usable; the
+// kernel normally needs a few milliseconds.
 const linkUpTimeout = 5 * time.Second
 
-// waitOperUp polls until the link's operational state is UP.
-func waitOperUp(nl *netlink.Handle, index int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+// waitFor polls cond until it holds, fails, or linkUpTimeout passes.
+func waitFor(what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(linkUpTimeout)
 	for {
-		l, err := nl.LinkByIndex(index)
+		ok, err := cond()
 		if err != nil {
-			return fmt.Errorf("look up link %d: %w", index, err)
+			return fmt.Errorf("waiting for %s: %w", what, err)
 		}
-		if l.Attrs().OperState == netlink.OperUp {
+		if ok {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("link %s still %s after %s", l.Attrs().Name, l.Attrs().OperState, timeout)
+			return fmt.Errorf("no %s after %s", what, linkUpTimeout)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func operUp(nl *netlink.Handle, index int) func() (bool, error) {
+	return func() (bool, error) {
+		l, err := nl.LinkByIndex(index)
+		if err != nil {
+			return false, err
+		}
+		return l.Attrs().OperState == netlink.OperUp, nil
+	}
+}
+
+func hasLinkLocal(nl *netlink.Handle, index int) func() (bool, error) {
+	return func() (bool, error) {
+		l, err := nl.LinkByIndex(index)
+		if err != nil {
+			return false, err
+		}
+		addrs, err := nl.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			return false, err
+		}
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				return true, nil
+			}
+		}
+		return false, nil
 	}
 }
 
@@ -415,8 +461,8 @@ func nextAddr(subnet netip.Prefix, last netip.Addr) (netip.Addr, error) {
 	return next, nil
 }
 
-// addAddr adds prefix to link. IPv6 addresses get IFA_F_NODAD so they are
-// usable at once instead of staying tentative during duplicate detection.
+// addAddr adds prefix to link and waits until it is usable. IPv6 addresses
+// get IFA_F_NODAD so they do not stay tentative during duplicate detection.
 func addAddr(nl *netlink.Handle, link netlink.Link, prefix netip.Prefix) error {
 	a := &netlink.Addr{IPNet: prefixToIPNet(prefix)}
 	if prefix.Addr().Is6() {
@@ -425,7 +471,21 @@ func addAddr(nl *netlink.Handle, link netlink.Link, prefix netip.Prefix) error {
 	if err := nl.AddrAdd(link, a); err != nil {
 		return fmt.Errorf("add address %s to %s: %w", prefix, link.Attrs().Name, err)
 	}
-	return nil
+	// The kernel installs an IPv6 address's local route from a work queue,
+	// even with NODAD; until then packets to it are routed away instead of
+	// delivered. Return only once the address is really local.
+	return waitFor(fmt.Sprintf("local route for %s on %s", prefix.Addr(), link.Attrs().Name), isLocal(nl, prefix.Addr()))
+}
+
+func isLocal(nl *netlink.Handle, addr netip.Addr) func() (bool, error) {
+	return func() (bool, error) {
+		routes, err := nl.RouteGet(addr.AsSlice())
+		if err != nil {
+			// No route at all yet (e.g. ENETUNREACH): keep waiting.
+			return false, nil
+		}
+		return len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL, nil
+	}
 }
 
 // prefixToIPNet keeps the host bits (net.IPNet{IP: addr, Mask: len}), which
