@@ -21,6 +21,10 @@
 //	| ::2     |  | ::3     |  | ::4     |   default via the gateways, lo up
 //	+---------+  +---------+  +---------+
 //
+// AddPod and Node.AddAddress return only once links are operational and
+// addresses usable, so the first packet of a test is never lost to a
+// half-ready link (which would show up as a 1s retransmit).
+//
 // Namespaces are pinned under /run/netns, so while a test runs they show up
 // in `ip netns list` and can be inspected with
 // `nsenter --net=/run/netns/<name> ip addr`. Everything is deleted through

@@ -262,6 +262,20 @@ func TestNodeAddressReachableFromPod(t *testing.T) {
 	}
 }
 
+func TestOptionsAreValidated(t *testing.T) {
+	for name, opts := range map[string]harness.Options{
+		"gateway is the network address": {GatewayV4: netip.MustParsePrefix("10.1.0.0/24")},
+		"IPv6 gateway given as IPv4":     {GatewayV6: netip.MustParsePrefix("10.1.0.1/24")},
+		"IPv4 gateway given as IPv6":     {GatewayV4: netip.MustParsePrefix("fd00::1/64")},
+		"bridge and uplink share a name": {BridgeName: "br", UplinkName: "br"},
+		"interface name too long":        {BridgeName: "a-very-long-bridge-name"},
+	} {
+		if _, err := harness.NewNode(t, opts); err == nil {
+			t.Errorf("%s: NewNode accepted %+v", name, opts)
+		}
+	}
+}
+
 func TestAddPodValidatesAndRemovePodDeletes(t *testing.T) {
 	harness.RequireRoot(t)
 	t.Parallel()
@@ -289,6 +303,12 @@ func TestAddPodValidatesAndRemovePodDeletes(t *testing.T) {
 	}
 	if _, err := os.Stat(p.NetNS.Path); err != nil {
 		t.Fatalf("pod netns not pinned: %v", err)
+	}
+	if l, err := node.NetNS.Netlink().LinkByIndex(p.HostVethIndex); err != nil || l.Attrs().Name != p.HostVeth || l.Attrs().MasterIndex != node.BridgeIndex {
+		t.Errorf("HostVethIndex %d does not name %s, a port of %s: %v", p.HostVethIndex, p.HostVeth, node.Bridge, err)
+	}
+	if l, err := p.NetNS.Netlink().LinkByIndex(p.EthIndex); err != nil || l.Attrs().Name != "eth0" {
+		t.Errorf("EthIndex %d is not eth0 in the pod: %v", p.EthIndex, err)
 	}
 	if err := node.RemovePod("x"); err != nil {
 		t.Fatal(err)

@@ -3,12 +3,10 @@ package harness
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -43,6 +41,11 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if !o.GatewayV6.IsValid() {
 		o.GatewayV6 = netip.MustParsePrefix("fd00:244::1/64")
+	}
+	for _, gw := range []netip.Prefix{o.GatewayV4, o.GatewayV6} {
+		if gw.Addr() == gw.Masked().Addr() {
+			return o, fmt.Errorf("gateway %s is the subnet's network address; give a host address such as %s", gw, gw.Masked().Addr().Next())
+		}
 	}
 	if !o.GatewayV4.Addr().Is4() {
 		return o, fmt.Errorf("Options.GatewayV4 %s is not an IPv4 prefix", o.GatewayV4)
@@ -81,7 +84,6 @@ type Node struct {
 	GatewayV4 netip.Prefix
 	GatewayV6 netip.Prefix
 
-	tb     testing.TB
 	suffix string // random part shared by every namespace of this node
 
 	mu       sync.Mutex
@@ -99,17 +101,16 @@ type Node struct {
 // changed.
 func NewNode(tb testing.TB, opts Options) (*Node, error) {
 	tb.Helper()
-	sweepStaleOnce()
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
+	sweepStaleOnce()
 	n := &Node{
 		Bridge:    opts.BridgeName,
 		Uplink:    opts.UplinkName,
 		GatewayV4: opts.GatewayV4,
 		GatewayV6: opts.GatewayV6,
-		tb:        tb,
 		suffix:    randomSuffix(6),
 		reserved:  map[string]bool{},
 		lastV4:    opts.GatewayV4.Addr(),
@@ -195,6 +196,8 @@ func (n *Node) AddAddress(prefix netip.Prefix) error {
 
 // AddPod creates a pod namespace wired to the node bridge, with the next
 // free IPv4 and IPv6 addresses, default routes via the gateways and lo up.
+// It returns once the pod is reachable: links operational and addresses
+// usable, so the first packet to or from it is not lost.
 // name must be 1-32 characters of [a-z0-9-] and unique on the node.
 func (n *Node) AddPod(name string) (*Pod, error) {
 	if !validName(name) {
@@ -392,65 +395,6 @@ func (n *Node) close() error {
 	return errors.Join(errs...)
 }
 
-// linkUpTimeout bounds the wait for a new link to become usable; the
-// kernel normally needs a few milliseconds.
-const linkUpTimeout = 5 * time.Second
-
-// waitFor polls cond until it holds, fails, or linkUpTimeout passes.
-func waitFor(what string, cond func() (bool, error)) error {
-	deadline := time.Now().Add(linkUpTimeout)
-	for {
-		ok, err := cond()
-		if err != nil {
-			return fmt.Errorf("waiting for %s: %w", what, err)
-		}
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no %s after %s", what, linkUpTimeout)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-func operUp(nl *netlink.Handle, index int) func() (bool, error) {
-	return func() (bool, error) {
-		l, err := nl.LinkByIndex(index)
-		if err != nil {
-			return false, err
-		}
-		return l.Attrs().OperState == netlink.OperUp, nil
-	}
-}
-
-func hasLinkLocal(nl *netlink.Handle, index int) func() (bool, error) {
-	return func() (bool, error) {
-		l, err := nl.LinkByIndex(index)
-		if err != nil {
-			return false, err
-		}
-		addrs, err := nl.AddrList(l, netlink.FAMILY_V6)
-		if err != nil {
-			return false, err
-		}
-		for _, a := range addrs {
-			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
-				return true, nil
-			}
-		}
-		return false, nil
-	}
-}
-
-// uplinkPeerName names the dead end of the uplink veth.
-func uplinkPeerName(uplink string) string {
-	if name := uplink + "-wire"; len(name) < unix.IFNAMSIZ {
-		return name
-	}
-	return "uplink-wire"
-}
-
 // nextAddr returns the address after last inside subnet, refusing the
 // subnet's last address (the IPv4 broadcast address).
 func nextAddr(subnet netip.Prefix, last netip.Addr) (netip.Addr, error) {
@@ -459,38 +403,4 @@ func nextAddr(subnet netip.Prefix, last netip.Addr) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("pod subnet %s is out of addresses", subnet.Masked())
 	}
 	return next, nil
-}
-
-// addAddr adds prefix to link and waits until it is usable. IPv6 addresses
-// get IFA_F_NODAD so they do not stay tentative during duplicate detection.
-func addAddr(nl *netlink.Handle, link netlink.Link, prefix netip.Prefix) error {
-	a := &netlink.Addr{IPNet: prefixToIPNet(prefix)}
-	if prefix.Addr().Is6() {
-		a.Flags = unix.IFA_F_NODAD
-	}
-	if err := nl.AddrAdd(link, a); err != nil {
-		return fmt.Errorf("add address %s to %s: %w", prefix, link.Attrs().Name, err)
-	}
-	// The kernel installs an IPv6 address's local route from a work queue,
-	// even with NODAD; until then packets to it are routed away instead of
-	// delivered. Return only once the address is really local.
-	return waitFor(fmt.Sprintf("local route for %s on %s", prefix.Addr(), link.Attrs().Name), isLocal(nl, prefix.Addr()))
-}
-
-func isLocal(nl *netlink.Handle, addr netip.Addr) func() (bool, error) {
-	return func() (bool, error) {
-		routes, err := nl.RouteGet(addr.AsSlice())
-		if err != nil {
-			// No route at all yet (e.g. ENETUNREACH): keep waiting.
-			return false, nil
-		}
-		return len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL, nil
-	}
-}
-
-// prefixToIPNet keeps the host bits (net.IPNet{IP: addr, Mask: len}), which
-// is what an interface address needs.
-func prefixToIPNet(p netip.Prefix) *net.IPNet {
-	addr := p.Addr().Unmap()
-	return &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(p.Bits(), addr.BitLen())}
 }
