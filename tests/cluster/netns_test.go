@@ -1,0 +1,129 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// TestClusterInNetNS runs the control plane inside a network namespace made
+// for the test and checks that: both servers really run in it, the host-side
+// client (through the loopback relay) works, the "kubernetes" Service
+// advertises Options.AdvertiseAddress, and a client inside the namespace
+// reaches the API server on that address, also after an API server restart.
+func TestClusterInNetNS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a network namespace")
+	}
+	const advertise = "192.0.2.1"
+	nsName := makeTestNetNS(t, advertise+"/24")
+
+	c := StartForTest(t, Options{NetNS: nsName, AdvertiseAddress: advertise})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	pids := controlPlanePIDs(c)
+	if len(pids) != 2 {
+		t.Fatalf("found control-plane processes %v, want etcd and kube-apiserver", pids)
+	}
+	want, err := netnsInode(netnsPath(nsName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range pids {
+		got, err := netnsInode(fmt.Sprintf("/proc/%d/ns/net", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("process %d runs in netns inode %d, want %s's %d", pid, got, nsName, want)
+		}
+	}
+
+	slice, err := c.Client.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("reading the kubernetes EndpointSlice from the host: %v", err)
+	}
+	if len(slice.Endpoints) != 1 || slice.Endpoints[0].Addresses[0] != advertise {
+		t.Errorf("kubernetes EndpointSlice endpoints = %+v, want %s", slice.Endpoints, advertise)
+	}
+
+	// From inside the namespace, on the advertised address. The serving
+	// certificate names localhost, hence ServerName.
+	inside := rest.CopyConfig(c.Config)
+	inside.Host = "https://" + advertise + ":" + c.env.ControlPlane.APIServer.SecureServing.Port
+	inside.TLSClientConfig.ServerName = "localhost"
+	ns, err := netns.GetFromPath(netnsPath(nsName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	inside.Dial = func(_ context.Context, _, address string) (net.Conn, error) {
+		return dialInNetNS(ns, address)
+	}
+	insideClient, err := kubernetes.NewForConfig(inside)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := insideClient.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		t.Fatalf("reaching the API server at %s from inside %s: %v", inside.Host, nsName, err)
+	}
+
+	// An outage through the relay: the wrapper and relay outlive the API
+	// server, so a restart is reachable from the host again.
+	if err := c.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		t.Fatalf("host client after API server restart in %s: %v", nsName, err)
+	}
+}
+
+// makeTestNetNS creates a network namespace holding the address cidr,
+// deleted when the test ends. Its lo stays down: Start must bring it up.
+func makeTestNetNS(t *testing.T, cidr string) string {
+	t.Helper()
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	name := "kpr-tc-" + hex.EncodeToString(suffix)
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("netns", "add", name)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("deleting netns %s: %v: %s", name, err, out)
+		}
+	})
+	// On lo, not a dummy or veth device: the kernel may lack those
+	// modules, and the address only has to exist inside the namespace.
+	run("-n", name, "addr", "add", cidr, "dev", "lo")
+	return name
+}
+
+func netnsInode(path string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return st.Ino, nil
+}

@@ -1,0 +1,29 @@
+package cluster
+
+import (
+	"context"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+)
+
+// StartForTest starts a cluster for t and stops it in t.Cleanup. It fails
+// the test (rather than skipping) when the cluster cannot start: missing
+// tools are built by hack/tools.sh, and any other failure is a real one.
+// Progress is logged through t unless opts.Logger is set.
+func StartForTest(t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = zaptest.NewLogger(t)
+	}
+	c, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("starting the test cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Errorf("stopping the test cluster: %v", err)
+		}
+	})
+	return c
+}
