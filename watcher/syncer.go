@@ -1,0 +1,274 @@
+package watcher
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"go.uber.org/zap"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/desired"
+)
+
+// objectSource is the read side of the informer caches. The sync only reads
+// through it, so tests can feed the sync from plain maps.
+type objectSource interface {
+	// Service returns the Service key, or false if it does not exist (or is
+	// filtered out by the label selectors).
+	Service(key serviceKey) (*v1.Service, bool)
+	// Slices returns every EndpointSlice labelled with the Service's name.
+	Slices(key serviceKey) []*discoveryv1.EndpointSlice
+	// ServiceKeys lists every Service.
+	ServiceKeys() []serviceKey
+}
+
+// translator holds the desired-state functions. Production uses package
+// desired; unit tests of the sync loop substitute a tiny stand-in so that
+// they test the loop, not the translation.
+type translator struct {
+	skipService func(*v1.Service) (bool, string)
+	skipSlice   func(*discoveryv1.EndpointSlice) (bool, string)
+	translate   func(*v1.Service, []*discoveryv1.EndpointSlice, desired.Node) ([]dataplane.ServicePort, []desired.Problem)
+	equal       func(a, b *dataplane.ServicePort) bool
+}
+
+var desiredTranslator = translator{
+	skipService: desired.SkipService,
+	skipSlice:   desired.SkipSlice,
+	translate:   desired.Translate,
+	equal:       desired.Equal,
+}
+
+type servicePorts = map[dataplane.ServicePortName]*dataplane.ServicePort
+
+// noLocalCount is one Service's contribution to
+// sync_proxy_rules_no_local_endpoints_total.
+type noLocalCount struct{ internal, external int }
+
+// computed is the desired state of one Service.
+type computed struct {
+	ports   servicePorts
+	noLocal noLocalCount
+}
+
+// syncer turns dirty Services into dataplane calls. It remembers what the
+// dataplane holds so that a partial sync sends only real differences. It is
+// used from the sync loop's goroutine only.
+type syncer struct {
+	src  objectSource
+	node func() desired.Node
+	dp   dataplane.Dataplane
+	tr   translator
+	log  *zap.Logger
+
+	// applied is what the dataplane holds per Service, as of the last
+	// successful Apply or Reconcile. A failed call leaves it untouched.
+	applied map[serviceKey]servicePorts
+	noLocal map[serviceKey]noLocalCount
+	// noLocalTotal is the sum over noLocal, kept current on every commit.
+	noLocalTotal noLocalCount
+	// problems are the translation problems last logged per Service, so
+	// that a bad object is logged when it turns bad, not on every sync.
+	problems map[serviceKey]map[desired.Problem]bool
+}
+
+func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, tr translator, log *zap.Logger) *syncer {
+	return &syncer{
+		src: src, node: node, dp: dp, tr: tr, log: log,
+		applied:  map[serviceKey]servicePorts{},
+		noLocal:  map[serviceKey]noLocalCount{},
+		problems: map[serviceKey]map[desired.Problem]bool{},
+	}
+}
+
+// partial recomputes the Services in cs (every Service if cs.all), and
+// applies the ServicePorts that differ from what the dataplane holds: new or
+// changed ones with their new state, vanished ones as nil. It returns the
+// number of ServicePorts passed to Apply.
+func (s *syncer) partial(cs changeSet) (int, error) {
+	keys := cs.services
+	if cs.all {
+		// Every Service the API has, plus the ones deleted since the last
+		// sync, which only applied still knows.
+		keys = make(map[serviceKey]*pendingChange, len(s.applied))
+		for key := range s.applied {
+			keys[key] = nil
+		}
+		for _, key := range s.src.ServiceKeys() {
+			keys[key] = nil
+		}
+	}
+	node := s.node()
+	next := map[serviceKey]computed{}
+	changes := servicePorts{}
+	for key := range keys {
+		c := s.compute(key, node)
+		next[key] = c
+		old := s.applied[key]
+		for name, sp := range c.ports {
+			if !s.tr.equal(old[name], sp) {
+				changes[name] = sp
+			}
+		}
+		for name := range old {
+			if _, ok := c.ports[name]; !ok {
+				changes[name] = nil
+			}
+		}
+	}
+	if len(changes) > 0 {
+		if err := s.dp.Apply(changes); err != nil {
+			return 0, fmt.Errorf("apply %d changed service ports: %w", len(changes), err)
+		}
+	}
+	for key, c := range next {
+		s.commit(key, c)
+	}
+	return len(changes), nil
+}
+
+// full recomputes every Service and hands the complete state to
+// Reconcile, which also repairs drift and removes Services the dataplane
+// holds but the API no longer has. It returns the number of ServicePorts.
+func (s *syncer) full() (int, error) {
+	node := s.node()
+	next := map[serviceKey]computed{}
+	all := servicePorts{}
+	for _, key := range s.src.ServiceKeys() {
+		c := s.compute(key, node)
+		next[key] = c
+		maps.Copy(all, c.ports)
+	}
+	if err := s.dp.Reconcile(all); err != nil {
+		return 0, fmt.Errorf("reconcile all %d service ports: %w", len(all), err)
+	}
+	for key := range s.applied {
+		if _, ok := next[key]; !ok {
+			s.commit(key, computed{})
+		}
+	}
+	for key, c := range next {
+		s.commit(key, c)
+	}
+	for key := range s.problems {
+		if _, ok := next[key]; !ok {
+			delete(s.problems, key)
+		}
+	}
+	return len(all), nil
+}
+
+// commit records c as what the dataplane now holds for key.
+func (s *syncer) commit(key serviceKey, c computed) {
+	old := s.noLocal[key]
+	s.noLocalTotal.internal += c.noLocal.internal - old.internal
+	s.noLocalTotal.external += c.noLocal.external - old.external
+	if len(c.ports) == 0 {
+		delete(s.applied, key)
+		delete(s.noLocal, key)
+		return
+	}
+	s.applied[key] = c.ports
+	s.noLocal[key] = c.noLocal
+}
+
+// compute returns the desired state of one Service; nothing if it does not
+// exist or is not proxied.
+func (s *syncer) compute(key serviceKey, node desired.Node) computed {
+	svc, ok := s.src.Service(key)
+	if !ok {
+		delete(s.problems, key)
+		return computed{}
+	}
+	if skip, reason := s.tr.skipService(svc); skip {
+		s.log.Debug("Service not proxied", zap.Stringer("service", key), zap.String("reason", reason))
+		delete(s.problems, key)
+		return computed{}
+	}
+	var eps []*discoveryv1.EndpointSlice
+	for _, slice := range s.src.Slices(key) {
+		if skip, _ := s.tr.skipSlice(slice); !skip {
+			eps = append(eps, slice)
+		}
+	}
+	ports, problems := s.tr.translate(svc, eps, node)
+	s.logProblems(key, problems)
+
+	c := computed{ports: make(servicePorts, len(ports))}
+	for i := range ports {
+		c.ports[ports[i].Name] = &ports[i]
+	}
+	c.noLocal = s.countNoLocal(svc, eps, node, ports)
+	return c
+}
+
+// logProblems logs the problems of key that were not there last time.
+func (s *syncer) logProblems(key serviceKey, problems []desired.Problem) {
+	if len(problems) == 0 {
+		delete(s.problems, key)
+		return
+	}
+	seen := make(map[desired.Problem]bool, len(problems))
+	for _, p := range problems {
+		if !s.problems[key][p] && !seen[p] {
+			s.log.Warn("Ignoring unusable part of a Service", zap.Stringer("service", key),
+				zap.String("object", p.Object), zap.String("reason", p.Reason))
+		}
+		seen[p] = true
+	}
+	s.problems[key] = seen
+}
+
+// countNoLocal counts the ports of svc that have a Local traffic policy
+// and endpoints somewhere, but none on this node, as kube-proxy does for
+// sync_proxy_rules_no_local_endpoints_total.
+//
+// Externally, a frontend's Backends are the cluster-wide set and its
+// ExternalBackends (non-nil only under externalTrafficPolicy: Local) the
+// local set, so the answer is in the translation. Internally, a ClusterIP
+// frontend only carries the local set; whether the cluster has endpoints
+// at all is learnt by translating again with the Cluster policy, which only
+// happens for Services already known to be missing local endpoints.
+func (s *syncer) countNoLocal(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node, ports []dataplane.ServicePort) noLocalCount {
+	var n noLocalCount
+	var clusterWide map[dataplane.ServicePortName]bool // computed on first need
+	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
+	for _, sp := range ports {
+		if slices.ContainsFunc(sp.Frontends, func(f dataplane.Frontend) bool {
+			return f.ExternalBackends != nil && len(f.ExternalBackends) == 0 && len(f.Backends) > 0
+		}) {
+			n.external++
+		}
+		if !internalLocal || slices.ContainsFunc(sp.Frontends, func(f dataplane.Frontend) bool {
+			return f.Kind == dataplane.ClusterIP && len(f.Backends) > 0
+		}) {
+			continue
+		}
+		if clusterWide == nil {
+			clusterWide = s.portsWithClusterEndpoints(svc, eps, node)
+		}
+		if clusterWide[sp.Name] {
+			n.internal++
+		}
+	}
+	return n
+}
+
+// portsWithClusterEndpoints translates svc as if its internal traffic
+// policy were Cluster and reports which ports then have ClusterIP backends.
+func (s *syncer) portsWithClusterEndpoints(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node) map[dataplane.ServicePortName]bool {
+	cluster := svc.DeepCopy()
+	policy := v1.ServiceInternalTrafficPolicyCluster
+	cluster.Spec.InternalTrafficPolicy = &policy
+	ports, _ := s.tr.translate(cluster, eps, node)
+	has := map[dataplane.ServicePortName]bool{}
+	for _, sp := range ports {
+		has[sp.Name] = slices.ContainsFunc(sp.Frontends, func(f dataplane.Frontend) bool {
+			return f.Kind == dataplane.ClusterIP && len(f.Backends) > 0
+		})
+	}
+	return has
+}

@@ -1,0 +1,187 @@
+// Package watcher is kpr's control plane loop: it watches Services,
+// EndpointSlices and this node's Node object through client-go informers,
+// tracks which Services changed, and keeps a dataplane.Dataplane in step
+// with the desired state computed by package desired.
+//
+// Syncs are bounded in frequency. Events only mark a Service dirty; a sync
+// then recomputes the dirty Services and applies only the ServicePorts that
+// differ from what the dataplane holds. Every SyncPeriod, and first after
+// start-up, a full reconcile hands the dataplane the complete state so it can
+// repair drift and drop Services deleted while kpr was down.
+//
+// Files: watcher.go (API), informers.go (informers and event handlers),
+// tracker.go (dirty-Service bookkeeping), node.go (this node's facts),
+// syncer.go (desired state and dataplane calls), runner.go (the loop).
+package watcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"go.uber.org/zap"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/metrics"
+)
+
+// Defaults for Config.
+const (
+	// DefaultSyncPeriod is kube-proxy's default --iptables-sync-period.
+	DefaultSyncPeriod = 30 * time.Second
+	// DefaultMinSyncPeriod is zero: sync as soon as possible, coalescing
+	// whatever queues up while a sync runs. Map updates are cheap enough
+	// that kube-proxy's 1 s pacing would only add latency.
+	DefaultMinSyncPeriod = 0
+)
+
+// HealthReporter is what the watcher tells the health endpoints;
+// *health.Server implements it.
+type HealthReporter interface {
+	// QueuedUpdate: a change arrived that is not in the dataplane yet.
+	QueuedUpdate()
+	// Updated: a sync succeeded; everything queued before it is programmed.
+	Updated()
+	// SetNode: the latest Node object of this node, nil once it is deleted.
+	SetNode(node *v1.Node)
+}
+
+// Config configures a Watcher.
+type Config struct {
+	// NodeName is this node's name; it selects the Node object watched for
+	// the zone label, the NodePort addresses and eligibility. Required.
+	NodeName string
+	// NodePortAddresses restricts the node addresses NodePorts are served on
+	// to these CIDRs (--nodeport-addresses); empty means every InternalIP
+	// and ExternalIP of the Node.
+	NodePortAddresses []netip.Prefix
+	// MinSyncPeriod is the least time between the starts of two syncs;
+	// zero (DefaultMinSyncPeriod) syncs as soon as changes are queued.
+	MinSyncPeriod time.Duration
+	// SyncPeriod is the longest time between two full reconciles; zero
+	// means DefaultSyncPeriod.
+	SyncPeriod time.Duration
+	// Metrics receives kube-proxy's sync metrics; nil means a private set
+	// nobody scrapes.
+	Metrics *metrics.Metrics
+	// Health, if set, is told about queued changes, syncs and the Node.
+	Health HealthReporter
+	// OnSync, if set, is called after every sync attempt, from the sync
+	// loop's goroutine: keep it quick. Tests and benchmarks use it to learn
+	// when the dataplane caught up.
+	OnSync func(SyncResult)
+}
+
+// Watcher watches the API and drives a Dataplane. Create it with New and
+// start it with Run.
+type Watcher struct {
+	log    *zap.Logger
+	api    *apiObjects
+	node   *nodeTracker
+	runner *runner
+	ran    atomic.Bool
+}
+
+// New builds a Watcher. Nothing talks to the API server before Run.
+func New(cfg Config, client kubernetes.Interface, dp dataplane.Dataplane, log *zap.Logger) (*Watcher, error) {
+	switch {
+	case cfg.NodeName == "":
+		return nil, errors.New("watcher: NodeName is required: pass this node's name (e.g. --hostname-override or $NODE_NAME)")
+	case client == nil || dp == nil:
+		return nil, errors.New("watcher: a Kubernetes client and a dataplane are required")
+	case cfg.MinSyncPeriod < 0 || cfg.SyncPeriod < 0:
+		return nil, fmt.Errorf("watcher: sync periods must not be negative (min %v, full %v)", cfg.MinSyncPeriod, cfg.SyncPeriod)
+	}
+	if cfg.SyncPeriod == 0 {
+		cfg.SyncPeriod = DefaultSyncPeriod
+	}
+	if cfg.MinSyncPeriod > cfg.SyncPeriod {
+		return nil, fmt.Errorf("watcher: MinSyncPeriod %v is longer than SyncPeriod %v", cfg.MinSyncPeriod, cfg.SyncPeriod)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New()
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+
+	started := time.Now()
+	tracker := newChangeTracker(cfg.Metrics, cfg.Health, time.Now)
+	node := newNodeTracker(cfg.NodeName, cfg.NodePortAddresses, cfg.Health)
+	api, err := newAPIObjects(client, cfg.NodeName, tracker, node, started, log)
+	if err != nil {
+		return nil, fmt.Errorf("watcher: set up informers: %w", err)
+	}
+	w := &Watcher{
+		log:    log,
+		api:    api,
+		node:   node,
+		runner: newRunner(cfg, tracker, newSyncer(api, node.current, dp, desiredTranslator, log), log),
+	}
+	return w, nil
+}
+
+// newRunner builds the sync loop from a validated Config.
+func newRunner(cfg Config, tracker *changeTracker, s *syncer, log *zap.Logger) *runner {
+	return &runner{
+		tracker:       tracker,
+		syncer:        s,
+		metrics:       cfg.Metrics,
+		health:        cfg.Health,
+		log:           log,
+		now:           time.Now,
+		minSyncPeriod: cfg.MinSyncPeriod,
+		syncPeriod:    cfg.SyncPeriod,
+		retryMin:      defaultRetryMin,
+		retryMax:      defaultRetryMax,
+		onSync:        cfg.OnSync,
+		firstSync:     make(chan struct{}),
+	}
+}
+
+// Run starts the informers, waits until their caches hold the complete
+// state, runs a first full reconcile and then keeps the dataplane in step
+// until ctx is done. It returns nil when ctx ends, an error only if it
+// could not run at all. Run may be called once.
+//
+// While the API server is unreachable the informers retry on their own and
+// the dataplane keeps what it has: an empty or stale cache is never taken
+// to mean that Services were deleted.
+func (w *Watcher) Run(ctx context.Context) error {
+	if !w.ran.CompareAndSwap(false, true) {
+		return errors.New("watcher: Run called twice")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	w.api.start(ctx.Done())
+	defer func() {
+		cancel()
+		w.api.shutdown()
+	}()
+
+	w.log.Info("Waiting for the Service, EndpointSlice and Node caches to sync")
+	if !cache.WaitForCacheSync(ctx.Done(), w.api.synced...) {
+		return nil // ctx ended first; nothing was synced, nothing to undo
+	}
+	if !w.node.known() {
+		w.log.Warn("This node's Node object does not exist (yet): NodePorts are served on loopback only until it appears; check that the node name is right",
+			zap.String("node", w.node.name))
+	}
+	w.log.Info("Caches synced; starting the dataplane sync loop",
+		zap.Duration("minSyncPeriod", w.runner.minSyncPeriod), zap.Duration("syncPeriod", w.runner.syncPeriod))
+	w.runner.run(ctx)
+	return nil
+}
+
+// FirstSync is closed once the first full reconcile has succeeded: the
+// dataplane then serves every Service the API had at start-up.
+func (w *Watcher) FirstSync() <-chan struct{} { return w.runner.firstSync }
+
+// LastSync returns the result of the most recent sync attempt (the zero
+// value before the first).
+func (w *Watcher) LastSync() SyncResult { return w.runner.lastSync() }
