@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
@@ -147,8 +147,8 @@ type fakeHealth struct {
 	queued, updated int
 }
 
-func (h *fakeHealth) QueuedUpdate()  { h.mu.Lock(); h.queued++; h.mu.Unlock() }
-func (h *fakeHealth) Updated()       { h.mu.Lock(); h.updated++; h.mu.Unlock() }
+func (h *fakeHealth) QueuedUpdate()    { h.mu.Lock(); h.queued++; h.mu.Unlock() }
+func (h *fakeHealth) Updated()         { h.mu.Lock(); h.updated++; h.mu.Unlock() }
 func (h *fakeHealth) SetNode(*v1.Node) {}
 func (h *fakeHealth) counts() (queued, updated int) {
 	h.mu.Lock()

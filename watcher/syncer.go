@@ -5,9 +5,9 @@ import (
 	"maps"
 	"slices"
 
+	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"

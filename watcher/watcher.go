@@ -22,10 +22,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/metrics"
