@@ -88,6 +88,7 @@ type Cluster struct {
 	workDir    string
 	logFiles   []*os.File
 	forwarders []*netnsForwarder
+	watchdog   *watchdog
 	log        *zap.Logger
 
 	mu      sync.Mutex
@@ -118,6 +119,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		return nil, fmt.Errorf("creating the cluster's work directory: %w", err)
 	}
 	c := &Cluster{workDir: workDir, log: log}
+	if c.watchdog, err = startWatchdog(workDir); err != nil {
+		os.RemoveAll(workDir)
+		return nil, err
+	}
 	defer func() {
 		if retErr != nil {
 			if err := c.Stop(); err != nil {
@@ -166,18 +171,24 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 // certificates and data survive an API server restart), dual-stack service
 // CIDRs and, in NetNS mode, wrapped binaries and forwarded ports.
 func (c *Cluster) newEnvironment(toolsDir string, opts Options) (*envtest.Environment, error) {
-	apiServerPath := filepath.Join(toolsDir, apiServerBinary)
-	etcdPath := filepath.Join(toolsDir, etcdBinary)
-
 	// Setting CertDir and DataDir ourselves stops envtest from deleting
 	// and regenerating them when the API server is stopped, so a restart
 	// serves the same CA and accepts the same client certificates.
 	certDir := filepath.Join(c.workDir, "apiserver")
 	dataDir := filepath.Join(c.workDir, "etcd")
-	for _, dir := range []string{certDir, dataDir} {
+	binDir := filepath.Join(c.workDir, "bin")
+	for _, dir := range []string{certDir, dataDir, binDir} {
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", dir, err)
 		}
+	}
+	apiServerPath, err := writeLauncher(binDir, apiServerBinary, filepath.Join(toolsDir, apiServerBinary), opts.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	etcdPath, err := writeLauncher(binDir, etcdBinary, filepath.Join(toolsDir, etcdBinary), opts.NetNS)
+	if err != nil {
+		return nil, err
 	}
 	apiLog, err := c.openLog("kube-apiserver.log")
 	if err != nil {
@@ -237,24 +248,13 @@ func (c *Cluster) newEnvironment(toolsDir string, opts Options) (*envtest.Enviro
 	}, nil
 }
 
-// placeInNetNS runs etcd and the API server inside opts.NetNS and relays
-// their ports to the host loopback (see netnsForwarder).
+// placeInNetNS prepares opts.NetNS for etcd and the API server (whose
+// launchers enter it) and relays their ports to the host loopback (see
+// netnsForwarder).
 func (c *Cluster) placeInNetNS(opts Options, apiServer *envtest.APIServer, etcd *envtest.Etcd) error {
 	if err := bringUpLoopback(opts.NetNS); err != nil {
 		return err
 	}
-	binDir := filepath.Join(c.workDir, "bin")
-	if err := os.Mkdir(binDir, 0o700); err != nil {
-		return fmt.Errorf("creating %s: %w", binDir, err)
-	}
-	var err error
-	if apiServer.Path, err = writeNetNSWrapper(binDir, apiServerBinary, apiServer.Path, opts.NetNS); err != nil {
-		return err
-	}
-	if etcd.Path, err = writeNetNSWrapper(binDir, etcdBinary, etcd.Path, opts.NetNS); err != nil {
-		return err
-	}
-
 	etcdFwd, err := newNetNSForwarder(opts.NetNS, c.log)
 	if err != nil {
 		return err
@@ -278,6 +278,11 @@ func (c *Cluster) placeInNetNS(opts Options, apiServer *envtest.APIServer, etcd 
 	}
 	apiServer.Configure().Set("bind-address", bind)
 	return nil
+}
+
+// pidFile is where the launcher of binary records the server's PID.
+func (c *Cluster) pidFile(binary string) string {
+	return filepath.Join(c.workDir, "bin", binary+".pid")
 }
 
 func (c *Cluster) openLog(name string) (*os.File, error) {
@@ -314,6 +319,10 @@ func (c *Cluster) logTails() string {
 func (c *Cluster) StopAPIServer() error {
 	if err := c.env.ControlPlane.APIServer.Stop(); err != nil {
 		return fmt.Errorf("stopping kube-apiserver: %w", err)
+	}
+	// Its PID may be reused from now on: keep the watchdog off it.
+	if err := os.Remove(c.pidFile(apiServerBinary)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("removing the kube-apiserver PID file: %w", err)
 	}
 	c.log.Info("test API server stopped")
 	return nil
@@ -376,8 +385,13 @@ func (c *Cluster) Stop() error {
 	for _, f := range c.logFiles {
 		f.Close()
 	}
+	// Removing the work dir also removes the PID files, so the released
+	// watchdog finds nothing to kill.
 	if err := os.RemoveAll(c.workDir); err != nil {
 		errs = append(errs, fmt.Errorf("removing %s: %w", c.workDir, err))
+	}
+	if err := c.watchdog.release(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
 		c.log.Info("test cluster stopped")

@@ -183,14 +183,18 @@ func internalIPs(node *corev1.Node) string {
 // certificate directories live there), so only our own are looked at.
 func controlPlanePIDs(c *Cluster) []int {
 	var pids []int
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
-		cmdline, err := os.ReadFile(p)
+		comm, err := os.ReadFile(p + "/comm")
+		if name := strings.TrimSpace(string(comm)); err != nil || (name != etcdBinary && name != apiServerBinary) {
+			continue
+		}
+		cmdline, err := os.ReadFile(p + "/cmdline")
 		if err != nil || !strings.Contains(string(cmdline), c.workDir) {
 			continue
 		}
 		var pid int
-		if _, err := fmt.Sscanf(p, "/proc/%d/cmdline", &pid); err == nil && pid != os.Getpid() {
+		if _, err := fmt.Sscanf(p, "/proc/%d", &pid); err == nil {
 			pids = append(pids, pid)
 		}
 	}

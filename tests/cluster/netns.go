@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"sync"
 
 	"github.com/vishvananda/netlink"
@@ -20,21 +18,6 @@ import (
 // network namespaces.
 func netnsPath(name string) string {
 	return filepath.Join("/run/netns", name)
-}
-
-// writeNetNSWrapper writes an executable script into dir that runs binary
-// inside the named network namespace. envtest only lets us choose the binary
-// path, so the namespace is entered by the wrapper; `exec` keeps the PID
-// envtest sees equal to the server's, so its signals reach the server itself.
-// nsenter is used rather than `ip netns exec`, which remounts /sys.
-func writeNetNSWrapper(dir, name, binary, nsName string) (string, error) {
-	path := filepath.Join(dir, name)
-	script := fmt.Sprintf("#!/bin/sh\nexec nsenter --net=%s -- %s \"$@\"\n",
-		strconv.Quote(netnsPath(nsName)), strconv.Quote(binary))
-	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
-		return "", fmt.Errorf("writing netns wrapper for %s: %w", binary, err)
-	}
-	return path, nil
 }
 
 // bringUpLoopback sets lo up inside the named namespace. etcd and the API
