@@ -1,0 +1,95 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/maps"
+)
+
+func newDumpCommand(g *globalFlags) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "dump",
+		Short: "List the Services and backends in kpr's pinned BPF maps",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m, err := loader.OpenPinnedMaps(g.bpfRoot)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			lb, err := maps.OpenReadOnly(m)
+			if err != nil {
+				return err
+			}
+			switch output {
+			case "json":
+				return writeDumpJSON(cmd.OutOrStdout(), lb.List())
+			case "table":
+				return writeDumpTable(cmd.OutOrStdout(), lb.List())
+			}
+			return fmt.Errorf("--output %q: want table or json", output)
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+// dumpService is the JSON form of one frontend and scope.
+type dumpService struct {
+	Frontend        string   `json:"frontend"`
+	Protocol        string   `json:"protocol"`
+	Scope           string   `json:"scope"`
+	Kind            string   `json:"kind"`
+	AffinityTimeout uint32   `json:"affinityTimeoutSeconds,omitempty"`
+	Backends        []string `json:"backends"`
+}
+
+func writeDumpJSON(w io.Writer, svcs []maps.Service) error {
+	out := make([]dumpService, 0, len(svcs))
+	for _, s := range svcs {
+		d := dumpService{
+			Frontend: frontendAddr(s), Protocol: s.Proto.String(), Scope: s.Scope.String(),
+			Kind: s.Kind.String(), AffinityTimeout: s.AffinityTimeout, Backends: []string{},
+		}
+		for _, b := range s.Backends {
+			d.Backends = append(d.Backends, b.String())
+		}
+		out = append(out, d)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+// writeDumpTable prints one line per backend, like `cilium bpf lb list`.
+func writeDumpTable(w io.Writer, svcs []maps.Service) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE ADDRESS\tPROTO\tSCOPE\tKIND\tAFFINITY\tBACKEND ADDRESS (SLOT)")
+	for _, s := range svcs {
+		affinity := "-"
+		if s.AffinityTimeout > 0 {
+			affinity = fmt.Sprintf("%ds", s.AffinityTimeout)
+		}
+		prefix := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", frontendAddr(s), s.Proto, s.Scope, s.Kind, affinity)
+		if len(s.Backends) == 0 {
+			fmt.Fprintf(tw, "%s\t(no backends: connects are refused)\n", prefix)
+			continue
+		}
+		for i, b := range s.Backends {
+			fmt.Fprintf(tw, "%s\t%s (%d)\n", prefix, b, i+1)
+			prefix = "\t\t\t\t"
+		}
+	}
+	return tw.Flush()
+}
+
+func frontendAddr(s maps.Service) string {
+	return netip.AddrPortFrom(s.Addr, s.Port).String()
+}

@@ -1,0 +1,70 @@
+// Command kpr is a pure-eBPF replacement for kube-proxy. `kpr run` is the
+// node daemon; dump, probe and cleanup are for operators.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/go-logr/zapr"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"k8s.io/klog/v2"
+
+	"github.com/kpr-io/kpr/loader"
+)
+
+// globalFlags are shared by every subcommand.
+type globalFlags struct {
+	bpfRoot   string
+	logLevel  string
+	logFormat string
+}
+
+func main() {
+	if err := newRootCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "kpr:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	g := &globalFlags{}
+	root := &cobra.Command{
+		Use:           "kpr",
+		Short:         "kpr is a pure-eBPF replacement for kube-proxy",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.bpfRoot, "bpf-root", loader.DefaultBPFRoot, "bpffs directory holding kpr's pinned maps and links")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "json", "log format: json or console")
+	root.AddCommand(newRunCommand(g), newDumpCommand(g), newProbeCommand(), newCleanupCommand(g))
+	return root
+}
+
+// logger builds the zap logger the flags ask for and routes client-go's
+// klog output into it, so every line kpr prints is structured alike.
+func (g *globalFlags) logger() (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(g.logLevel)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	var cfg zap.Config
+	switch g.logFormat {
+	case "json":
+		cfg = zap.NewProductionConfig()
+	case "console":
+		cfg = zap.NewDevelopmentConfig()
+	default:
+		return nil, fmt.Errorf("--log-format %q: want json or console", g.logFormat)
+	}
+	cfg.Level = zap.NewAtomicLevelAt(level)
+	log, err := cfg.Build()
+	if err != nil {
+		return nil, err
+	}
+	klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
+	return log, nil
+}

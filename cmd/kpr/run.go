@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kpr-io/kpr/dataplane/bpfplane"
+	"github.com/kpr-io/kpr/health"
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/watcher"
+)
+
+type runFlags struct {
+	mode              string
+	kubeconfig        string
+	hostnameOverride  string
+	cgroupRoot        string
+	minSyncPeriod     time.Duration
+	syncPeriod        time.Duration
+	clusterCIDR       string
+	nodePortAddresses []string
+	healthzAddr       string
+	metricsAddr       string
+	sizes             loader.MapSizes
+}
+
+func newRunCommand(g *globalFlags) *cobra.Command {
+	f := &runFlags{}
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the node daemon: watch the Kubernetes API and program the dataplane",
+		Long: "run loads kpr's BPF programs (or adopts the pinned ones), then keeps the BPF maps in step " +
+			"with the Services and EndpointSlices of the cluster. On SIGTERM it exits and leaves the dataplane " +
+			"serving; `kpr cleanup` removes it.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := g.logger()
+			if err != nil {
+				return err
+			}
+			defer log.Sync()
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			err = run(ctx, g, f, log)
+			if err != nil {
+				log.Error("kpr run failed", zap.Error(err))
+			}
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.mode, "mode", "auto", "dataplane: auto or ebpf (iptables and ipvs are not built yet)")
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster config")
+	fl.StringVar(&f.hostnameOverride, "hostname-override", "", "this node's name in the API; default: the hostname")
+	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
+	fl.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between two syncs; changes arriving meanwhile are coalesced")
+	fl.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "time between full reconciles of the maps against the API")
+	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility (the socket-level dataplane does not need it)")
+	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs of node addresses that serve NodePorts; empty means all node addresses")
+	fl.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables")
+	fl.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics and /proxyMode; empty disables")
+	fl.Uint32Var(&f.sizes.Services, "map-size-services", 0, "entries of the service map (frontends plus backend slots); 0 keeps the default 262144")
+	fl.Uint32Var(&f.sizes.Backends, "map-size-backends", 0, "entries of the backend map; 0 keeps the default 131072")
+	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend); 0 keeps the default 131072")
+	fl.Uint32Var(&f.sizes.SockRev, "map-size-sockrev", 0, "entries of the per-socket reverse map (LRU); 0 keeps the default 131072")
+	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
+	return cmd
+}
+
+func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) error {
+	cfg, err := f.watcherConfig()
+	if err != nil {
+		return err
+	}
+	if err := checkMode(f.mode); err != nil {
+		return err
+	}
+	client, err := newClient(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+
+	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.cgroupRoot, Sizes: f.sizes, Log: log})
+	if err != nil {
+		return err
+	}
+	// Closing only drops this process's handles: the pinned dataplane
+	// keeps serving until the next kpr adopts it.
+	defer loaded.Close()
+	lb, err := maps.New(loaded.Maps)
+	if err != nil {
+		return fmt.Errorf("adopt pinned maps: %w", err)
+	}
+	svcEntries, backends, _ := lb.Used()
+	log.Info("adopted dataplane", zap.Int("serviceEntries", svcEntries), zap.Int("backends", backends))
+
+	m := metrics.New()
+	hs := health.New(health.Config{Addr: f.healthzAddr, Timeout: 2 * f.syncPeriod, Metrics: m})
+	cfg.Metrics = m
+	cfg.Health = hs
+	w, err := watcher.New(cfg, client, bpfplane.New(lb, log.Named("dataplane")), log.Named("watcher"))
+	if err != nil {
+		return err
+	}
+
+	group, ctx := errgroup.WithContext(ctx)
+	if f.healthzAddr != "" {
+		group.Go(func() error { return hs.Run(ctx) })
+	}
+	if f.metricsAddr != "" {
+		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, m.Handler("ebpf")) })
+	}
+	group.Go(func() error { return w.Run(ctx) })
+	err = group.Wait()
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	log.Info("kpr stopped; the dataplane stays in place (kpr cleanup removes it)")
+	return err
+}
+
+func (f *runFlags) watcherConfig() (watcher.Config, error) {
+	nodeName := f.hostnameOverride
+	if nodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return watcher.Config{}, fmt.Errorf("find this node's name (set --hostname-override): %w", err)
+		}
+		nodeName = h
+	}
+	var prefixes []netip.Prefix
+	for _, s := range f.nodePortAddresses {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return watcher.Config{}, fmt.Errorf("--nodeport-addresses %q: want CIDRs such as 192.168.0.0/16: %w", s, err)
+		}
+		prefixes = append(prefixes, p)
+	}
+	if f.clusterCIDR != "" {
+		for _, s := range strings.Split(f.clusterCIDR, ",") {
+			if _, err := netip.ParsePrefix(strings.TrimSpace(s)); err != nil {
+				return watcher.Config{}, fmt.Errorf("--cluster-cidr %q: %w", s, err)
+			}
+		}
+	}
+	if f.syncPeriod <= 0 {
+		return watcher.Config{}, fmt.Errorf("--sync-period must be positive, got %s", f.syncPeriod)
+	}
+	return watcher.Config{
+		NodeName:          strings.ToLower(nodeName),
+		NodePortAddresses: prefixes,
+		MinSyncPeriod:     f.minSyncPeriod,
+		SyncPeriod:        f.syncPeriod,
+	}, nil
+}
+
+// checkMode accepts the modes this build can run. auto picks eBPF; on a
+// kernel without the hooks loader.Load says what is missing.
+func checkMode(mode string) error {
+	switch mode {
+	case "auto", "ebpf":
+		return nil
+	case "iptables", "ipvs":
+		return fmt.Errorf("--mode %s: this build of kpr has only the eBPF dataplane; run kube-proxy on kernels without cgroup socket hooks", mode)
+	}
+	return fmt.Errorf("--mode %q: want auto, ebpf, iptables or ipvs", mode)
+}
+
+func newClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
+		}
+	} else if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
+		return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+	}
+	cfg.UserAgent = "kpr"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("build Kubernetes client: %w", err)
+	}
+	return client, nil
+}
