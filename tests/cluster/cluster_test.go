@@ -30,6 +30,10 @@ func TestClusterServesDualStackServicesAndSurvivesAPIRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
+	if v, err := c.Client.Discovery().ServerVersion(); err != nil || v.GitVersion != "v1.37.2" {
+		t.Errorf("server version = %v (err %v), want v1.37.2 (stale tools build?)", v, err)
+	}
+
 	svc := createDualStackService(ctx, t, c.Client)
 	createEndpointSlice(ctx, t, c.Client, svc)
 
@@ -94,6 +98,16 @@ func TestClusterServesDualStackServicesAndSurvivesAPIRestart(t *testing.T) {
 	}
 	if _, err := os.Stat(c.workDir); !os.IsNotExist(err) {
 		t.Errorf("work dir %s still exists after Stop (err=%v)", c.workDir, err)
+	}
+}
+
+// TestStartReportsMissingTools checks that an explicit tools directory
+// without the binaries fails at once with the command that fixes it.
+func TestStartReportsMissingTools(t *testing.T) {
+	dir := t.TempDir()
+	_, err := Start(context.Background(), Options{ToolsDir: dir})
+	if err == nil || !strings.Contains(err.Error(), "make tools") || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("Start with empty ToolsDir: error %v, want one naming %s and `make tools`", err, dir)
 	}
 }
 
