@@ -56,11 +56,7 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 			defer log.Sync()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			err = run(ctx, g, f, log)
-			if err != nil {
-				log.Error("kpr run failed", zap.Error(err))
-			}
-			return err
+			return run(ctx, g, f, log)
 		},
 	}
 	fl := cmd.Flags()
