@@ -61,25 +61,28 @@ func TestClusterInNetNS(t *testing.T) {
 		t.Errorf("kubernetes EndpointSlice endpoints = %+v, want %s", slice.Endpoints, advertise)
 	}
 
-	// From inside the namespace, on the advertised address. The serving
-	// certificate names localhost, hence ServerName.
-	inside := rest.CopyConfig(c.Config)
-	inside.Host = "https://" + advertise + ":" + c.env.ControlPlane.APIServer.SecureServing.Port
-	inside.TLSClientConfig.ServerName = "localhost"
+	// From inside the namespace: with the Config as is (127.0.0.1, as in
+	// the kubeconfig), and on the advertised address, for which the
+	// serving certificate (made for localhost) needs ServerName.
 	ns, err := netns.GetFromPath(netnsPath(nsName))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	inside.Dial = func(_ context.Context, _, address string) (net.Conn, error) {
-		return dialInNetNS(ns, address)
-	}
-	insideClient, err := kubernetes.NewForConfig(inside)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := insideClient.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
-		t.Fatalf("reaching the API server at %s from inside %s: %v", inside.Host, nsName, err)
+	onAdvertised := rest.CopyConfig(c.Config)
+	onAdvertised.Host = "https://" + net.JoinHostPort(advertise, c.env.ControlPlane.APIServer.SecureServing.Port)
+	onAdvertised.TLSClientConfig.ServerName = "localhost"
+	for _, cfg := range []*rest.Config{rest.CopyConfig(c.Config), onAdvertised} {
+		cfg.Dial = func(_ context.Context, _, address string) (net.Conn, error) {
+			return dialInNetNS(ns, address)
+		}
+		insideClient, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := insideClient.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			t.Fatalf("reaching the API server at %s from inside %s: %v", cfg.Host, nsName, err)
+		}
 	}
 
 	// An outage through the relay: the wrapper and relay outlive the API
