@@ -1,0 +1,279 @@
+// Package kprproc builds the kpr binary once per test process and runs
+// `kpr run` as a real child process, the way a DaemonSet would, for the
+// end-to-end tests, the benchmarks and the demo.
+package kprproc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Binary builds ./cmd/kpr into a temporary directory once per process and
+// returns its path.
+func Binary() (string, error) {
+	buildOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		dir, err := os.MkdirTemp("", "kpr-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "kpr")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/kpr")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/kpr: %w\n%s", err, out)
+		}
+	})
+	return binPath, buildErr
+}
+
+// Options describe one kpr node daemon.
+type Options struct {
+	Kubeconfig string
+	NodeName   string
+	CgroupRoot string
+	// BPFRoot defaults to a fresh /sys/fs/bpf/kpr-test-<random>.
+	BPFRoot string
+	// Args are extra `kpr run` flags, e.g. --min-sync-period.
+	Args []string
+	// LogPath receives kpr's output; default a file under os.TempDir.
+	LogPath string
+}
+
+// Process is a running (or stopped) `kpr run`.
+type Process struct {
+	Options
+	HealthzAddr string
+	MetricsAddr string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Start runs `kpr run`. Stop it with Stop or Kill; Cleanup removes the
+// pinned dataplane afterwards.
+func Start(opts Options) (*Process, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	if opts.BPFRoot == "" {
+		opts.BPFRoot = "/sys/fs/bpf/kpr-test-" + randomHex(6)
+	}
+	if opts.LogPath == "" {
+		f, err := os.CreateTemp("", "kpr-run-*.log")
+		if err != nil {
+			return nil, err
+		}
+		f.Close()
+		opts.LogPath = f.Name()
+	}
+	p := &Process{Options: opts}
+	if p.HealthzAddr, err = freeLoopbackAddr(); err != nil {
+		return nil, err
+	}
+	if p.MetricsAddr, err = freeLoopbackAddr(); err != nil {
+		return nil, err
+	}
+	return p, p.start(bin)
+}
+
+func (p *Process) start(bin string) error {
+	logFile, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	args := []string{"run", "--log-format", "console",
+		"--kubeconfig", p.Kubeconfig, "--hostname-override", p.NodeName,
+		"--cgroup-root", p.CgroupRoot, "--bpf-root", p.BPFRoot,
+		"--healthz-bind-address", p.HealthzAddr, "--metrics-bind-address", p.MetricsAddr}
+	p.cmd = exec.Command(bin, append(args, p.Args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	if err := p.cmd.Start(); err != nil {
+		logFile.Close()
+		return fmt.Errorf("start kpr run: %w", err)
+	}
+	p.done = make(chan struct{})
+	go func() {
+		p.err = p.cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return nil
+}
+
+// PID is the running process's id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Restart starts a new `kpr run` with the same options after a Stop or Kill.
+func (p *Process) Restart() error {
+	bin, err := Binary()
+	if err != nil {
+		return err
+	}
+	return p.start(bin)
+}
+
+// Stop sends SIGTERM and waits for the exit: kpr leaves the dataplane.
+func (p *Process) Stop() error { return p.signal(syscall.SIGTERM) }
+
+// Kill sends SIGKILL, as a crash or an OOM kill would.
+func (p *Process) Kill() error { return p.signal(syscall.SIGKILL) }
+
+func (p *Process) signal(sig syscall.Signal) error {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+		if sig == syscall.SIGKILL {
+			return nil
+		}
+		return p.err
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("kpr did not exit within 10s of %s", sig)
+	}
+}
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Cleanup stops kpr if needed and removes its pinned dataplane.
+func (p *Process) Cleanup() error {
+	_ = p.Kill()
+	bin, err := Binary()
+	if err != nil {
+		return err
+	}
+	out, err := exec.Command(bin, "cleanup", "--bpf-root", p.BPFRoot, "--cgroup-root", p.CgroupRoot).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kpr cleanup: %w: %s", err, out)
+	}
+	return nil
+}
+
+// Log returns what kpr has printed so far.
+func (p *Process) Log() string {
+	b, _ := os.ReadFile(p.LogPath)
+	return string(b)
+}
+
+// WaitHealthy polls /healthz until it answers 200: caches synced and the
+// first sync done.
+func (p *Process) WaitHealthy(ctx context.Context) error {
+	url := "http://" + p.HealthzAddr + "/healthz"
+	for {
+		if p.Exited() {
+			return fmt.Errorf("kpr exited before becoming healthy: %v\n%s", p.err, tail(p.Log(), 30))
+		}
+		resp, err := http.Get(url)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kpr not healthy: %w\n%s", ctx.Err(), tail(p.Log(), 30))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// DumpService is one entry of `kpr dump -o json`.
+type DumpService struct {
+	Frontend        string   `json:"frontend"`
+	Protocol        string   `json:"protocol"`
+	Scope           string   `json:"scope"`
+	Kind            string   `json:"kind"`
+	AffinityTimeout uint32   `json:"affinityTimeoutSeconds"`
+	Backends        []string `json:"backends"`
+}
+
+// Dump runs `kpr dump -o json` against this process's maps.
+func (p *Process) Dump() ([]DumpService, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	out, err := exec.Command(bin, "dump", "-o", "json", "--bpf-root", p.BPFRoot).Output()
+	if err != nil {
+		return nil, fmt.Errorf("kpr dump: %w", err)
+	}
+	var svcs []DumpService
+	if err := json.Unmarshal(out, &svcs); err != nil {
+		return nil, fmt.Errorf("parse kpr dump: %w", err)
+	}
+	return svcs, nil
+}
+
+// Metrics returns the text of /metrics.
+func (p *Process) Metrics() (string, error) {
+	resp, err := http.Get("http://" + p.MetricsAddr + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func freeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(parts) > lines {
+		parts = parts[len(parts)-lines:]
+	}
+	return strings.Join(parts, "\n")
+}
