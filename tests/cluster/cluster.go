@@ -169,7 +169,8 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 
 // newEnvironment configures envtest: fixed binaries, fixed directories (so
 // certificates and data survive an API server restart), dual-stack service
-// CIDRs and, in NetNS mode, wrapped binaries and forwarded ports.
+// CIDRs, launcher scripts (PID files for the watchdog; netns entry) and, in
+// NetNS mode, forwarded ports.
 func (c *Cluster) newEnvironment(toolsDir string, opts Options) (*envtest.Environment, error) {
 	// Setting CertDir and DataDir ourselves stops envtest from deleting
 	// and regenerating them when the API server is stopped, so a restart
