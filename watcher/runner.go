@@ -130,14 +130,14 @@ func (r *runner) syncOnce(full bool) SyncResult {
 	res.End = r.now()
 	r.metrics.SyncProxyRulesDuration.Observe(res.End.Sub(res.Start).Seconds())
 
+	r.mu.Lock()
+	r.last = res
+	r.mu.Unlock()
 	if res.Err != nil {
 		r.tracker.putBack(cs)
 	} else {
 		r.synced(cs, res)
 	}
-	r.mu.Lock()
-	r.last = res
-	r.mu.Unlock()
 	if r.onSync != nil {
 		r.onSync(res)
 	}
