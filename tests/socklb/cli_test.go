@@ -99,7 +99,7 @@ func TestFullMapRefusesWholeServices(t *testing.T) {
 	for i := 0; i < 6; i++ {
 		svcs = append(svcs, maps.Service{
 			ServiceKey: maps.ServiceKey{Frontend: maps.Frontend{Addr: manyVIP(i), Port: 80, Proto: dataplane.TCP}},
-			Backends: []dataplane.Backend{{Addr: f.pods[0].IPv4, Port: tcpPort}, {Addr: f.pods[1].IPv4, Port: tcpPort}},
+			Backends:   []dataplane.Backend{{Addr: f.pods[0].IPv4, Port: tcpPort}, {Addr: f.pods[1].IPv4, Port: tcpPort}},
 		})
 	}
 	err := f.lb.Upsert(svcs...)

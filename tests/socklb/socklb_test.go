@@ -351,8 +351,6 @@ func TestBpftoolShowsFieldNames(t *testing.T) {
 	}
 }
 
-
-
 func TestSessionAffinityStickToOneBackendPerClient(t *testing.T) {
 	f := newFixture(t, 3, loader.MapSizes{})
 	vip := netip.AddrPortFrom(families[0].vip, 80)
