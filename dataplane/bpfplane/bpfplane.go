@@ -65,32 +65,26 @@ func expand(sp *dataplane.ServicePort) []maps.Service {
 
 // Apply writes the given ServicePorts; nil deletes one.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
-	want, err := p.claimAll(changes)
-	return errors.Join(err, p.write(want))
+	return p.write(p.claimAll(changes))
 }
 
 // claimAll claims the frontends of every ServicePort, in name order so that
 // which of two conflicting ServicePorts wins does not depend on map order.
-func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePort) (map[dataplane.ServicePortName][]maps.Service, error) {
+func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane.ServicePortName][]maps.Service {
 	names := make([]dataplane.ServicePortName, 0, len(sps))
 	for name := range sps {
 		names = append(names, name)
 	}
 	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
 	want := make(map[dataplane.ServicePortName][]maps.Service, len(sps))
-	var errs []error
 	for _, name := range names {
 		if sps[name] == nil {
 			want[name] = nil
 			continue
 		}
-		svcs, err := p.claim(name, expand(sps[name]))
-		if err != nil {
-			errs = append(errs, err)
-		}
-		want[name] = svcs
+		want[name] = p.claim(name, expand(sps[name]))
 	}
-	return want, errors.Join(errs...)
+	return want
 }
 
 // Reconcile re-reads the maps, writes whatever differs from all and
@@ -102,8 +96,8 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	}
 	p.owned = map[dataplane.ServicePortName][]maps.ServiceKey{}
 	p.owner = map[maps.ServiceKey]dataplane.ServicePortName{}
-	want, err := p.claimAll(all)
-	errs := []error{err}
+	want := p.claimAll(all)
+	var errs []error
 	// Anything in the maps that nobody claimed is stale.
 	var stale []maps.ServiceKey
 	for _, key := range p.lb.Keys() {
@@ -120,21 +114,23 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	return errors.Join(append(errs, p.write(want))...)
 }
 
-// claim drops the entries another ServicePort already owns, with an error
-// naming both, and records the rest as name's.
-func (p *Plane) claim(name dataplane.ServicePortName, svcs []maps.Service) ([]maps.Service, error) {
-	var errs []error
+// claim drops the entries another ServicePort already owns and records the
+// rest as name's. A conflict is bad input, not a dataplane failure: it is
+// logged, the first owner keeps the frontend, and the sync goes on (failing
+// it would retry forever and mark the node unhealthy over one bad Service).
+// The next full reconcile hands the frontend over if its owner goes away.
+func (p *Plane) claim(name dataplane.ServicePortName, svcs []maps.Service) []maps.Service {
 	kept := svcs[:0]
 	for _, svc := range svcs {
 		if other, ok := p.owner[svc.ServiceKey]; ok && other != name {
-			errs = append(errs, fmt.Errorf("%s: frontend %s is already served by %s; fix the conflicting Services",
-				name, svc.ServiceKey.Frontend, other))
+			p.log.Warn("frontend claimed by two Services; keeping the first, fix the conflicting Services",
+				zap.Stringer("frontend", svc.ServiceKey.Frontend), zap.Stringer("servedBy", other), zap.Stringer("refused", name))
 			continue
 		}
 		p.owner[svc.ServiceKey] = name
 		kept = append(kept, svc)
 	}
-	return kept, errors.Join(errs...)
+	return kept
 }
 
 // write upserts what differs, then deletes frontends ServicePorts dropped,

@@ -79,8 +79,8 @@ func TestConflictingFrontendKeepsTheFirstOwner(t *testing.T) {
 		name("a"): clusterIP("10.96.0.1", a),
 		name("b"): clusterIP("10.96.0.1", b),
 	})
-	if err == nil {
-		t.Fatal("two ServicePorts claimed one frontend without an error")
+	if err != nil {
+		t.Fatalf("a conflict between Services failed the whole sync: %v", err)
 	}
 	got, _ := lb.Get(key("10.96.0.1", maps.ScopeInternal))
 	if len(got.Backends) != 1 || got.Backends[0] != a {
