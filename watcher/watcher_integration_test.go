@@ -2,6 +2,8 @@ package watcher
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"slices"
 	"sync"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/tests/cluster"
 )
@@ -161,11 +164,13 @@ func TestWatcherAgainstAPIServer(t *testing.T) {
 	web := createService(ctx, t, client, "web", v1.ServiceTypeClusterIP, nil)
 
 	m := metrics.New()
+	hs := health.New(health.Config{Timeout: time.Minute, Metrics: m})
 	dp := newStateDataplane()
 	w, err := New(Config{
 		NodeName:          "node-a",
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
 		Metrics:           m,
+		Health:            hs,
 	}, client, dp, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -256,6 +261,24 @@ func TestWatcherAgainstAPIServer(t *testing.T) {
 			if dp.everTouched(itNamespace, name) {
 				t.Errorf("Service %s reached the dataplane", name)
 			}
+		}
+	})
+
+	t.Run("node marked for deletion fails healthz", func(t *testing.T) {
+		if code := probeCode(hs, "/healthz"); code != http.StatusOK {
+			t.Fatalf("/healthz = %d with an eligible node, want 200", code)
+		}
+		node, err := client.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Spec.Taints = append(node.Spec.Taints, v1.Taint{Key: health.ToBeDeletedTaint, Effect: v1.TaintEffectNoSchedule})
+		if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "/healthz answers 503", func() bool { return probeCode(hs, "/healthz") == http.StatusServiceUnavailable })
+		if code := probeCode(hs, "/livez"); code != http.StatusOK {
+			t.Errorf("/livez = %d, want 200: it ignores the node", code)
 		}
 	})
 
@@ -363,6 +386,12 @@ func createSlice(ctx context.Context, t *testing.T, client kubernetes.Interface,
 	if _, err := client.DiscoveryV1().EndpointSlices(itNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating EndpointSlice %s: %v", name, err)
 	}
+}
+
+func probeCode(hs *health.Server, path string) int {
+	rec := httptest.NewRecorder()
+	hs.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code
 }
 
 // histogramOf returns the number of network programming latency samples.
