@@ -72,7 +72,7 @@ func (r *runner) run(ctx context.Context) {
 	)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	for {
+	for ctx.Err() == nil { // checked here too: back-to-back syncs never reach the select
 		now := r.now()
 		if !needFull && now.Sub(lastFull) >= r.syncPeriod {
 			needFull = true
