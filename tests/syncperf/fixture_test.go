@@ -1,0 +1,124 @@
+package syncperf
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kpr-io/kpr/tests/cluster"
+	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/kprproc"
+)
+
+// nodeName is the Node kpr runs as; it has an address so that kpr's node
+// tracking takes its normal path.
+const nodeName = "syncperf-node"
+
+// fixture is a test API server holding a population.
+type fixture struct {
+	cluster *cluster.Cluster
+	client  kubernetes.Interface // unthrottled, for populating and updating
+	svcs    []*Service
+	// replacements counts the replacement addresses handed out, so every
+	// update writes an address no endpoint had before.
+	replacements int
+}
+
+func newFixture(tb testing.TB, ctx context.Context, pop Population) *fixture {
+	tb.Helper()
+	harness.RequireRoot(tb) // kpr loads BPF programs and the fixture makes a cgroup
+	c := cluster.StartForTest(tb, cluster.Options{APIServerArgs: map[string]string{
+		// 16 writers and a watching kpr stay far below these, but the
+		// defaults (400/200) are what a loaded API server would hit first.
+		"max-requests-inflight":          "1000",
+		"max-mutating-requests-inflight": "500",
+	}})
+	client, err := FastClient(c.Config)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := c.CreateNode(ctx, nodeName, []string{"192.0.2.10"}, nil); err != nil {
+		tb.Fatal(err)
+	}
+	began := time.Now()
+	svcs, err := Populate(ctx, client, pop)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Logf("created %d Services with %d endpoints each (%d objects) in %v",
+		pop.Services, pop.EndpointsPerService, 2*pop.Services, time.Since(began).Round(time.Millisecond))
+	// Build kpr now, so that no measurement includes the build.
+	if _, err := kprproc.Binary(); err != nil {
+		tb.Fatal(err)
+	}
+	return &fixture{cluster: c, client: client, svcs: svcs}
+}
+
+// nextReplacement returns an endpoint address never used before.
+func (f *fixture) nextReplacement() int {
+	f.replacements++
+	return f.replacements
+}
+
+// kprRun is one `kpr run` under measurement.
+type kprRun struct {
+	proc    *kprproc.Process
+	started time.Time
+	stop    func()
+}
+
+// startKpr starts `kpr run` against the fixture with a fresh BPF root, its
+// programs attached to cgroup (which no process is in). stop kills it and
+// removes its dataplane; it also runs at tb's cleanup if not called before.
+func (f *fixture) startKpr(tb testing.TB, cgroup *harness.Cgroup) *kprRun {
+	tb.Helper()
+	opts := kprproc.Options{
+		Kubeconfig: f.cluster.KubeconfigPath,
+		NodeName:   nodeName,
+		CgroupRoot: cgroup.Path,
+		LogPath:    filepath.Join(tb.TempDir(), "kpr.log"),
+		Args:       LogArgs,
+	}
+	started := time.Now()
+	p, err := kprproc.Start(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			if err := p.Cleanup(); err != nil {
+				tb.Errorf("stopping kpr and removing its dataplane: %v", err)
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return &kprRun{proc: p, started: started, stop: stop}
+}
+
+// measureStartup waits until every Service is programmed.
+func (f *fixture) measureStartup(tb testing.TB, ctx context.Context, run *kprRun) (Startup, *MapReader) {
+	tb.Helper()
+	st, reader, err := MeasureStartup(ctx, run.proc, run.started, f.svcs)
+	if err != nil {
+		tb.Fatalf("kpr start-up: %v", err)
+	}
+	tb.Cleanup(func() { reader.Close() })
+	return st, reader
+}
+
+// update replaces one endpoint of the k-th updated Service and times it.
+func (f *fixture) update(tb testing.TB, ctx context.Context, run *kprRun, reader *MapReader, k int) Update {
+	tb.Helper()
+	s := f.svcs[k%len(f.svcs)]
+	u, err := MeasureUpdate(ctx, f.client, reader, run.proc, s, k%len(s.Endpoints),
+		ReplacementAddr(f.nextReplacement()), 10*time.Second)
+	if err != nil {
+		tb.Fatalf("update %d: %v", k, err)
+	}
+	return u
+}
