@@ -141,6 +141,13 @@ func (s *Server) status() (st Status, nodeEligible bool) {
 	return st, s.nodeEligible
 }
 
+// Healthy reports what /healthz would answer: syncs are keeping up and the
+// node is not going away.
+func (s *Server) Healthy() bool {
+	st, eligible := s.status()
+	return st.Healthy && eligible
+}
+
 // Handler serves /healthz and /livez.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()

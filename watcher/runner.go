@@ -2,6 +2,7 @@ package watcher
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 
@@ -37,8 +38,10 @@ type runner struct {
 	syncer  *syncer
 	metrics *metrics.Metrics
 	health  HealthReporter
-	log     *zap.Logger
-	now     func() time.Time
+	// serviceHealth serves healthCheckNodePorts; may be nil.
+	serviceHealth ServiceHealthReporter
+	log           *zap.Logger
+	now           func() time.Time
 
 	minSyncPeriod, syncPeriod time.Duration
 	retryMin, retryMax        time.Duration
@@ -160,6 +163,9 @@ func (r *runner) synced(cs changeSet, res SyncResult) {
 		if r.tracker.hasPending() {
 			r.health.QueuedUpdate()
 		}
+	}
+	if r.serviceHealth != nil {
+		r.serviceHealth.SyncServices(maps.Clone(r.syncer.healthChecks))
 	}
 	if res.Full {
 		r.firstSyncOnce.Do(func() {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/servicehealth"
 )
 
 // objectSource is the read side of the informer caches. The sync only reads
@@ -52,6 +53,9 @@ type noLocalCount struct{ internal, external int }
 type computed struct {
 	ports   servicePorts
 	noLocal noLocalCount
+	// healthCheck is set for Services with externalTrafficPolicy: Local
+	// and a healthCheckNodePort.
+	healthCheck *servicehealth.Service
 }
 
 // syncer turns dirty Services into dataplane calls. It remembers what the
@@ -68,6 +72,9 @@ type syncer struct {
 	// successful Apply or Reconcile. A failed call leaves it untouched.
 	applied map[serviceKey]servicePorts
 	noLocal map[serviceKey]noLocalCount
+	// healthChecks is the healthCheckNodePort state per Service, as of the
+	// last successful sync.
+	healthChecks map[serviceKey]servicehealth.Service
 	// noLocalTotal is the sum over noLocal, kept current on every commit.
 	noLocalTotal noLocalCount
 	// problems are the translation problems last logged per Service, so
@@ -78,9 +85,10 @@ type syncer struct {
 func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, tr translator, log *zap.Logger) *syncer {
 	return &syncer{
 		src: src, node: node, dp: dp, tr: tr, log: log,
-		applied:  map[serviceKey]servicePorts{},
-		noLocal:  map[serviceKey]noLocalCount{},
-		problems: map[serviceKey]map[desired.Problem]bool{},
+		applied:      map[serviceKey]servicePorts{},
+		noLocal:      map[serviceKey]noLocalCount{},
+		healthChecks: map[serviceKey]servicehealth.Service{},
+		problems:     map[serviceKey]map[desired.Problem]bool{},
 	}
 }
 
@@ -166,6 +174,11 @@ func (s *syncer) commit(key serviceKey, c computed) {
 	old := s.noLocal[key]
 	s.noLocalTotal.internal += c.noLocal.internal - old.internal
 	s.noLocalTotal.external += c.noLocal.external - old.external
+	if c.healthCheck != nil {
+		s.healthChecks[key] = *c.healthCheck
+	} else {
+		delete(s.healthChecks, key)
+	}
 	if len(c.ports) == 0 {
 		delete(s.applied, key)
 		delete(s.noLocal, key)
@@ -202,7 +215,26 @@ func (s *syncer) compute(key serviceKey, node desired.Node) computed {
 		c.ports[ports[i].Name] = &ports[i]
 	}
 	c.noLocal = s.countNoLocal(svc, eps, node, ports)
+	c.healthCheck = healthCheckOf(svc, ports)
 	return c
+}
+
+// healthCheckOf returns the health-check state of an externalTrafficPolicy:
+// Local Service: its healthCheckNodePort and how many distinct endpoints
+// this node has for external traffic (the local sets of its frontends).
+func healthCheckOf(svc *v1.Service, ports []dataplane.ServicePort) *servicehealth.Service {
+	if svc.Spec.HealthCheckNodePort == 0 || svc.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
+		return nil
+	}
+	local := map[dataplane.Backend]bool{}
+	for _, sp := range ports {
+		for _, fe := range sp.Frontends {
+			for _, b := range fe.ExternalBackends {
+				local[dataplane.Backend{Addr: b.Addr}] = true
+			}
+		}
+	}
+	return &servicehealth.Service{Port: svc.Spec.HealthCheckNodePort, LocalEndpoints: len(local)}
 }
 
 // logProblems logs the problems of key that were not there last time.

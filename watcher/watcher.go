@@ -24,11 +24,13 @@ import (
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/servicehealth"
 )
 
 // Defaults for Config.
@@ -40,6 +42,12 @@ const (
 	// that kube-proxy's 1 s pacing would only add latency.
 	DefaultMinSyncPeriod = 0
 )
+
+// ServiceHealthReporter serves the healthCheckNodePorts of
+// externalTrafficPolicy: Local Services; *servicehealth.Server implements it.
+type ServiceHealthReporter interface {
+	SyncServices(map[types.NamespacedName]servicehealth.Service)
+}
 
 // HealthReporter is what the watcher tells the health endpoints;
 // *health.Server implements it.
@@ -72,6 +80,9 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Health, if set, is told about queued changes, syncs and the Node.
 	Health HealthReporter
+	// ServiceHealth, if set, gets the healthCheckNodePort state of every
+	// externalTrafficPolicy: Local Service after each successful sync.
+	ServiceHealth ServiceHealthReporter
 	// OnSync, if set, is called after every sync attempt, from the sync
 	// loop's goroutine: keep it quick. Tests and benchmarks use it to learn
 	// when the dataplane caught up.
@@ -134,6 +145,7 @@ func newRunner(cfg Config, tracker *changeTracker, s *syncer, log *zap.Logger) *
 		syncer:        s,
 		metrics:       cfg.Metrics,
 		health:        cfg.Health,
+		serviceHealth: cfg.ServiceHealth,
 		log:           log,
 		now:           time.Now,
 		minSyncPeriod: cfg.MinSyncPeriod,

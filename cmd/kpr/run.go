@@ -23,6 +23,7 @@ import (
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/servicehealth"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -36,6 +37,7 @@ type runFlags struct {
 	clusterCIDR       string
 	nodePortAddresses []string
 	healthzAddr       string
+	healthCheckIP     string
 	metricsAddr       string
 	sizes             loader.MapSizes
 }
@@ -69,6 +71,7 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility (the socket-level dataplane does not need it)")
 	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs of node addresses that serve NodePorts; empty means all node addresses")
 	fl.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables")
+	fl.StringVar(&f.healthCheckIP, "healthcheck-bind-ip", "", "address the healthCheckNodePorts of externalTrafficPolicy: Local Services listen on; empty means all addresses")
 	fl.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics and /proxyMode; empty disables")
 	fl.Uint32Var(&f.sizes.Services, "map-size-services", 0, "entries of the service map (frontends plus backend slots); 0 keeps the default 262144")
 	fl.Uint32Var(&f.sizes.Backends, "map-size-backends", 0, "entries of the backend map; 0 keeps the default 131072")
@@ -107,8 +110,10 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 
 	m := metrics.New()
 	hs := health.New(health.Config{Addr: f.healthzAddr, Timeout: 2 * f.syncPeriod, Metrics: m})
+	svcHealth := servicehealth.New(f.healthCheckIP, hs.Healthy, log.Named("servicehealth"))
 	cfg.Metrics = m
 	cfg.Health = hs
+	cfg.ServiceHealth = svcHealth
 	w, err := watcher.New(cfg, client, bpfplane.New(lb, log.Named("dataplane")), log.Named("watcher"))
 	if err != nil {
 		return err
@@ -121,6 +126,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if f.metricsAddr != "" {
 		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, m.Handler("ebpf")) })
 	}
+	group.Go(func() error { return svcHealth.Run(ctx) })
 	group.Go(func() error { return w.Run(ctx) })
 	err = group.Wait()
 	if errors.Is(err, context.Canceled) {
