@@ -157,4 +157,6 @@ func (s *Server) handler(name types.NamespacedName) http.Handler {
 }
 
 // String is for logs.
-func (s Service) String() string { return fmt.Sprintf("port %d, %d local endpoints", s.Port, s.LocalEndpoints) }
+func (s Service) String() string {
+	return fmt.Sprintf("port %d, %d local endpoints", s.Port, s.LocalEndpoints)
+}
