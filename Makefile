@@ -33,7 +33,7 @@ lint:
 
 ## unit: tests that need neither root nor the API server
 unit:
-	$(GO) test $(GOFLAGS_TEST) ./maps/... ./dataplane/... ./desired/... ./metrics/... ./health/...
+	$(GO) test $(GOFLAGS_TEST) ./maps/... ./dataplane/... ./desired/... ./metrics/... ./health/... ./servicehealth/...
 
 ## test: everything CI runs: generated-code check, lint, all tests (root tests need root)
 test: deps generate-check lint tools
