@@ -23,7 +23,14 @@ type Plane struct {
 	// frontend a ServicePort no longer has is deleted, and two ServicePorts
 	// claiming one frontend are noticed instead of overwriting each other.
 	owned map[dataplane.ServicePortName][]maps.ServiceKey
-	owner map[maps.ServiceKey]dataplane.ServicePortName
+	owner map[maps.ServiceKey]claimant
+}
+
+// claimant is the ServicePort that owns a map entry, and the kind of
+// frontend it owns it as.
+type claimant struct {
+	name dataplane.ServicePortName
+	kind dataplane.FrontendKind
 }
 
 // New returns a Plane over lb. Until the first Reconcile it knows no
@@ -34,7 +41,7 @@ func New(lb *maps.LB, log *zap.Logger) *Plane {
 	}
 	return &Plane{lb: lb, log: log,
 		owned: map[dataplane.ServicePortName][]maps.ServiceKey{},
-		owner: map[maps.ServiceKey]dataplane.ServicePortName{}}
+		owner: map[maps.ServiceKey]claimant{}}
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -70,6 +77,12 @@ func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePo
 
 // claimAll claims the frontends of every ServicePort, in name order so that
 // which of two conflicting ServicePorts wins does not depend on map order.
+//
+// ClusterIPs are claimed first, by every ServicePort, and then the other
+// frontends: the API server allocates a ClusterIP to one Service only, so an
+// external IP, load-balancer IP or node address equal to it is the other
+// Service's mistake and must not take the ClusterIP over, whatever the
+// Services are called and whichever came first.
 func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane.ServicePortName][]maps.Service {
 	names := make([]dataplane.ServicePortName, 0, len(sps))
 	for name := range sps {
@@ -77,12 +90,20 @@ func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePor
 	}
 	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
 	want := make(map[dataplane.ServicePortName][]maps.Service, len(sps))
-	for _, name := range names {
-		if sps[name] == nil {
-			want[name] = nil
-			continue
+	for _, clusterIPs := range []bool{true, false} {
+		for _, name := range names {
+			if sps[name] == nil {
+				want[name] = nil
+				continue
+			}
+			var these []maps.Service
+			for _, svc := range expand(sps[name]) {
+				if (svc.Kind == dataplane.ClusterIP) == clusterIPs {
+					these = append(these, svc)
+				}
+			}
+			want[name] = append(want[name], p.claim(name, these)...)
 		}
-		want[name] = p.claim(name, expand(sps[name]))
 	}
 	return want
 }
@@ -95,7 +116,7 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 		return fmt.Errorf("read BPF maps for reconcile: %w", err)
 	}
 	p.owned = map[dataplane.ServicePortName][]maps.ServiceKey{}
-	p.owner = map[maps.ServiceKey]dataplane.ServicePortName{}
+	p.owner = map[maps.ServiceKey]claimant{}
 	want := p.claimAll(all)
 	var errs []error
 	// Anything in the maps that nobody claimed is stale.
@@ -119,15 +140,22 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 // logged, the first owner keeps the frontend, and the sync goes on (failing
 // it would retry forever and mark the node unhealthy over one bad Service).
 // The next full reconcile hands the frontend over if its owner goes away.
+// The one exception: a ClusterIP takes its frontend from an earlier owner
+// that has it as another kind (see claimAll).
 func (p *Plane) claim(name dataplane.ServicePortName, svcs []maps.Service) []maps.Service {
 	kept := svcs[:0]
 	for _, svc := range svcs {
-		if other, ok := p.owner[svc.ServiceKey]; ok && other != name {
-			p.log.Warn("frontend claimed by two Services; keeping the first, fix the conflicting Services",
-				zap.Stringer("frontend", svc.ServiceKey.Frontend), zap.Stringer("servedBy", other), zap.Stringer("refused", name))
-			continue
+		if other, ok := p.owner[svc.ServiceKey]; ok && other.name != name {
+			if svc.Kind != dataplane.ClusterIP || other.kind == dataplane.ClusterIP {
+				p.log.Warn("frontend claimed by two Services; keeping the first, fix the conflicting Services",
+					zap.Stringer("frontend", svc.ServiceKey.Frontend), zap.Stringer("servedBy", other.name),
+					zap.Stringer("refused", name), zap.Stringer("refusedKind", svc.Kind))
+				continue
+			}
+			p.log.Warn("another Service used this ClusterIP as its "+other.kind.String()+"; the ClusterIP's own Service takes it back, fix the other Service",
+				zap.Stringer("frontend", svc.ServiceKey.Frontend), zap.Stringer("servedBy", name), zap.Stringer("refused", other.name))
 		}
-		p.owner[svc.ServiceKey] = name
+		p.owner[svc.ServiceKey] = claimant{name: name, kind: svc.Kind}
 		kept = append(kept, svc)
 	}
 	return kept
@@ -155,7 +183,7 @@ func (p *Plane) write(want map[dataplane.ServicePortName][]maps.Service) error {
 	var stale []maps.ServiceKey
 	for name := range want {
 		for _, key := range p.owned[name] {
-			if !wanted[key] && p.owner[key] == name {
+			if !wanted[key] && p.owner[key].name == name {
 				stale = append(stale, key)
 			}
 		}
