@@ -1,0 +1,441 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/kubeobj"
+)
+
+const (
+	v4 = discoveryv1.AddressTypeIPv4
+	v6 = discoveryv1.AddressTypeIPv6
+)
+
+// tcp80 is the usual Service port: 80 to the pods' TCP echo servers.
+var tcp80 = kubeobj.Port{Name: "tcp", Port: 80, TargetPort: int32(tcpPort)}
+
+// TestServices runs the Service semantics scenarios against one kpr.
+func TestServices(t *testing.T) {
+	f := newFixture(t)
+	for _, sc := range []struct {
+		name string
+		run  func(t *testing.T, f *fixture, ns string)
+	}{
+		{"basic", testBasic},
+		{"multiport", testMultiport},
+		{"scale", testScale},
+		{"recreate", testRecreate},
+		{"no-endpoints", testNoEndpoints},
+		{"terminating", testTerminating},
+		{"affinity", testAffinity},
+		{"internal-local", testInternalTrafficPolicyLocal},
+		{"topology", testTopology},
+		{"ignored", testIgnored},
+		{"udp", testUDP},
+		{"dual-stack", testDualStack},
+		{"nodeport", testNodePort},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			sc.run(t, f, f.namespace(t, sc.name))
+			f.requireRunning(t)
+		})
+	}
+}
+
+func testBasic(t *testing.T, f *fixture, ns string) {
+	svc := f.createService(t, kubeobj.Service(ns, "web", tcp80))
+	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
+	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	// Pods are clients too.
+	requireServes(t, tcpWho, f.pod("pod-c").NetNS, vip, "pod-a", "pod-b")
+}
+
+// testMultiport: two named ports with different target ports, one of them
+// given by name in the Service (the slice carries the resolved number).
+// Port 80 goes to the TCP echo servers, port 81 to the HTTP servers: a
+// port landing on the other one's target fails to parse.
+func testMultiport(t *testing.T, f *fixture, ns string) {
+	svc := kubeobj.Service(ns, "multi",
+		kubeobj.Port{Name: "echo", Port: 80, TargetPort: int32(tcpPort)},
+		kubeobj.Port{Name: "web", Port: 81, TargetPort: int32(httpPort)})
+	svc.Spec.Ports[1].TargetPort = intstr.FromString("http-alt")
+	svc = f.createService(t, svc)
+	slice := kubeobj.Slice(svc, "multi-1", v4, f.eps("pod-a", "pod-b", "pod-c")...)
+	for i := range slice.Ports {
+		if *slice.Ports[i].Name == "web" {
+			slice.Ports[i].Port = ptr.To(int32(httpPort))
+		}
+	}
+	f.applySlice(t, slice)
+
+	waitServes(t, tcpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 80), "pod-a", "pod-b", "pod-c")
+	requireServes(t, httpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 81), "pod-a", "pod-b", "pod-c")
+}
+
+// testScale scales up and down, and measures how quickly a backend removed
+// from the slice stops getting new connections.
+func testScale(t *testing.T, f *fixture, ns string) {
+	svc := f.createService(t, kubeobj.Service(ns, "scale", tcp80))
+	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+	f.setEndpoints(t, svc, v4, f.eps("pod-a")...)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a")
+
+	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b", "pod-c")...)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b", "pod-c")
+
+	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-c")...)
+	written := time.Now()
+	// The removed backend is gone once 50 consecutive connects miss it
+	// (with it still in, that happens by chance with probability
+	// (2/3)^50 < 1e-8). The time counted is from the API write returning
+	// to the first of those connects.
+	const streak = 50
+	misses := 0
+	var streakStart time.Time
+	deadline := written.Add(convergeTimeout)
+	for misses < streak {
+		if time.Now().After(deadline) {
+			t.Fatalf("pod-b still got new connections %s after it was removed from the slice", convergeTimeout)
+		}
+		before := time.Now()
+		who, err := tcpWho(f.node.NetNS, vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if who == "pod-b" {
+			misses = 0
+			continue
+		}
+		if misses == 0 {
+			streakStart = before
+		}
+		misses++
+	}
+	took := streakStart.Sub(written)
+	t.Logf("removed backend stopped getting connections %s after the slice update returned", took)
+	if took >= time.Second {
+		t.Errorf("removed backend got new connections for %s after the slice update, want < 1s", took)
+	}
+	requireServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-c")
+
+	// Down to nothing and back up.
+	f.setEndpoints(t, svc, v4)
+	waitRefused(t, f.node.NetNS, vip, false)
+	f.setEndpoints(t, svc, v4, f.eps("pod-d")...)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-d")
+}
+
+// testRecreate deletes a Service (and its slice, as the garbage collector
+// would) and creates it again with the same name and ClusterIP.
+func testRecreate(t *testing.T, f *fixture, ns string) {
+	svc := f.createService(t, kubeobj.Service(ns, "again", tcp80))
+	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+
+	if err := f.client.CoreV1().Services(ns).Delete(f.ctx, svc.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.client.DiscoveryV1().EndpointSlices(ns).Delete(f.ctx, "again-ipv4", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, convergeTimeout, "the deleted Service's ClusterIP is no longer translated", func() error {
+		if len(frontendsOf(f.dump(t), vip.Addr())) > 0 {
+			return fmt.Errorf("%s still in kpr dump", vip.Addr())
+		}
+		return nil
+	})
+	requireUntranslated(t, f.node.NetNS, vip)
+
+	// The allocator may hold the freed IP for a moment.
+	again := kubeobj.Service(ns, "again", tcp80)
+	again.Spec.ClusterIP = vip.Addr().String()
+	waitUntil(t, convergeTimeout, "recreate the Service with its old ClusterIP", func() error {
+		out, err := f.client.CreateService(f.ctx, again.DeepCopy())
+		if err == nil {
+			svc = out
+		}
+		return err
+	})
+	f.setEndpoints(t, svc, v4, f.eps("pod-c")...)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-c")
+}
+
+// testNoEndpoints: a Service without endpoints rejects connections at
+// once, whether it has no slice or an empty one, for TCP and UDP.
+func testNoEndpoints(t *testing.T, f *fixture, ns string) {
+	svc := f.createService(t, kubeobj.Service(ns, "empty", tcp80,
+		kubeobj.Port{Name: "dns", Port: 53, TargetPort: int32(udpPort), Protocol: v1.ProtocolUDP}))
+	tcpVIP, udpVIP := clusterIP(t, svc, v1.IPv4Protocol, 80), clusterIP(t, svc, v1.IPv4Protocol, 53)
+	waitRefused(t, f.node.NetNS, tcpVIP, false)
+	waitRefused(t, f.node.NetNS, udpVIP, true)
+	waitRefused(t, f.pod("pod-a").NetNS, tcpVIP, false)
+
+	f.setEndpoints(t, svc, v4, f.eps("pod-a")...)
+	waitServes(t, tcpWho, f.node.NetNS, tcpVIP, "pod-a")
+	f.setEndpoints(t, svc, v4)
+	waitRefused(t, f.node.NetNS, tcpVIP, false)
+	waitRefused(t, f.node.NetNS, udpVIP, true)
+}
+
+// testTerminating: with no ready endpoint, serving terminating ones are
+// used; terminating ones that no longer serve are not.
+func testTerminating(t *testing.T, f *fixture, ns string) {
+	svc := f.createService(t, kubeobj.Service(ns, "term", tcp80))
+	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+	terminatingServing := conditions(false, true, true)
+	terminatingGone := conditions(false, false, true)
+
+	// A ready endpoint wins over terminating ones.
+	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4), f.ep("pod-b", v4, terminatingServing), f.ep("pod-c", v4, terminatingServing))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a")
+
+	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, terminatingServing), f.ep("pod-c", v4, terminatingServing))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-b", "pod-c")
+
+	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, terminatingServing), f.ep("pod-c", v4, terminatingGone))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-b")
+
+	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, terminatingGone), f.ep("pod-c", v4, terminatingGone))
+	waitRefused(t, f.node.NetNS, vip, false)
+}
+
+// testAffinity: with ClientIP affinity every client (a network namespace)
+// sticks to one backend; turning it off spreads connections again.
+func testAffinity(t *testing.T, f *fixture, ns string) {
+	svc := f.createService(t, kubeobj.Service(ns, "sticky", tcp80))
+	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b", "pod-c")...)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b", "pod-c")
+
+	f.updateService(t, svc, func(s *v1.Service) {
+		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To(int32(600))}}
+	})
+	for _, client := range []string{"node", "pod-d"} {
+		nsh := f.node.NetNS
+		if client != "node" {
+			nsh = f.pod(client).NetNS
+		}
+		// Affinity is on once a whole round reaches one backend: by chance
+		// that has probability 3*(1/3)^40.
+		var stuck string
+		waitUntil(t, convergeTimeout, "client "+client+" sticks to one backend", func() error {
+			seen, err := sample(tcpWho, nsh, vip, roundSize)
+			if err != nil {
+				return err
+			}
+			if len(seen) != 1 {
+				return fmt.Errorf("answered by %v", seen)
+			}
+			for who := range seen {
+				stuck = who
+			}
+			return nil
+		})
+		requireServes(t, tcpWho, nsh, vip, stuck)
+	}
+	if d := frontendsOf(f.dump(t), vip.Addr()); len(d) != 1 || d[0].AffinityTimeout != 600 {
+		t.Errorf("kpr dump for %s = %+v, want one entry with affinityTimeoutSeconds 600", vip, d)
+	}
+
+	f.updateService(t, svc, func(s *v1.Service) {
+		s.Spec.SessionAffinity = v1.ServiceAffinityNone
+		s.Spec.SessionAffinityConfig = nil
+	})
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b", "pod-c")
+}
+
+// testInternalTrafficPolicyLocal: only this node's endpoints serve the
+// ClusterIP; with none here, connections are rejected.
+func testInternalTrafficPolicyLocal(t *testing.T, f *fixture, ns string) {
+	svc := kubeobj.Service(ns, "local", tcp80)
+	svc.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
+	svc = f.createService(t, svc)
+	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+
+	f.setEndpoints(t, svc, v4,
+		f.ep("pod-a", v4, onNode(nodeName)), f.ep("pod-b", v4, onNode(otherNode)), f.ep("pod-c", v4, onNode(nodeName)))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-c")
+
+	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, onNode(otherNode)), f.ep("pod-c", v4, onNode(otherNode)))
+	waitRefused(t, f.node.NetNS, vip, false)
+
+	// Switching the policy back to Cluster uses them all.
+	f.updateService(t, svc, func(s *v1.Service) {
+		s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyCluster)
+	})
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-b", "pod-c")
+}
+
+// testTopology: zone and node hints narrow the backends as kube-proxy's
+// rules say, and incomplete hints disable the filter. The node carries
+// the zone label nodeZone.
+func testTopology(t *testing.T, f *fixture, ns string) {
+	svc := kubeobj.Service(ns, "topo", tcp80)
+	svc.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferSameZone)
+	svc = f.createService(t, svc)
+	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+	inZone, elsewhere := zoneHints(nodeZone), zoneHints(otherZone)
+
+	t.Log("zone hints: only the endpoints hinted for this node's zone")
+	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4, inZone), f.ep("pod-b", v4, elsewhere), f.ep("pod-c", v4, inZone))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-c")
+
+	t.Log("one ready endpoint without hints: no filter")
+	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4, inZone), f.ep("pod-b", v4, elsewhere), f.ep("pod-c", v4))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b", "pod-c")
+
+	t.Log("no hint for this zone: no filter")
+	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4, elsewhere), f.ep("pod-b", v4, elsewhere))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+
+	t.Log("not-ready endpoints do not count: hints of the ready ones apply")
+	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4, inZone), f.ep("pod-b", v4, elsewhere), f.ep("pod-c", v4, conditions(false, false, false)))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a")
+
+	f.updateService(t, svc, func(s *v1.Service) {
+		s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferSameNode)
+	})
+	t.Log("node hints (PreferSameNode): only the endpoints hinted for this node")
+	f.setEndpoints(t, svc, v4,
+		f.ep("pod-a", v4, nodeHints(nodeName), inZone),
+		f.ep("pod-b", v4, nodeHints(otherNode), inZone),
+		f.ep("pod-c", v4, nodeHints(otherNode), elsewhere))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a")
+
+	t.Log("no node hint for this node: zone hints apply")
+	f.setEndpoints(t, svc, v4,
+		f.ep("pod-a", v4, nodeHints(otherNode), inZone),
+		f.ep("pod-b", v4, nodeHints(otherNode), inZone),
+		f.ep("pod-c", v4, nodeHints(otherNode), elsewhere))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+
+	t.Log("one endpoint without node hints: zone hints apply")
+	f.setEndpoints(t, svc, v4,
+		f.ep("pod-a", v4, nodeHints(nodeName), inZone),
+		f.ep("pod-b", v4, inZone),
+		f.ep("pod-c", v4, nodeHints(otherNode), elsewhere))
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+}
+
+// testIgnored: a Service another proxy owns and a headless Service never
+// reach the maps.
+func testIgnored(t *testing.T, f *fixture, ns string) {
+	// A target port no other scenario uses, so its backends are
+	// recognisable in kpr dump.
+	const otherPort = 9797
+	port := kubeobj.Port{Name: "tcp", Port: 80, TargetPort: otherPort}
+
+	foreign := kubeobj.Service(ns, "foreign", port)
+	foreign.Labels = map[string]string{desired.LabelServiceProxyName: "some-other-proxy"}
+	foreign = f.createService(t, foreign)
+	f.setEndpoints(t, foreign, v4, f.eps("pod-a")...)
+
+	headless := kubeobj.Service(ns, "headless", port)
+	headless.Spec.ClusterIP = v1.ClusterIPNone
+	headless = f.createService(t, headless)
+	slice := kubeobj.Slice(headless, "headless-1", v4, f.eps("pod-b")...)
+	slice.Labels[v1.IsHeadlessService] = ""
+	f.applySlice(t, slice)
+	// The same without the slice label: the Service itself is headless.
+	f.applySlice(t, kubeobj.Slice(headless, "headless-2", v4, f.eps("pod-c")...))
+
+	// Events are handled in order: once a Service created afterwards works,
+	// kpr has seen (and skipped) the ones above.
+	marker := f.createService(t, kubeobj.Service(ns, "marker", tcp80))
+	f.setEndpoints(t, marker, v4, f.eps("pod-d")...)
+	waitServes(t, tcpWho, f.node.NetNS, clusterIP(t, marker, v1.IPv4Protocol, 80), "pod-d")
+
+	foreignVIP := clusterIP(t, foreign, v1.IPv4Protocol, 80)
+	d := f.dump(t)
+	if got := frontendsOf(d, foreignVIP.Addr()); len(got) > 0 {
+		t.Errorf("Service labelled %s is in kpr dump: %+v", desired.LabelServiceProxyName, got)
+	}
+	for _, s := range d {
+		for _, b := range s.Backends {
+			if strings.HasSuffix(b, fmt.Sprintf(":%d", otherPort)) {
+				t.Errorf("kpr dump has backend %s of an ignored Service (frontend %s)", b, s.Frontend)
+			}
+		}
+	}
+	requireUntranslated(t, f.node.NetNS, foreignVIP)
+}
+
+// testUDP: UDP Services in both families; replies come from the ClusterIP
+// and port, for unconnected and connected sockets.
+func testUDP(t *testing.T, f *fixture, ns string) {
+	svc := f.createService(t, kubeobj.DualStack(kubeobj.Service(ns, "dns",
+		kubeobj.Port{Name: "dns", Port: 53, TargetPort: int32(udpPort), Protocol: v1.ProtocolUDP})))
+	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
+	f.setEndpoints(t, svc, v6, f.ep("pod-a", v6), f.ep("pod-b", v6))
+	for _, fam := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
+		vip := clusterIP(t, svc, fam, 53)
+		waitServes(t, udpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+		requireServes(t, udpWho, f.pod("pod-c").NetNS, vip, "pod-a", "pod-b")
+		// A connected socket drops replies from any other source.
+		if _, err := harness.WhoUDPConnected(f.node.NetNS, vip, dialTimeout); err != nil {
+			t.Errorf("connected UDP socket to %s: %v", vip, err)
+		}
+	}
+	// A backend going away is no longer chosen.
+	f.setEndpoints(t, svc, v4, f.eps("pod-b")...)
+	waitServes(t, udpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 53), "pod-b")
+}
+
+// testDualStack: a dual-stack Service answers on both ClusterIPs, each
+// with the backends of its own family.
+func testDualStack(t *testing.T, f *fixture, ns string) {
+	svc := f.createService(t, kubeobj.DualStack(kubeobj.Service(ns, "both", tcp80)))
+	if len(svc.Spec.ClusterIPs) != 2 {
+		t.Fatalf("dual-stack Service got ClusterIPs %v, want one per family", svc.Spec.ClusterIPs)
+	}
+	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
+	f.setEndpoints(t, svc, v6, f.ep("pod-b", v6), f.ep("pod-c", v6))
+	vip4, vip6 := clusterIP(t, svc, v1.IPv4Protocol, 80), clusterIP(t, svc, v1.IPv6Protocol, 80)
+	waitServes(t, tcpWho, f.node.NetNS, vip4, "pod-a", "pod-b")
+	waitServes(t, tcpWho, f.node.NetNS, vip6, "pod-b", "pod-c")
+	requireServes(t, tcpWho, f.pod("pod-d").NetNS, vip6, "pod-b", "pod-c")
+
+	for _, s := range append(frontendsOf(f.dump(t), vip4.Addr()), frontendsOf(f.dump(t), vip6.Addr())...) {
+		for _, b := range s.Backends {
+			ap := netip.MustParseAddrPort(b)
+			fe := netip.MustParseAddrPort(s.Frontend)
+			if ap.Addr().Is4() != fe.Addr().Is4() {
+				t.Errorf("frontend %s has backend %s of the other family", s.Frontend, b)
+			}
+		}
+	}
+}
+
+// testNodePort: the node's own sockets reach a NodePort on the node IP and
+// on 127.0.0.1; pods reach it on the node IP.
+func testNodePort(t *testing.T, f *fixture, ns string) {
+	svc := kubeobj.Service(ns, "np", tcp80)
+	svc.Spec.Type = v1.ServiceTypeNodePort
+	svc = f.createService(t, svc)
+	nodePort := uint16(svc.Spec.Ports[0].NodePort)
+	if nodePort == 0 {
+		t.Fatalf("NodePort Service got no nodePort: %+v", svc.Spec.Ports)
+	}
+	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
+	onNodeIP := netip.AddrPortFrom(nodeIP.Addr(), nodePort)
+	onLoopback := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), nodePort)
+	waitServes(t, tcpWho, f.node.NetNS, onNodeIP, "pod-a", "pod-b")
+	requireServes(t, tcpWho, f.node.NetNS, onLoopback, "pod-a", "pod-b")
+	requireServes(t, tcpWho, f.pod("pod-c").NetNS, onNodeIP, "pod-a", "pod-b")
+	requireServes(t, tcpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 80), "pod-a", "pod-b")
+}
