@@ -1,0 +1,129 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTicks is USER_HZ, the unit of the CPU times in /proc/PID/stat. It is
+// 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// procSample is one reading of a proxy process's cost.
+type procSample struct {
+	// CPU is the process's own user+system time; Children is the time of
+	// the children it has waited for (kube-proxy's iptables-restore and
+	// nft runs), which the proxy's work includes.
+	CPU, Children time.Duration
+	// HWM is the peak resident set size (VmHWM) since start or the last
+	// resetPeak, RSS the current one, both in bytes.
+	HWM, RSS int64
+}
+
+// readProc reads /proc/PID/stat and /proc/PID/status.
+func readProc(pid int) (procSample, error) {
+	var s procSample
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, fmt.Errorf("read CPU times of pid %d: %w", pid, err)
+	}
+	// The command name (field 2) may contain spaces and parentheses; the
+	// fields after it start behind the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return s, fmt.Errorf("/proc/%d/stat: no ')' in %q", pid, stat)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	// After ')': state(3) ... utime(14) stime(15) cutime(16) cstime(17),
+	// so utime is f[11].
+	if len(f) < 15 {
+		return s, fmt.Errorf("/proc/%d/stat: only %d fields after the command", pid, len(f))
+	}
+	var ticks [4]int64
+	for k := range ticks {
+		if ticks[k], err = strconv.ParseInt(f[11+k], 10, 64); err != nil {
+			return s, fmt.Errorf("/proc/%d/stat field %d: %w", pid, 14+k, err)
+		}
+	}
+	tick := time.Second / clockTicks
+	s.CPU = time.Duration(ticks[0]+ticks[1]) * tick
+	s.Children = time.Duration(ticks[2]+ticks[3]) * tick
+
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, fmt.Errorf("read memory of pid %d: %w", pid, err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		key, val, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch key {
+		case "VmHWM":
+			s.HWM, err = parseKB(val)
+		case "VmRSS":
+			s.RSS, err = parseKB(val)
+		}
+		if err != nil {
+			return s, fmt.Errorf("/proc/%d/status %s: %w", pid, key, err)
+		}
+	}
+	if s.HWM == 0 {
+		return s, fmt.Errorf("/proc/%d/status has no VmHWM (a zombie?)", pid)
+	}
+	return s, nil
+}
+
+// parseKB parses a "  1234 kB" value into bytes.
+func parseKB(v string) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+	return n * 1024, err
+}
+
+// resetPeak sets the process's VmHWM back to its current RSS, so the next
+// reading gives the peak of one phase only (proc(5), clear_refs value 5).
+func resetPeak(pid int) error {
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		return fmt.Errorf("reset peak RSS of pid %d: %w", pid, err)
+	}
+	return nil
+}
+
+// phaseMeter measures one phase of one proxy process.
+type phaseMeter struct {
+	pid   int
+	start procSample
+	began time.Time
+}
+
+// startPhase resets the peak RSS and records the CPU times so far.
+func startPhase(pid int) (*phaseMeter, error) {
+	if err := resetPeak(pid); err != nil {
+		return nil, err
+	}
+	s, err := readProc(pid)
+	if err != nil {
+		return nil, err
+	}
+	return &phaseMeter{pid: pid, start: s, began: time.Now()}, nil
+}
+
+// end returns the phase's cost: CPU spent during it and the peak RSS
+// reached in it.
+func (m *phaseMeter) end() (Resources, error) {
+	s, err := readProc(m.pid)
+	if err != nil {
+		return Resources{}, err
+	}
+	return Resources{
+		WallSeconds:        time.Since(m.began).Seconds(),
+		CPUSeconds:         (s.CPU - m.start.CPU).Seconds(),
+		ChildrenCPUSeconds: (s.Children - m.start.Children).Seconds(),
+		PeakRSSBytes:       s.HWM,
+		RSSBytes:           s.RSS,
+	}, nil
+}
