@@ -131,21 +131,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		}
 	}()
 
-	env, err := c.newEnvironment(toolsDir, opts)
-	if err != nil {
-		return nil, err
-	}
-
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	began := time.Now()
-	// envtest's Start takes no context; it is bounded by startTimeout per
-	// process instead.
-	_, err = env.Start()
-	c.env = env
+	env, err := c.startEnvironment(ctx, toolsDir, opts)
 	if err != nil {
-		return nil, fmt.Errorf("starting etcd and kube-apiserver from %s: %w%s", toolsDir, err, c.logTails())
+		return nil, err
 	}
 
 	c.Config = env.Config
@@ -167,11 +156,68 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	return c, nil
 }
 
+// maxStartAttempts bounds retries of a start that lost a port race.
+const maxStartAttempts = 3
+
+// startEnvironment starts etcd and the API server. envtest picks free ports
+// by binding and releasing them, so another cluster starting at the same
+// time (parallel test packages do) can take one first; envtest's own retries
+// reuse the taken port, so such a start is retried here with new ports.
+func (c *Cluster) startEnvironment(ctx context.Context, toolsDir string, opts Options) (*envtest.Environment, error) {
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		env, err := c.newEnvironment(toolsDir, opts)
+		if err != nil {
+			return nil, err
+		}
+		// envtest's Start takes no context; it is bounded by
+		// startTimeout per process instead.
+		_, err = env.Start()
+		if err == nil {
+			c.env = env
+			return env, nil
+		}
+		logs := c.logTails()
+		if stopErr := env.Stop(); stopErr != nil {
+			err = errors.Join(err, stopErr)
+		}
+		if attempt < maxStartAttempts && strings.Contains(logs, "address already in use") {
+			c.log.Warn("test control plane lost a port race; retrying with new ports", zap.Int("attempt", attempt), zap.Error(err))
+			continue
+		}
+		return nil, fmt.Errorf("starting etcd and kube-apiserver from %s: %w%s", toolsDir, err, logs)
+	}
+}
+
+// resetAttempt clears what a failed start attempt left: its directories,
+// logs and forwarders.
+func (c *Cluster) resetAttempt() error {
+	for _, f := range c.forwarders {
+		f.Close()
+	}
+	c.forwarders = nil
+	for _, f := range c.logFiles {
+		f.Close()
+	}
+	c.logFiles = nil
+	for _, dir := range []string{"apiserver", "etcd", "bin"} {
+		if err := os.RemoveAll(filepath.Join(c.workDir, dir)); err != nil {
+			return fmt.Errorf("clearing %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
 // newEnvironment configures envtest: fixed binaries, fixed directories (so
 // certificates and data survive an API server restart), dual-stack service
 // CIDRs, launcher scripts (PID files for the watchdog; netns entry) and, in
 // NetNS mode, forwarded ports.
 func (c *Cluster) newEnvironment(toolsDir string, opts Options) (*envtest.Environment, error) {
+	if err := c.resetAttempt(); err != nil {
+		return nil, err
+	}
 	// Setting CertDir and DataDir ourselves stops envtest from deleting
 	// and regenerating them when the API server is stopped, so a restart
 	// serves the same CA and accepts the same client certificates.

@@ -220,3 +220,40 @@ func processAlive(pid int) bool {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	return err == nil && len(data) > 0
 }
+
+// TestStartRetriesLostPortRace makes kube-apiserver fail as if its port had
+// been taken, for every one of envtest's own tries on the first ports, and
+// checks that Start picks new ports and succeeds.
+func TestStartRetriesLostPortRace(t *testing.T) {
+	real, err := resolveToolsDir("", os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(filepath.Join(real, etcdBinary), filepath.Join(dir, etcdBinary)); err != nil {
+		t.Fatal(err)
+	}
+	// envtest tries a failed control-plane start 5 times on the same ports;
+	// failing 5 real starts (not --help probes) exhausts its tries once.
+	script := fmt.Sprintf(`#!/bin/sh
+case "$*" in *--help*) exec %[1]s "$@";; esac
+echo x >> %[2]s
+if [ "$(wc -l < %[2]s)" -le 5 ]; then
+	echo "listen tcp 127.0.0.1:1: bind: address already in use" >&2
+	exit 1
+fi
+exec %[1]s "$@"
+`, shellQuote(filepath.Join(real, apiServerBinary)), shellQuote(filepath.Join(dir, "starts")))
+	if err := os.WriteFile(filepath.Join(dir, apiServerBinary), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	c := StartForTest(t, Options{ToolsDir: dir})
+	if _, err := c.Client.CoreV1().Namespaces().Get(context.Background(), "default", metav1.GetOptions{}); err != nil {
+		t.Fatalf("cluster after a retried start: %v", err)
+	}
+	starts, _ := os.ReadFile(filepath.Join(dir, "starts"))
+	if n := strings.Count(string(starts), "x"); n != 6 {
+		t.Errorf("kube-apiserver was started %d times, want 5 failures then 1 success", n)
+	}
+}
