@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -229,13 +230,14 @@ func (d *demo) abortStep(word string) {
 // steps runs the demo proper. Everything it creates is registered with d.td
 // as soon as it exists.
 func (d *demo) steps(ctx context.Context) (err error) {
+	// A panic must not skip the teardown: turn it into the demo's error.
 	defer func() {
 		if v := recover(); v != nil {
-			f, ok := v.(fatal)
-			if !ok {
-				panic(v)
+			if f, ok := v.(fatal); ok {
+				err = f.err
+				return
 			}
-			err = f.err
+			err = fmt.Errorf("panic: %v\n%s", v, debug.Stack())
 		}
 	}()
 	for _, step := range []func(context.Context) error{
@@ -561,7 +563,11 @@ func (d *demo) changeSlice(ctx context.Context, pods []string) (time.Duration, e
 		return 0, err
 	}
 	written := time.Now()
-	return watch.waitFor(ctx, d.client.target, want, written)
+	took, err := watch.waitFor(ctx, d.client.target, want, written)
+	if err != nil && d.kpr.Exited() {
+		err = fmt.Errorf("%w (kpr run has exited: see kpr.log)", err)
+	}
+	return took, err
 }
 
 // roundDuration shows sub-second durations in milliseconds with one decimal.
