@@ -267,15 +267,6 @@ func (d *demo) buildKpr(context.Context) error {
 	d.begin("kpr binary")
 	began := time.Now()
 	bin, err := kprproc.Binary()
-	// kprproc builds into a fresh temporary directory per process, which
-	// exists even when the build fails.
-	if bin != "" {
-		d.td.Cleanup(func() {
-			if dir := filepath.Dir(bin); strings.HasPrefix(filepath.Base(dir), "kpr-bin-") {
-				_ = os.RemoveAll(dir)
-			}
-		})
-	}
 	if err != nil {
 		return err
 	}

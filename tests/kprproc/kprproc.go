@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,23 +30,24 @@ var (
 	buildErr  error
 )
 
-// Binary builds ./cmd/kpr into a temporary directory once per process and
-// returns its path.
+// Binary builds ./cmd/kpr into bin/kpr of the repository once per process
+// (Go's build cache makes that quick when nothing changed) and returns its
+// path. The build goes to a temporary name first and is renamed into place,
+// so test processes building at the same time never run a half-written file.
 func Binary() (string, error) {
 	buildOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
-		dir, err := os.MkdirTemp("", "kpr-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "kpr")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/kpr")
+		binPath = filepath.Join(root, "bin", "kpr")
+		tmp := fmt.Sprintf("%s.build-%d", binPath, os.Getpid())
+		cmd := exec.Command("go", "build", "-o", tmp, "./cmd/kpr")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp)
 			buildErr = fmt.Errorf("go build ./cmd/kpr: %w\n%s", err, out)
+			return
 		}
+		buildErr = os.Rename(tmp, binPath)
 	})
 	return binPath, buildErr
 }
@@ -112,6 +115,8 @@ func (p *Process) start(bin string) error {
 		"--healthz-bind-address", p.HealthzAddr, "--metrics-bind-address", p.MetricsAddr}
 	p.cmd = exec.Command(bin, append(args, p.Args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	// A test binary killed outright must not leave kpr running.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		logFile.Close()
 		return fmt.Errorf("start kpr run: %w", err)
@@ -193,28 +198,41 @@ func (p *Process) Log() string {
 	return string(b)
 }
 
-// WaitHealthy polls /healthz until it answers 200: caches synced and the
-// first sync done.
-func (p *Process) WaitHealthy(ctx context.Context) error {
-	url := "http://" + p.HealthzAddr + "/healthz"
+// WaitSynced waits until kpr has finished its first full sync: then the
+// maps hold every Service the API had. /healthz alone is not enough, since
+// like kube-proxy's it answers 200 before the first sync.
+func (p *Process) WaitSynced(ctx context.Context) error {
 	for {
 		if p.Exited() {
-			return fmt.Errorf("kpr exited before becoming healthy: %v\n%s", p.err, tail(p.Log(), 30))
+			return fmt.Errorf("kpr exited before its first sync: %v\n%s", p.err, tail(p.Log(), 30))
 		}
-		resp, err := http.Get(url)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+		if synced, err := p.LastSync(); err == nil && synced > 0 {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("kpr not healthy: %w\n%s", ctx.Err(), tail(p.Log(), 30))
+			return fmt.Errorf("kpr did not finish its first sync: %w\n%s", ctx.Err(), tail(p.Log(), 30))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// WaitHealthy is WaitSynced; kept for callers that name it so.
+func (p *Process) WaitHealthy(ctx context.Context) error { return p.WaitSynced(ctx) }
+
+// LastSync returns kubeproxy_sync_proxy_rules_last_timestamp_seconds:
+// zero until the first successful sync.
+func (p *Process) LastSync() (float64, error) {
+	text, err := p.Metrics()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, "kubeproxy_sync_proxy_rules_last_timestamp_seconds "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, errors.New("metric kubeproxy_sync_proxy_rules_last_timestamp_seconds not found")
 }
 
 // DumpService is one entry of `kpr dump -o json`.
