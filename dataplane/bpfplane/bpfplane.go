@@ -84,11 +84,7 @@ func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePo
 // Service's mistake and must not take the ClusterIP over, whatever the
 // Services are called and whichever came first.
 func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane.ServicePortName][]maps.Service {
-	names := make([]dataplane.ServicePortName, 0, len(sps))
-	for name := range sps {
-		names = append(names, name)
-	}
-	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
+	names := sortedNames(sps)
 	want := make(map[dataplane.ServicePortName][]maps.Service, len(sps))
 	for _, clusterIPs := range []bool{true, false} {
 		for _, name := range names {
@@ -106,6 +102,26 @@ func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePor
 		}
 	}
 	return want
+}
+
+// sortedNames returns the names of sps in String() order. Each name's
+// string is built once: building both in every comparison made the sort a
+// quarter of a full reconcile of 10,000 Services.
+func sortedNames(sps map[dataplane.ServicePortName]*dataplane.ServicePort) []dataplane.ServicePortName {
+	type keyed struct {
+		name dataplane.ServicePortName
+		key  string
+	}
+	all := make([]keyed, 0, len(sps))
+	for name := range sps {
+		all = append(all, keyed{name, name.String()})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].key < all[j].key })
+	names := make([]dataplane.ServicePortName, len(all))
+	for i, k := range all {
+		names[i] = k.name
+	}
+	return names
 }
 
 // Reconcile re-reads the maps, writes whatever differs from all and
