@@ -25,7 +25,10 @@ real API server, one after another, on the same machine.
 
 Settings: Services {{.R.Settings.Sizes}} with {{.R.Settings.EndpointsPerService}} endpoints each;
 {{.R.Settings.Updates}} EndpointSlice updates; {{.R.Settings.Samples}} connections per latency series;
-min sync period {{.R.Settings.MinSyncPeriod}} for every proxy. The whole run took {{.Minutes}} minutes.
+min sync period {{.R.Settings.MinSyncPeriod}} for every proxy (kube-proxy gets {{.R.Settings.KubeProxyMinSyncPeriod}}:
+its configuration reads 0 as "use the default of 1s"; with that default, every
+kube-proxy programming latency below would be about one second longer when
+updates come back to back). The whole run took {{.Minutes}} minutes.
 Not built yet, so not measured: {{range .R.Settings.NotBuilt}}{{.}}. {{end}}
 
 Reproduce (as root; the Debian packages iptables, nftables and conntrack must be installed):
@@ -34,7 +37,11 @@ Reproduce (as root; the Debian packages iptables, nftables and conntrack must be
 {{.R.Command}}
 ` + "```" + `
 
-The raw numbers, every programming-latency sample included, are in
+` + "`make bench`" + ` runs the full comparison (100, 1,000 and 10,000 Services, 200
+updates, 2,000 connections per series) and rewrites this page; it needs
+about an hour on a quiet 2-core machine, most of it kube-proxy's cold
+start at 10,000 Services. The raw numbers, every programming-latency
+sample included, are in
 [{{.PlotDir}}/{{.ResultsFile}}]({{.PlotDir}}/{{.ResultsFile}}).
 
 ## Results

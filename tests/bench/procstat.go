@@ -93,23 +93,53 @@ func resetPeak(pid int) error {
 	return nil
 }
 
-// phaseMeter measures one phase of one proxy process.
-type phaseMeter struct {
-	pid   int
-	start procSample
-	began time.Time
+// cgroupCPU reads the CPU time of every process that ever ran in a cgroup
+// (usage_usec of cpu.stat, kept by the kernel even without the cpu
+// controller), running children included.
+func cgroupCPU(dir string) (time.Duration, error) {
+	data, err := os.ReadFile(dir + "/cpu.stat")
+	if err != nil {
+		return 0, fmt.Errorf("read CPU time of cgroup %s: %w", dir, err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			us, err := strconv.ParseInt(v, 10, 64)
+			return time.Duration(us) * time.Microsecond, err
+		}
+	}
+	return 0, fmt.Errorf("%s/cpu.stat has no usage_usec", dir)
 }
 
-// startPhase resets the peak RSS and records the CPU times so far.
-func startPhase(pid int) (*phaseMeter, error) {
+// phaseMeter measures one phase of one proxy process.
+type phaseMeter struct {
+	pid         int
+	cgroup      string // the proxy's own cgroup, or ""
+	start       procSample
+	startCgroup time.Duration
+	began       time.Time
+}
+
+// startPhase resets the peak RSS and records the CPU times so far. With a
+// cgroup that holds the proxy and nothing else, children's CPU comes from
+// the cgroup and includes children still running at the end of the phase
+// (an iptables-restore that has committed its rules but not been reaped
+// yet); without one, from the children the process has reaped.
+func startPhase(pid int, cgroup string) (*phaseMeter, error) {
 	if err := resetPeak(pid); err != nil {
 		return nil, err
 	}
-	s, err := readProc(pid)
-	if err != nil {
+	m := &phaseMeter{pid: pid, cgroup: cgroup}
+	var err error
+	if m.start, err = readProc(pid); err != nil {
 		return nil, err
 	}
-	return &phaseMeter{pid: pid, start: s, began: time.Now()}, nil
+	if cgroup != "" {
+		if m.startCgroup, err = cgroupCPU(cgroup); err != nil {
+			return nil, err
+		}
+	}
+	m.began = time.Now()
+	return m, nil
 }
 
 // end returns the phase's cost: CPU spent during it and the peak RSS
@@ -119,10 +149,21 @@ func (m *phaseMeter) end() (Resources, error) {
 	if err != nil {
 		return Resources{}, err
 	}
+	own := s.CPU - m.start.CPU
+	children := s.Children - m.start.Children
+	if m.cgroup != "" {
+		total, err := cgroupCPU(m.cgroup)
+		if err != nil {
+			return Resources{}, err
+		}
+		// The two counters tick at different granularity; never report
+		// a negative remainder.
+		children = max(0, total-m.startCgroup-own)
+	}
 	return Resources{
 		WallSeconds:        time.Since(m.began).Seconds(),
-		CPUSeconds:         (s.CPU - m.start.CPU).Seconds(),
-		ChildrenCPUSeconds: (s.Children - m.start.Children).Seconds(),
+		CPUSeconds:         own.Seconds(),
+		ChildrenCPUSeconds: children.Seconds(),
 		PeakRSSBytes:       s.HWM,
 		RSSBytes:           s.RSS,
 	}, nil

@@ -45,6 +45,9 @@ type proxySettings struct {
 	Services int
 	// LogDir receives the proxy's log.
 	LogDir string
+	// Cgroup is an empty cgroup of the proxy's own, for kube-proxy and
+	// the iptables/nft children it runs (their CPU time).
+	Cgroup *harness.Cgroup
 }
 
 // runningProxy is one proxy process serving a node namespace.
@@ -59,6 +62,9 @@ type runningProxy interface {
 	LogTail() string
 	// BPFMapBytes is the memory of its BPF maps, or nil when it has none.
 	BPFMapBytes() (*int64, error)
+	// CgroupPath is a cgroup holding the proxy and its children only, or
+	// "" when it runs in the client's cgroup (kpr, which runs no children).
+	CgroupPath() string
 }
 
 // startProxy starts the named proxy inside env's node namespace.
@@ -135,6 +141,8 @@ func (k *kprRun) Stop() error {
 	return stopErr
 }
 
+func (k *kprRun) CgroupPath() string { return "" }
+
 func (k *kprRun) LogTail() string { return tail(k.p.Log(), 30) }
 
 // BPFMapBytes sums the memlock of every map pinned under the BPF root, as
@@ -186,6 +194,7 @@ func fdinfoMemlock(fd int) (int64, error) {
 // kubeProxy is upstream kube-proxy in the node namespace.
 type kubeProxy struct {
 	cmd     *exec.Cmd
+	cgroup  string
 	logPath string
 	done    chan struct{}
 	err     error
@@ -223,16 +232,18 @@ func startKubeProxy(mode string, env *NodeEnv, s proxySettings) (*kubeProxy, err
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
 	}
-	kp := &kubeProxy{logPath: filepath.Join(s.LogDir, "kube-proxy-"+mode+".log"), done: make(chan struct{})}
+	kp := &kubeProxy{logPath: filepath.Join(s.LogDir, "kube-proxy-"+mode+".log"), done: make(chan struct{}), cgroup: s.Cgroup.Path}
 	logFile, err := os.Create(kp.logPath)
 	if err != nil {
 		return nil, err
 	}
-	kp.cmd = exec.Command(bin, "--config", cfgPath)
+	// -v=2 logs every sync with its duration: the log explains a slow run.
+	kp.cmd = exec.Command(bin, "--config", cfgPath, "-v=2")
 	kp.cmd.Stdout, kp.cmd.Stderr = logFile, logFile
 	// Its own process group, so Stop also reaches an iptables-restore or
-	// nft it is running.
-	kp.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// nft it is running; born into its own cgroup, so that cgroup's CPU
+	// time is kube-proxy's plus its children's.
+	kp.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, UseCgroupFD: true, CgroupFD: s.Cgroup.FD()}
 	// Forked from a thread inside the node namespace: kube-proxy and every
 	// iptables/nft it runs see only the node's tables.
 	if err := harness.StartCommand(env.Node.NetNS, kp.cmd); err != nil {
@@ -289,6 +300,8 @@ func (k *kubeProxy) LogTail() string {
 }
 
 func (k *kubeProxy) BPFMapBytes() (*int64, error) { return nil, nil }
+
+func (k *kubeProxy) CgroupPath() string { return k.cgroup }
 
 func tail(s string, lines int) string {
 	parts := strings.Split(strings.TrimRight(s, "\n"), "\n")

@@ -81,7 +81,11 @@ func markdownTable(res *Results) string {
 		b.WriteString(" | ")
 		cpus := []string{cpu(r.ColdStart.Resources)}
 		if c := r.ConnLatency; c != nil {
-			fmt.Fprintf(&b, "%.0f / %.0f / %.0f µs | %.3f / %.3f | ", c.First.P50, c.Last.P50, c.Direct.P50, c.LastRatioP50, c.LastRatioP99)
+			fmt.Fprintf(&b, "%.0f / %.0f / %.0f µs", c.First.P50, c.Last.P50, c.Direct.P50)
+			if c.Failures > 0 {
+				fmt.Fprintf(&b, " (%d unanswered within 2s)", c.Failures)
+			}
+			fmt.Fprintf(&b, " | %.3f / %.3f | ", c.LastRatioP50, c.LastRatioP99)
 			cpus = append(cpus, cpu(c.Resources))
 		} else {
 			b.WriteString(" | | ")

@@ -103,10 +103,13 @@ type ColdStart struct {
 // round-robin against the first- and last-created ClusterIP and a backend
 // pod directly.
 type ConnLatency struct {
-	Samples int         `json:"samples"`
-	First   Percentiles `json:"first"`
-	Last    Percentiles `json:"last"`
-	Direct  Percentiles `json:"direct"`
+	Samples int `json:"samples"`
+	// Failures counts connections that were not answered within 2s
+	// (at most 1% are tolerated); they enter the series at 2s.
+	Failures int         `json:"failures"`
+	First    Percentiles `json:"first"`
+	Last     Percentiles `json:"last"`
+	Direct   Percentiles `json:"direct"`
 	// Ratios of the last-created ClusterIP over direct (the number the
 	// targets use) and of the first-created one.
 	LastRatioP50  float64   `json:"lastRatioP50"`
