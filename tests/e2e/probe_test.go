@@ -81,8 +81,14 @@ const roundSize = 40
 // exactly the pods in want.
 func waitServes(t *testing.T, probe prober, ns *harness.NetNS, addr netip.AddrPort, want ...string) {
 	t.Helper()
+	waitServesWithin(t, convergeTimeout, probe, ns, addr, want...)
+}
+
+// waitServesWithin is waitServes with its own deadline.
+func waitServesWithin(t *testing.T, timeout time.Duration, probe prober, ns *harness.NetNS, addr netip.AddrPort, want ...string) {
+	t.Helper()
 	slices.Sort(want)
-	waitUntil(t, convergeTimeout, fmt.Sprintf("%s served by exactly %v from %s", addr, want, ns.Name), func() error {
+	waitUntil(t, timeout, fmt.Sprintf("%s served by exactly %v from %s", addr, want, ns.Name), func() error {
 		seen, err := sample(probe, ns, addr, roundSize)
 		if err != nil {
 			return err
