@@ -17,6 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
@@ -230,11 +231,13 @@ func (f *fixture) applySlice(t *testing.T, s *discoveryv1.EndpointSlice) {
 	}
 }
 
-// pod returns the fixture's backend pod called name.
+// pod returns the fixture's backend pod called name (one of podNames).
 func (f *fixture) pod(name string) *harness.Pod {
 	p, ok := f.pods[name]
 	if !ok {
-		f.t.Fatalf("no pod %q in the fixture", name)
+		// A typo in a test, not a test failure; t.Fatal would also be
+		// wrong from a subtest's goroutine.
+		panic(fmt.Sprintf("no pod %q in the fixture; pods are %v", name, podNames))
 	}
 	return p
 }
