@@ -5,10 +5,42 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
+
+// Source ports are handed out in rotation from clientPortLow to
+// clientPortHigh instead of by the kernel. Under kube-proxy every
+// connection leaves a conntrack entry behind (10s after our RST, 120s after
+// a probe that was never answered), and a new connection that reuses the
+// 4-tuple of such an entry inherits its NAT decision: a probe sent before
+// the rules existed would keep a later connection on the same port away
+// from any backend. The kernel's choice reuses a port to the same Service
+// within seconds at the rates measured here; the rotation reuses one only
+// after 50,000 other connections.
+const (
+	clientPortLow  = 10000
+	clientPortHigh = 60000
+)
+
+var clientPortSeq atomic.Uint32
+
+// bindNextPort binds fd to the next free port of the rotation.
+func bindNextPort(fd int) error {
+	var err error
+	for range 100 {
+		port := clientPortLow + int(clientPortSeq.Add(1)%(clientPortHigh-clientPortLow))
+		if err = unix.Bind(fd, &unix.SockaddrInet4{Port: port}); !errors.Is(err, unix.EADDRINUSE) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("bind a client port: %w", err)
+	}
+	return nil
+}
 
 // connectEcho is the client of every measurement: socket, connect to addr,
 // send one byte, read the server's greeting ("<pod>\n") and the byte echoed
@@ -33,16 +65,19 @@ func connectEcho(addr netip.AddrPort, timeout time.Duration) (time.Duration, str
 			return 0, "", fmt.Errorf("set socket timeout: %w", err)
 		}
 	}
-	if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: addr.Addr().As4(), Port: int(addr.Port())}); err != nil {
+	if err := bindNextPort(fd); err != nil {
+		return 0, "", err
+	}
+	if err := connectBlocking(fd, addr, start.Add(timeout)); err != nil {
 		return 0, "", fmt.Errorf("connect %s: %w", addr, err)
 	}
-	if _, err := unix.Write(fd, []byte{'x'}); err != nil {
+	if _, err := retryEINTR(func() (int, error) { return unix.Write(fd, []byte{'x'}) }); err != nil {
 		return 0, "", fmt.Errorf("send to %s: %w", addr, err)
 	}
 	var got []byte
 	buf := make([]byte, 256)
 	for {
-		n, err := unix.Read(fd, buf)
+		n, err := retryEINTR(func() (int, error) { return unix.Read(fd, buf) })
 		if err != nil {
 			return 0, "", fmt.Errorf("read from %s: %w", addr, err)
 		}
@@ -60,6 +95,50 @@ func connectEcho(addr netip.AddrPort, timeout time.Duration) (time.Duration, str
 		if len(got) > 128 {
 			return 0, "", fmt.Errorf("%s sent %q: not an echo server's greeting", addr, got)
 		}
+	}
+}
+
+// Go's runtime preempts goroutines with signals (SIGURG), and a socket call
+// with a timeout set is never restarted after a signal: it fails with
+// EINTR (signal(7)). Reads and writes are simply retried.
+func retryEINTR(call func() (int, error)) (int, error) {
+	for {
+		n, err := call()
+		if !errors.Is(err, unix.EINTR) {
+			return n, err
+		}
+	}
+}
+
+// connectBlocking connects fd, and when a signal interrupts the blocking
+// connect (which goes on in the background), waits for its outcome until
+// deadline.
+func connectBlocking(fd int, addr netip.AddrPort, deadline time.Time) error {
+	err := unix.Connect(fd, &unix.SockaddrInet4{Addr: addr.Addr().As4(), Port: int(addr.Port())})
+	if !errors.Is(err, unix.EINTR) {
+		return err
+	}
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return unix.ETIMEDOUT
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		if errors.Is(err, unix.EINTR) || (err == nil && n == 0) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			return err
+		}
+		if soErr != 0 {
+			return unix.Errno(soErr)
+		}
+		return nil
 	}
 }
 

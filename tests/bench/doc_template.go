@@ -104,6 +104,14 @@ in this run, against the other proxies' numbers from the same run:
   answer (nothing else serves it); after the cold start every Service must
   answer; a connection must be answered by a backend pod of the right set.
   A proxy that programs nothing fails the run instead of producing numbers.
+- **Client.** Every connection is made with blocking syscalls from a
+  thread inside the node namespace, closed with a RST, from a source port
+  taken in rotation over 10000-59999 rather than the kernel's choice: under
+  kube-proxy a connection that reuses the 4-tuple of a recent one inherits
+  its conntrack entry and NAT decision (a probe sent before the rules
+  existed would keep a later connection away from every backend for two
+  minutes), and the kernel reuses ports to one address within seconds at
+  these rates.
 - **Timeouts.** Every phase is bounded: cold start by 60s + 20ms per
   Service, each update by 30s + 3ms per Service. A proxy that does not
   finish its cold start in time is reported as "did not converge" with its
