@@ -119,3 +119,26 @@ func TestReconcileRemovesUnknownAndRepairs(t *testing.T) {
 		t.Fatalf("reconcile did not update the surviving Service: %v", got.Backends)
 	}
 }
+
+func TestClusterIPKeepsItsFrontendAgainstAnExternalIP(t *testing.T) {
+	lb := maps.NewInMemory(1000, 1000, 1000)
+	p := New(lb, nil)
+	mine, intruder := be("10.244.0.2:8080"), be("10.244.0.9:8080")
+	// "a-intruder" sorts first and claims 10.96.0.1:80 as an external IP.
+	external := &dataplane.ServicePort{Frontends: []dataplane.Frontend{{
+		Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: dataplane.TCP, Kind: dataplane.ExternalIP,
+		Backends: []dataplane.Backend{intruder}}}}
+	all := map[dataplane.ServicePortName]*dataplane.ServicePort{
+		name("a-intruder"): external,
+		name("b-owner"):    clusterIP("10.96.0.1", mine),
+	}
+	for _, sync := range []func() error{func() error { return p.Reconcile(all) }, func() error { return p.Apply(all) }} {
+		if err := sync(); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := lb.Get(key("10.96.0.1", maps.ScopeInternal))
+		if len(got.Backends) != 1 || got.Backends[0] != mine {
+			t.Fatalf("ClusterIP serves %v, want its own Service's backend", got.Backends)
+		}
+	}
+}
