@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kpr's build and tests need, when missing:
 # clang and libbpf-dev for `make generate`, bpftool for the BTF test,
-# iproute2 for the test namespaces. Runs apt only if something is absent.
+# iproute2 for the test namespaces, iptables and nftables for kube-proxy. Runs apt only if something is absent.
 set -euo pipefail
 
 need=()
@@ -11,6 +11,10 @@ command -v bpftool >/dev/null || need+=(bpftool)
 command -v ip >/dev/null || need+=(iproute2)
 command -v nsenter >/dev/null || need+=(util-linux)
 command -v flock >/dev/null || need+=(util-linux)
+# Upstream kube-proxy, the benchmark's peer, programs these inside its netns.
+command -v iptables-restore >/dev/null || need+=(iptables)
+command -v nft >/dev/null || need+=(nftables)
+command -v conntrack >/dev/null || need+=(conntrack)
 [[ -d /usr/include/x86_64-linux-gnu/asm || -d /usr/include/asm ]] || need+=(linux-libc-dev)
 
 if [[ ${#need[@]} -eq 0 ]]; then
