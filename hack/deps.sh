@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kpr's build and tests need, when missing:
 # clang and libbpf-dev for `make generate`, bpftool for the BTF test,
-# iproute2 for the test namespaces, iptables and nftables for kube-proxy. Runs apt only if something is absent.
+# iproute2 for the test namespaces, iptables and nftables for kube-proxy.
+# Runs apt only if something is absent.
 set -euo pipefail
 
 need=()
