@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,12 +25,17 @@ var (
 	flagOut     = flag.String("out", "", "directory for results.json, results.md and the plots, relative to the repository root (default: a temporary directory)")
 	flagDoc     = flag.String("doc", "", "regenerate this document (e.g. docs/benchmarks.md), relative to the repository root")
 	flagLogs    = flag.String("logs", "", "keep every proxy's log and configuration in this directory")
+	flagRender  = flag.String("render", "", "measure nothing: re-judge the targets of this results.json and rewrite -out (default: its directory) and -doc from it")
 )
 
 // TestProxyBenchmark runs the benchmark. In its default quick mode it
 // checks, end to end, that every proxy serves the Services (a proxy that
 // programs nothing fails it) and that the results file holds every field.
 func TestProxyBenchmark(t *testing.T) {
+	if *flagRender != "" {
+		rerender(t)
+		return
+	}
 	cfg := Config{
 		Updates: *flagUpdates, Samples: *flagSamples, MinSyncPeriod: *flagMinSync,
 		MustConverge: *flagMust, ColdStartTimeout: DefaultColdStartTimeout,
@@ -79,6 +86,31 @@ func TestProxyBenchmark(t *testing.T) {
 		t.Errorf("%d runs recorded, want %d", got, want)
 	}
 	t.Logf("results in %s:\n%s\n%s", cfg.OutDir, markdownTable(res), targetsTable(res))
+}
+
+// rerender rewrites the outputs of an earlier run, e.g. after a change to
+// the report's wording or the targets.
+func rerender(t *testing.T) {
+	path := fromRoot(*flagRender)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res Results
+	if err := json.Unmarshal(data, &res); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	res.Targets = evaluateTargets(res.Runs)
+	cfg := Config{OutDir: filepath.Dir(path)}
+	if *flagOut != "" {
+		cfg.OutDir = fromRoot(*flagOut)
+	}
+	if *flagDoc != "" {
+		cfg.DocPath = fromRoot(*flagDoc)
+	}
+	if err := writeOutputs(&res, cfg); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func fromRoot(p string) string {

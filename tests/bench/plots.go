@@ -90,44 +90,36 @@ func logAxes(pl *plot.Plot, x, y bool) {
 	}
 	pl.Add(plotter.NewGrid())
 	pl.Legend.Top = true
-	pl.Legend.Left = true
 }
 
-// connLatencyPlot: p50 connect+echo to the last-created ClusterIP against
-// the Service count, per proxy, and the direct connection for reference.
+// connLatencyPlot: p50 connect+echo to the last-created ClusterIP over the
+// same run's direct connection, against the Service count, per proxy.
+// Runs happen minutes apart on a shared machine; each run's direct series
+// calibrates it, so the ratio is what compares across proxies.
 func connLatencyPlot(res *Results) (*plot.Plot, error) {
 	pl := plot.New()
-	pl.Title.Text = "TCP connect + 1-byte echo, p50 (last-created ClusterIP)"
+	pl.Title.Text = "TCP connect + 1-byte echo via the last-created ClusterIP, p50"
 	pl.X.Label.Text = "Services (10 endpoints each)"
-	pl.Y.Label.Text = "µs"
+	pl.Y.Label.Text = "÷ direct connection to a pod, same run"
 	logAxes(pl, true, false)
+	pl.Legend.Top = false // the lines run near 1, at the top
 	err := perSizeLines(pl, res, func(r Run) (float64, bool) {
 		if r.ConnLatency == nil {
 			return 0, false
 		}
-		return r.ConnLatency.Last.P50, true
+		return r.ConnLatency.LastRatioP50, true
 	})
 	if err != nil {
 		return nil, err
 	}
-	// Direct: the mean of every run's own direct series at each size.
-	sum, cnt := map[int]float64{}, map[int]int{}
-	for _, r := range res.Runs {
-		if r.ConnLatency != nil {
-			sum[r.Services] += r.ConnLatency.Direct.P50
-			cnt[r.Services]++
-		}
-	}
-	var pts plotter.XYs
-	for _, n := range res.Settings.Sizes {
-		if cnt[n] > 0 {
-			pts = append(pts, plotter.XY{X: float64(n), Y: sum[n] / float64(cnt[n])})
-		}
-	}
-	if len(pts) > 0 {
-		if err := addLine(pl, pts, "direct to pod (no proxy)", len(res.Settings.Proxies)); err != nil {
+	if len(res.Settings.Sizes) > 0 {
+		ref, err := plotter.NewLine(plotter.XYs{{X: float64(res.Settings.Sizes[0]), Y: 1}, {X: float64(res.Settings.Sizes[len(res.Settings.Sizes)-1]), Y: 1}})
+		if err != nil {
 			return nil, err
 		}
+		ref.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
+		pl.Add(ref)
+		pl.Legend.Add("direct (no proxy) = 1", ref)
 	}
 	pl.Y.Min = 0
 	return pl, nil

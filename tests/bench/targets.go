@@ -26,7 +26,7 @@ func evaluateTargets(runs []Run) []Target {
 	}
 	targets := []Target{
 		{Name: "connection latency, kpr over direct (p50, last-created ClusterIP)", Want: "<= 1.05"},
-		{Name: "connection latency, kube-proxy iptables over kpr (p50)", Want: ">= 2 (a multiple lower)"},
+		{Name: "connection latency, kube-proxy iptables over kpr (p50, each over its direct)", Want: ">= 2 (a multiple lower)"},
 		{Name: "programming latency p99, kube-proxy nftables over kpr", Want: ">= 20"},
 		{Name: "cold start, faster kube-proxy mode over kpr", Want: ">= 5"},
 		{Name: "peak RSS, smaller kube-proxy over kpr", Want: ">= 2"},
@@ -58,8 +58,11 @@ func evaluateTargets(runs []Run) []Target {
 		missing(&targets[0], "kpr")
 	}
 	if ipt != nil && ipt.ConnLatency != nil && kpr.ConnLatency != nil {
+		// The two runs happen minutes apart; each one's direct series
+		// calibrates it for the machine's load at the time, so the
+		// ratios over direct are compared, not the raw latencies.
 		a, b := ipt.ConnLatency, kpr.ConnLatency
-		judge(&targets[1], a.Last.P50/b.Last.P50, false, 2, fmt.Sprintf("iptables %.1fµs vs kpr %.1fµs (each run's own direct: %.1fµs vs %.1fµs)", a.Last.P50, b.Last.P50, a.Direct.P50, b.Direct.P50))
+		judge(&targets[1], a.LastRatioP50/b.LastRatioP50, false, 2, fmt.Sprintf("over direct: iptables %.3f vs kpr %.3f (raw p50 %.1fµs vs %.1fµs, direct %.1fµs vs %.1fµs)", a.LastRatioP50, b.LastRatioP50, a.Last.P50, b.Last.P50, a.Direct.P50, b.Direct.P50))
 	} else {
 		missing(&targets[1], "kube-proxy iptables")
 	}
