@@ -6,7 +6,7 @@ export GOFLAGS := -buildvcs=false
 
 -include tests/tools/tools.mk
 
-.PHONY: all build deps generate generate-check lint test unit bench demo clean
+.PHONY: all build deps generate generate-check lint test unit bench bench-proxies bench-controlplane bench-dataplane demo clean
 
 all: build
 
@@ -39,9 +39,20 @@ unit:
 test: deps generate-check lint tools
 	$(GO) test $(GOFLAGS_TEST) ./...
 
-## bench: the benchmarks, results under docs/
-bench: deps tools
-	$(GO) test -run '^$$' -bench . -benchtime 2000x ./tests/socklb/
+## bench: kpr against upstream kube-proxy (docs/benchmarks.md), the control
+## plane (docs/control-plane-performance.md) and connect() through the socket
+## LB (docs/dataplane-benchmark.md)
+bench: bench-proxies bench-controlplane bench-dataplane
+
+bench-proxies: deps tools
+	$(GO) test ./tests/bench -run '^TestProxyBenchmark$$' -count=1 -v -timeout 3h -args \
+		-sizes=100,1000,10000 -updates=200 -samples=2000 -out=docs/bench -doc=docs/benchmarks.md
+
+bench-controlplane: deps tools
+	$(GO) test ./tests/syncperf -run '^$$' -bench . -benchtime 1x -count=1 -timeout 1h
+
+bench-dataplane: deps
+	$(GO) test ./tests/socklb -run '^$$' -bench Connect -benchtime 5000x -count 3
 
 ## demo: a local API server, three pods, a Service and kpr run, end to end
 demo: deps tools build
