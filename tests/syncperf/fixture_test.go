@@ -2,7 +2,12 @@ package syncperf
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -45,6 +50,9 @@ func newFixture(tb testing.TB, ctx context.Context, pop Population) *fixture {
 		tb.Fatal(err)
 	}
 	began := time.Now()
+	pop.Progress = func(done int) {
+		tb.Logf("%d of %d Services written after %v", done, pop.Services, time.Since(began).Round(time.Second))
+	}
 	svcs, err := Populate(ctx, client, pop)
 	if err != nil {
 		tb.Fatal(err)
@@ -64,11 +72,17 @@ func (f *fixture) nextReplacement() int {
 	return f.replacements
 }
 
+// perfEnv names a directory: if set, every kpr start-up is recorded with
+// `perf record -g` into perf-<pid>.data there, for `perf report`.
+const perfEnv = "KPR_SYNCPERF_PERF_DIR"
+
 // kprRun is one `kpr run` under measurement.
 type kprRun struct {
 	proc    *kprproc.Process
 	started time.Time
 	stop    func()
+	// stopProfile ends the perf recording, if one runs; safe to call twice.
+	stopProfile func()
 }
 
 // startKpr starts `kpr run` against the fixture with a fresh BPF root, its
@@ -88,22 +102,49 @@ func (f *fixture) startKpr(tb testing.TB, cgroup *harness.Cgroup) *kprRun {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	run := &kprRun{proc: p, started: started, stopProfile: func() {}}
+	if dir := os.Getenv(perfEnv); dir != "" {
+		run.stopProfile = startPerf(tb, dir, p.PID())
+	}
 	var once sync.Once
-	stop := func() {
+	run.stop = func() {
 		once.Do(func() {
+			run.stopProfile()
 			if err := p.Cleanup(); err != nil {
 				tb.Errorf("stopping kpr and removing its dataplane: %v", err)
 			}
 		})
 	}
-	tb.Cleanup(stop)
-	return &kprRun{proc: p, started: started, stop: stop}
+	tb.Cleanup(run.stop)
+	return run
+}
+
+// startPerf records pid's stacks until the returned function is called.
+func startPerf(tb testing.TB, dir string, pid int) func() {
+	out := filepath.Join(dir, fmt.Sprintf("perf-%d.data", pid))
+	cmd := exec.Command("perf", "record", "-F", "499", "-g", "-o", out, "-p", strconv.Itoa(pid))
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("%s is set but perf does not start: %v", perfEnv, err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(os.Interrupt) // perf writes its file on SIGINT
+			// perf exits with the SIGINT status; only a failure to wait counts.
+			var exit *exec.ExitError
+			if err := cmd.Wait(); err != nil && !errors.As(err, &exit) {
+				tb.Errorf("perf record: %v", err)
+			}
+			tb.Logf("kpr's start-up profile: perf report -i %s", out)
+		})
+	}
 }
 
 // measureStartup waits until every Service is programmed.
 func (f *fixture) measureStartup(tb testing.TB, ctx context.Context, run *kprRun) (Startup, *MapReader) {
 	tb.Helper()
 	st, reader, err := MeasureStartup(ctx, run.proc, run.started, f.svcs)
+	run.stopProfile()
 	if err != nil {
 		tb.Fatalf("kpr start-up: %v", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 // Messages of kpr's log (watcher/) that mark the start-up phases.
 const (
+	msgWatching     = "Waiting for the Service, EndpointSlice and Node caches to sync"
 	msgCachesSynced = "Caches synced; starting the dataplane sync loop"
 	msgFirstSync    = "First full sync of the dataplane done"
 )
@@ -29,6 +30,8 @@ var LogArgs = []string{"--log-format", "json"}
 // Startup is one start of `kpr run`, all times measured from just before
 // the process was started.
 type Startup struct {
+	// Watching: kpr has loaded its BPF programs and started its informers.
+	Watching time.Duration
 	// CachesSynced: kpr logged that its informer caches hold the whole API.
 	CachesSynced time.Duration
 	// Programmed: every Service was seen in the pinned maps with all its
@@ -40,6 +43,10 @@ type Startup struct {
 	FirstSyncTook time.Duration
 	// Proc is kpr's CPU time and peak memory when Programmed was seen.
 	Proc ProcStats
+	// SyncCPU is the CPU time kpr used from CachesSynced to Programmed
+	// (to within the 10 ms tick of the kernel's accounting and one poll).
+	// Far less than the wall time means kpr was waiting for a CPU.
+	SyncCPU time.Duration
 }
 
 // SyncedToProgrammed is the start-up target of issue 3: from the caches
@@ -48,10 +55,11 @@ func (s Startup) SyncedToProgrammed() time.Duration { return s.Programmed - s.Ca
 
 func (s Startup) String() string {
 	r := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-	return fmt.Sprintf("start->caches synced %v, caches synced->all programmed %v (first full sync logged at +%v, reconcile took %v), "+
+	return fmt.Sprintf("start->watching %v, ->caches synced %v, caches synced->all programmed %v "+
+		"(kpr on CPU %v of it; first full sync logged at +%v, reconcile took %v), "+
 		"start->all programmed %v, kpr CPU %v, peak RSS %.1f MiB",
-		r(s.CachesSynced), r(s.SyncedToProgrammed()), r(s.FirstSyncLogged-s.CachesSynced), r(s.FirstSyncTook),
-		r(s.Programmed), s.Proc.CPU, float64(s.Proc.PeakRSS)/(1<<20))
+		r(s.Watching), r(s.CachesSynced), r(s.SyncedToProgrammed()), s.SyncCPU, r(s.FirstSyncLogged-s.CachesSynced),
+		r(s.FirstSyncTook), r(s.Programmed), s.Proc.CPU, float64(s.Proc.PeakRSS)/(1<<20))
 }
 
 // programmedPoll is how often the start-up measurement looks at the maps.
@@ -64,7 +72,10 @@ const programmedPoll = 5 * time.Millisecond
 // start-up and a MapReader on its maps (the caller closes it).
 func MeasureStartup(ctx context.Context, p *kprproc.Process, started time.Time, svcs []*Service) (Startup, *MapReader, error) {
 	var st Startup
-	reader, err := openWhenPinned(ctx, p)
+	// kpr's CPU time along the way, to tell how much of the sync phase it
+	// spent computing rather than waiting for a CPU.
+	var cpu cpuTrace
+	reader, err := openWhenPinned(ctx, p, &cpu)
 	if err != nil {
 		return st, nil, err
 	}
@@ -83,6 +94,7 @@ func MeasureStartup(ctx context.Context, p *kprproc.Process, started time.Time, 
 			done++
 			continue
 		}
+		cpu.sample(p.PID())
 		if err := pause(ctx, p, programmedPoll); err != nil {
 			reader.Close()
 			return st, nil, fmt.Errorf("waiting for Service %d of %d to be programmed: %w", done+1, len(svcs), err)
@@ -97,16 +109,45 @@ func MeasureStartup(ctx context.Context, p *kprproc.Process, started time.Time, 
 		reader.Close()
 		return st, nil, err
 	}
+	st.SyncCPU = st.Proc.CPU - cpu.at(started.Add(st.CachesSynced))
 	return st, reader, nil
 }
 
+// cpuTrace is a series of CPU time readings of a process.
+type cpuTrace struct {
+	when []time.Time
+	cpu  []time.Duration
+}
+
+// sample records the process's CPU time now; a failed read is skipped (the
+// caller notices an exited process on its own).
+func (c *cpuTrace) sample(pid int) {
+	if d, err := readCPU(pid); err == nil {
+		c.when = append(c.when, time.Now())
+		c.cpu = append(c.cpu, d)
+	}
+}
+
+// at returns the last reading taken at or before t (zero if none).
+func (c *cpuTrace) at(t time.Time) time.Duration {
+	var d time.Duration
+	for i, w := range c.when {
+		if w.After(t) {
+			break
+		}
+		d = c.cpu[i]
+	}
+	return d
+}
+
 // openWhenPinned opens kpr's maps as soon as it has pinned them.
-func openWhenPinned(ctx context.Context, p *kprproc.Process) (*MapReader, error) {
+func openWhenPinned(ctx context.Context, p *kprproc.Process, cpu *cpuTrace) (*MapReader, error) {
 	for {
 		r, openErr := OpenMapReader(p.BPFRoot)
 		if openErr == nil {
 			return r, nil
 		}
+		cpu.sample(p.PID())
 		if err := pause(ctx, p, programmedPoll); err != nil {
 			return nil, fmt.Errorf("waiting for kpr to pin its maps: %w (last attempt: %v)", err, openErr)
 		}
@@ -131,9 +172,11 @@ func pause(ctx context.Context, p *kprproc.Process, d time.Duration) error {
 func (st *Startup) readLog(ctx context.Context, p *kprproc.Process, started time.Time) error {
 	for {
 		lines := parseLog(p.Log())
+		watching, okWatching := lines[msgWatching]
 		synced, okSynced := lines[msgCachesSynced]
 		first, okFirst := lines[msgFirstSync]
-		if okSynced && okFirst {
+		if okWatching && okSynced && okFirst {
+			st.Watching = watching.At.Sub(started)
 			st.CachesSynced = synced.At.Sub(started)
 			st.FirstSyncLogged = first.At.Sub(started)
 			took, ok := first.Fields["took"].(float64) // zap's JSON encodes durations in seconds
@@ -144,7 +187,7 @@ func (st *Startup) readLog(ctx context.Context, p *kprproc.Process, started time
 			return nil
 		}
 		if err := pause(ctx, p, 20*time.Millisecond); err != nil {
-			return fmt.Errorf("waiting for kpr to log %q and %q: %w", msgCachesSynced, msgFirstSync, err)
+			return fmt.Errorf("waiting for kpr to log %q, %q and %q: %w", msgWatching, msgCachesSynced, msgFirstSync, err)
 		}
 	}
 }

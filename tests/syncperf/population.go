@@ -43,6 +43,9 @@ type Population struct {
 	EndpointsPerService int
 	// Workers is how many API writes run at once; 0 means 16.
 	Workers int
+	// Progress, if set, is called with the number of Services written so
+	// far after every tenth of them (populating 10,000 takes minutes).
+	Progress func(done int)
 }
 
 // Service is one synthetic Service as the API holds it.
@@ -119,7 +122,12 @@ func Populate(ctx context.Context, client kubernetes.Interface, p Population) ([
 	defer cancel(nil)
 	svcs := make([]*Service, p.Services)
 	next := make(chan int)
-	var wg sync.WaitGroup
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		written int
+	)
+	step := max(1, p.Services/10)
 	for range workers {
 		wg.Add(1)
 		go func() {
@@ -131,6 +139,11 @@ func Populate(ctx context.Context, client kubernetes.Interface, p Population) ([
 					return
 				}
 				svcs[i] = s
+				mu.Lock()
+				if written++; written%step == 0 && p.Progress != nil {
+					p.Progress(written)
+				}
+				mu.Unlock()
 			}
 		}()
 	}

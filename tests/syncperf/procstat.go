@@ -23,40 +23,54 @@ const clockTicks = 100
 // ReadProcStats reads the CPU time and peak RSS of a running process.
 func ReadProcStats(pid int) (ProcStats, error) {
 	var st ProcStats
+	var err error
+	if st.CPU, err = readCPU(pid); err != nil {
+		return st, err
+	}
+	if st.PeakRSS, err = readPeakRSS(pid); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// readCPU returns the user plus system time of a process.
+func readCPU(pid int) (time.Duration, error) {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return st, fmt.Errorf("read CPU time of pid %d: %w", pid, err)
+		return 0, fmt.Errorf("read CPU time of pid %d: %w", pid, err)
 	}
 	// The command name (field 2) may hold spaces; the fields after its
 	// closing parenthesis are plain. utime and stime are fields 14 and 15.
 	rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
 	fields := strings.Fields(rest)
 	if len(fields) < 13 {
-		return st, fmt.Errorf("/proc/%d/stat: too few fields: %q", pid, stat)
+		return 0, fmt.Errorf("/proc/%d/stat: too few fields: %q", pid, stat)
 	}
 	var ticks uint64
 	for _, f := range fields[11:13] {
 		n, err := strconv.ParseUint(f, 10, 64)
 		if err != nil {
-			return st, fmt.Errorf("/proc/%d/stat: CPU field %q: %w", pid, f, err)
+			return 0, fmt.Errorf("/proc/%d/stat: CPU field %q: %w", pid, f, err)
 		}
 		ticks += n
 	}
-	st.CPU = time.Duration(ticks) * time.Second / clockTicks
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
 
+// readPeakRSS returns the resident set high-water mark of a process.
+func readPeakRSS(pid int) (uint64, error) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return st, fmt.Errorf("read memory use of pid %d: %w", pid, err)
+		return 0, fmt.Errorf("read memory use of pid %d: %w", pid, err)
 	}
 	for _, line := range strings.Split(string(status), "\n") {
 		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
 			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err != nil {
-				return st, fmt.Errorf("/proc/%d/status: VmHWM %q: %w", pid, v, err)
+				return 0, fmt.Errorf("/proc/%d/status: VmHWM %q: %w", pid, v, err)
 			}
-			st.PeakRSS = kb * 1024
-			return st, nil
+			return kb * 1024, nil
 		}
 	}
-	return st, fmt.Errorf("/proc/%d/status has no VmHWM line", pid)
+	return 0, fmt.Errorf("/proc/%d/status has no VmHWM line", pid)
 }

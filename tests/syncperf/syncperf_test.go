@@ -28,7 +28,7 @@ func TestMeasurementHarness(t *testing.T) {
 	run := f.startKpr(t, cg)
 	st, reader := f.measureStartup(t, ctx, run)
 	t.Log(st)
-	if st.CachesSynced <= 0 || st.Programmed < st.CachesSynced || st.FirstSyncTook <= 0 || st.Proc.CPU < 0 || st.Proc.PeakRSS == 0 {
+	if st.Watching <= 0 || st.CachesSynced < st.Watching || st.Programmed < st.CachesSynced || st.FirstSyncTook <= 0 || st.Proc.CPU < 0 || st.Proc.PeakRSS == 0 {
 		t.Errorf("implausible start-up phases: %+v", st)
 	}
 	checkProgrammed(t, run.proc.BPFRoot, reader, f.svcs)
