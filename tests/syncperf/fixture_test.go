@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -88,14 +89,15 @@ type kprRun struct {
 // startKpr starts `kpr run` against the fixture with a fresh BPF root, its
 // programs attached to cgroup (which no process is in). stop kills it and
 // removes its dataplane; it also runs at tb's cleanup if not called before.
-func (f *fixture) startKpr(tb testing.TB, cgroup *harness.Cgroup) *kprRun {
+// args are extra `kpr run` flags.
+func (f *fixture) startKpr(tb testing.TB, cgroup *harness.Cgroup, args ...string) *kprRun {
 	tb.Helper()
 	opts := kprproc.Options{
 		Kubeconfig: f.cluster.KubeconfigPath,
 		NodeName:   nodeName,
 		CgroupRoot: cgroup.Path,
 		LogPath:    filepath.Join(tb.TempDir(), "kpr.log"),
-		Args:       LogArgs,
+		Args:       append(slices.Clone(LogArgs), args...),
 	}
 	started := time.Now()
 	p, err := kprproc.Start(opts)

@@ -192,16 +192,45 @@ func (st *Startup) readLog(ctx context.Context, p *kprproc.Process, started time
 	}
 }
 
+// msgSynced is kpr's debug-level line after every successful sync.
+const msgSynced = "Synced the dataplane"
+
+// FullSyncDurations returns how long each full reconcile took, in log
+// order, as kpr logs them at --log-level=debug.
+func FullSyncDurations(log string) []time.Duration {
+	var out []time.Duration
+	for _, line := range parseLogLines(log) {
+		full, _ := line.Fields["full"].(bool)
+		took, ok := line.Fields["took"].(float64)
+		if line.Fields["msg"] == msgSynced && full && ok {
+			out = append(out, time.Duration(took*float64(time.Second)))
+		}
+	}
+	return out
+}
+
 // logLine is one JSON log line of kpr.
 type logLine struct {
 	At     time.Time
 	Fields map[string]any
 }
 
-// parseLog returns the first line of each message in a JSON log; lines that
-// are not JSON (a panic, say) are skipped.
+// parseLog returns the first line of each message in a JSON log.
 func parseLog(text string) map[string]logLine {
 	out := map[string]logLine{}
+	for _, line := range parseLogLines(text) {
+		msg := line.Fields["msg"].(string)
+		if _, seen := out[msg]; !seen {
+			out[msg] = line
+		}
+	}
+	return out
+}
+
+// parseLogLines returns the lines of a JSON log that have a message and a
+// timestamp; lines that are not JSON (a panic, say) are skipped.
+func parseLogLines(text string) []logLine {
+	var out []logLine
 	sc := bufio.NewScanner(strings.NewReader(text))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -214,10 +243,8 @@ func parseLog(text string) map[string]logLine {
 		if msg == "" || !ok {
 			continue
 		}
-		if _, seen := out[msg]; !seen {
-			sec, frac := math.Modf(ts)
-			out[msg] = logLine{At: time.Unix(int64(sec), int64(frac*1e9)), Fields: fields}
-		}
+		sec, frac := math.Modf(ts)
+		out = append(out, logLine{At: time.Unix(int64(sec), int64(frac*1e9)), Fields: fields})
 	}
 	return out
 }
