@@ -5,9 +5,9 @@
 // command that produced them are in docs/control-plane-performance.md.
 //
 // Files: population.go (the synthetic Services and slices in the API),
-// mapreader.go (point lookups in the pinned maps), measure.go (starting kpr
-// and timing it), procstat.go (CPU and memory of the kpr process),
-// stats.go (percentiles).
+// mapreader.go (point lookups in the pinned maps), measure.go (timing a
+// started kpr and single updates), procstat.go (CPU and memory of the kpr
+// process), stats.go (percentiles).
 package syncperf
 
 import (
