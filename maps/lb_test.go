@@ -340,3 +340,47 @@ func TestInvalidServicesAreRefusedWithoutWriting(t *testing.T) {
 		t.Fatal("a valid service in the same batch was not written")
 	}
 }
+
+func TestInSyncNoticesEveryKindOfDrift(t *testing.T) {
+	setup := func(t *testing.T) (*fakeMaps, *LB, Service) {
+		f := newFakeMaps(t, 1000, 1000, 1000)
+		f.services.check, f.backends.check, f.revNat.check = nil, nil, nil
+		lb := f.lb()
+		a := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080")
+		if err := lb.Upsert(a); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := lb.InSync(); !ok || err != nil {
+			t.Fatalf("fresh LB not in sync: %v", err)
+		}
+		return f, lb, a
+	}
+	drifts := map[string]func(f *fakeMaps, a Service){
+		"slot deleted":   func(f *fakeMaps, a Service) { delete(f.services.data, a.bpfKey(2)) },
+		"slot repointed": func(f *fakeMaps, a Service) { f.services.data[a.bpfKey(1)] = bpf.KprSvcValue{BackendId: 77} },
+		"master recounted": func(f *fakeMaps, a Service) {
+			v := f.services.data[a.bpfKey(0)]
+			v.Count = 1
+			f.services.data[a.bpfKey(0)] = v
+		},
+		"stray entry": func(f *fakeMaps, a Service) { f.services.data[svcFor("10.96.0.9", 80).bpfKey(0)] = bpf.KprSvcValue{} },
+		"backend changed": func(f *fakeMaps, a Service) {
+			for id, b := range f.backends.data {
+				b.Port++
+				f.backends.data[id] = b
+				return
+			}
+		},
+		"backend orphan":  func(f *fakeMaps, a Service) { f.backends.data[999] = bpf.KprBackend{} },
+		"rev-NAT deleted": func(f *fakeMaps, a Service) { clear(f.revNat.data) },
+	}
+	for name, drift := range drifts {
+		t.Run(name, func(t *testing.T) {
+			f, lb, a := setup(t)
+			drift(f, a)
+			if ok, _ := lb.InSync(); ok {
+				t.Fatal("drift not noticed")
+			}
+		})
+	}
+}

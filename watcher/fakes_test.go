@@ -7,7 +7,9 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -244,11 +246,18 @@ func (h *harness) putService(name, clusterIP string, mutate ...func(*v1.Service)
 	for _, m := range mutate {
 		m(svc)
 	}
+	svc.ResourceVersion = nextResourceVersion()
 	h.src.mu.Lock()
 	h.src.services[key(name)] = svc
 	h.src.mu.Unlock()
 	h.tracker.serviceChanged(key(name))
 }
+
+// resourceVersions mimics the API server: every write gets a new version,
+// which is what the syncer's translation cache keys on.
+var resourceVersions atomic.Int64
+
+func nextResourceVersion() string { return strconv.FormatInt(resourceVersions.Add(1), 10) }
 
 func (h *harness) deleteService(name string) {
 	h.src.mu.Lock()
@@ -267,6 +276,7 @@ func (h *harness) putEndpoints(name, nodeName string, trigger time.Time, addrs .
 	for _, a := range addrs {
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, NodeName: &nodeName})
 	}
+	slice.ResourceVersion = nextResourceVersion()
 	h.src.mu.Lock()
 	h.src.slices[key(name)] = []*discoveryv1.EndpointSlice{slice}
 	h.src.mu.Unlock()

@@ -128,8 +128,18 @@ func sortedNames(sps map[dataplane.ServicePortName]*dataplane.ServicePort) []dat
 // deletes every entry all does not mention, including entries of
 // Services deleted while kpr was down.
 func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePort) error {
-	if err := p.lb.Resync(); err != nil {
+	// Rebuilding the LB's view costs far more than checking it; rebuild
+	// only when the maps drifted (or on the first call after a restart,
+	// when the view was built moments ago anyway).
+	inSync, err := p.lb.InSync()
+	if err != nil {
 		return fmt.Errorf("read BPF maps for reconcile: %w", err)
+	}
+	if !inSync {
+		p.log.Info("BPF maps differ from what kpr wrote; re-reading them to repair the difference")
+		if err := p.lb.Resync(); err != nil {
+			return fmt.Errorf("read BPF maps for reconcile: %w", err)
+		}
 	}
 	p.owned = map[dataplane.ServicePortName][]maps.ServiceKey{}
 	p.owner = map[maps.ServiceKey]claimant{}

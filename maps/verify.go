@@ -1,0 +1,54 @@
+package maps
+
+import (
+	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+// InSync reports whether the maps hold exactly what the LB believes they
+// hold. It only reads and compares, allocating nothing per entry, so a
+// periodic reconcile can afford it where a full Resync (which rebuilds
+// every id allocator and reference count) would stall the sync loop.
+func (lb *LB) InSync() (bool, error) {
+	inSync := true
+	entries := 0
+	err := lb.services.dump(func(k bpf.KprSvcKey, v bpf.KprSvcValue) {
+		entries++
+		if !inSync {
+			return
+		}
+		st := lb.svcs[serviceKeyFromBPF(k)]
+		switch {
+		case st == nil:
+			inSync = false
+		case k.Slot == 0:
+			inSync = int(v.Count) == len(st.slots) && v.RevNatId == st.revNat && st.revNat != 0 &&
+				v.AffinityTimeout == st.affinityTimeout && dataplane.FrontendKind(v.Kind) == st.kind
+		default:
+			inSync = int(k.Slot) <= len(st.slots) && st.slots[k.Slot-1] == v.BackendId && v.BackendId != 0
+		}
+	})
+	if err != nil || !inSync || entries != lb.svcEntries {
+		return false, err
+	}
+	backends := 0
+	err = lb.backends.dump(func(id uint32, b bpf.KprBackend) {
+		backends++
+		if !inSync {
+			return
+		}
+		want, ok := lb.backendOf[id]
+		inSync = ok && want == backendAddr{addrFromBPF(b.Addr), portFromBPF(b.Port), dataplane.Protocol(b.Proto)}
+	})
+	if err != nil || !inSync || backends != len(lb.backendOf) {
+		return false, err
+	}
+	revNats := 0
+	err = lb.revNat.dump(func(id uint32, v bpf.KprRevNatValue) {
+		revNats++
+		if _, ok := lb.revNatRefs[id]; !ok {
+			inSync = false
+		}
+	})
+	return err == nil && inSync && revNats == len(lb.revNatRefs), err
+}
