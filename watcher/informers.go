@@ -48,11 +48,18 @@ func proxiedSelector() string {
 	return labels.NewSelector().Add(*noProxyName, *notHeadless).String()
 }
 
+// lastAppliedAnnotation is kubectl's copy of the whole object as applied:
+// often the largest field of a Service, and never read by kpr.
+const lastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
+
 // stripManagedFields drops metadata kpr never reads, which is a large part
 // of every cached object.
 func stripManagedFields(obj any) (any, error) {
 	if accessor, err := meta.Accessor(obj); err == nil {
 		accessor.SetManagedFields(nil)
+		if a := accessor.GetAnnotations(); a[lastAppliedAnnotation] != "" {
+			delete(a, lastAppliedAnnotation)
+		}
 	}
 	return obj, nil
 }
