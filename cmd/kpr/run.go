@@ -14,10 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane/bpfplane"
 	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/loader"
@@ -89,7 +87,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if err := checkMode(f.mode); err != nil {
 		return err
 	}
-	client, err := newClient(f.kubeconfig)
+	client, err := apiclient.New(f.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -181,23 +179,4 @@ func checkMode(mode string) error {
 		return fmt.Errorf("--mode %s: this build of kpr has only the eBPF dataplane; run kube-proxy on kernels without cgroup socket hooks", mode)
 	}
 	return fmt.Errorf("--mode %q: want auto, ebpf, iptables or ipvs", mode)
-}
-
-func newClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig == "" {
-		cfg, err = rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
-		}
-	} else if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
-		return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
-	}
-	cfg.UserAgent = "kpr"
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("build Kubernetes client: %w", err)
-	}
-	return client, nil
 }
