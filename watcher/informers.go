@@ -52,13 +52,22 @@ func proxiedSelector() string {
 // often the largest field of a Service, and never read by kpr.
 const lastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
 
-// stripManagedFields drops metadata kpr never reads, which is a large part
-// of every cached object.
+// stripManagedFields drops what kpr never reads from every cached object:
+// managed fields, kubectl's last-applied copy, and per endpoint the pod
+// reference and hostname. On a node with 10,000 Services those are a large
+// part of kpr's memory.
 func stripManagedFields(obj any) (any, error) {
 	if accessor, err := meta.Accessor(obj); err == nil {
 		accessor.SetManagedFields(nil)
 		if a := accessor.GetAnnotations(); a[lastAppliedAnnotation] != "" {
 			delete(a, lastAppliedAnnotation)
+		}
+	}
+	if slice, ok := obj.(*discoveryv1.EndpointSlice); ok {
+		for i := range slice.Endpoints {
+			slice.Endpoints[i].TargetRef = nil
+			slice.Endpoints[i].Hostname = nil
+			slice.Endpoints[i].DeprecatedTopology = nil
 		}
 	}
 	return obj, nil
