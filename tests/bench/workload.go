@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"sync"
 
+	"golang.org/x/sync/errgroup"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -89,35 +89,18 @@ func (w *Workload) Grow(ctx context.Context, n int) error {
 	return nil
 }
 
-// createConcurrently creates Services [from, to).
+// createConcurrently creates Services [from, to), populateWorkers at a time,
+// stopping at the first error.
 func (w *Workload) createConcurrently(ctx context.Context, from, to int) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range populateWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := w.create(ctx, i); err != nil {
-					cancel(err)
-					return
-				}
-			}
-		}()
-	}
-feed:
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(populateWorkers)
 	for i := from; i < to; i++ {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
+		if ctx.Err() != nil {
+			break
 		}
+		g.Go(func() error { return w.create(ctx, i) })
 	}
-	close(next)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
+	if err := g.Wait(); err != nil {
 		return fmt.Errorf("create Services %d..%d: %w", from, to-1, err)
 	}
 	return nil

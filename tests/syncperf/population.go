@@ -19,6 +19,7 @@ import (
 	"slices"
 	"sync"
 
+	"golang.org/x/sync/errgroup"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -118,46 +119,33 @@ func Populate(ctx context.Context, client kubernetes.Interface, p Population) ([
 		return nil, fmt.Errorf("create namespace %s: %w", p.Namespace, err)
 	}
 
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	svcs := make([]*Service, p.Services)
-	next := make(chan int)
 	var (
-		wg      sync.WaitGroup
 		mu      sync.Mutex
 		written int
 	)
 	step := max(1, p.Services/10)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				s, err := createService(ctx, kubeobj.Client{Interface: client}, p, i)
-				if err != nil {
-					cancel(err)
-					return
-				}
-				svcs[i] = s
-				mu.Lock()
-				if written++; written%step == 0 && p.Progress != nil {
-					p.Progress(written)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-feed:
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(workers)
 	for i := range p.Services {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
+		if ctx.Err() != nil {
+			break
 		}
+		g.Go(func() error {
+			s, err := createService(ctx, kubeobj.Client{Interface: client}, p, i)
+			if err != nil {
+				return err
+			}
+			svcs[i] = s
+			mu.Lock()
+			if written++; written%step == 0 && p.Progress != nil {
+				p.Progress(written)
+			}
+			mu.Unlock()
+			return nil
+		})
 	}
-	close(next)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
+	if err := g.Wait(); err != nil {
 		return nil, fmt.Errorf("populate %d Services: %w", p.Services, err)
 	}
 	return svcs, nil
