@@ -74,6 +74,8 @@ type Process struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error
+	// ownLog is set when Start chose LogPath, so Cleanup removes it.
+	ownLog bool
 }
 
 // Start runs `kpr run`. Stop it with Stop or Kill; Cleanup removes the
@@ -86,7 +88,8 @@ func Start(opts Options) (*Process, error) {
 	if opts.BPFRoot == "" {
 		opts.BPFRoot = "/sys/fs/bpf/kpr-test-" + randomHex(6)
 	}
-	if opts.LogPath == "" {
+	ownLog := opts.LogPath == ""
+	if ownLog {
 		f, err := os.CreateTemp("", "kpr-run-*.log")
 		if err != nil {
 			return nil, err
@@ -94,7 +97,7 @@ func Start(opts Options) (*Process, error) {
 		f.Close()
 		opts.LogPath = f.Name()
 	}
-	p := &Process{Options: opts}
+	p := &Process{Options: opts, ownLog: ownLog}
 	if p.HealthzAddr, err = freeLoopbackAddr(); err != nil {
 		return nil, err
 	}
@@ -186,6 +189,9 @@ func (p *Process) Cleanup() error {
 		return err
 	}
 	out, err := exec.Command(bin, "cleanup", "--bpf-root", p.BPFRoot, "--cgroup-root", p.CgroupRoot).CombinedOutput()
+	if p.ownLog {
+		os.Remove(p.LogPath)
+	}
 	if err != nil {
 		return fmt.Errorf("kpr cleanup: %w: %s", err, out)
 	}
