@@ -24,6 +24,11 @@ type Plane struct {
 	// claiming one frontend are noticed instead of overwriting each other.
 	owned map[dataplane.ServicePortName][]maps.ServiceKey
 	owner map[maps.ServiceKey]claimant
+	// applied is every ServicePort the maps hold, as handed in by the last
+	// successful calls; nil when a call failed and the maps may differ.
+	// ServicePorts are never modified once handed over, so an unchanged
+	// pointer means an unchanged ServicePort.
+	applied map[dataplane.ServicePortName]*dataplane.ServicePort
 }
 
 // claimant is the ServicePort that owns a map entry, and the kind of
@@ -72,7 +77,19 @@ func expand(sp *dataplane.ServicePort) []maps.Service {
 
 // Apply writes the given ServicePorts; nil deletes one.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
-	return p.write(p.claimAll(changes))
+	err := p.write(p.claimAll(changes))
+	if err != nil || p.applied == nil {
+		p.applied = nil
+		return err
+	}
+	for name, sp := range changes {
+		if sp == nil {
+			delete(p.applied, name)
+		} else {
+			p.applied[name] = sp
+		}
+	}
+	return nil
 }
 
 // claimAll claims the frontends of every ServicePort, in name order so that
@@ -135,6 +152,9 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	if err != nil {
 		return fmt.Errorf("read BPF maps for reconcile: %w", err)
 	}
+	if inSync && p.holds(all) {
+		return nil // the common case: nothing changed anywhere
+	}
 	if !inSync {
 		p.log.Info("BPF maps differ from what kpr wrote; re-reading them to repair the difference")
 		if err := p.lb.Resync(); err != nil {
@@ -158,7 +178,36 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(append(errs, p.write(want))...)
+	err = errors.Join(append(errs, p.write(want))...)
+	p.applied = nil
+	if err == nil {
+		p.applied = make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(all))
+		for name, sp := range all {
+			if sp != nil {
+				p.applied[name] = sp
+			}
+		}
+	}
+	return err
+}
+
+// holds reports whether all is exactly what the last successful calls
+// handed over, ServicePort for ServicePort.
+func (p *Plane) holds(all map[dataplane.ServicePortName]*dataplane.ServicePort) bool {
+	if p.applied == nil {
+		return false
+	}
+	n := 0
+	for name, sp := range all {
+		if sp == nil {
+			continue
+		}
+		if p.applied[name] != sp {
+			return false
+		}
+		n++
+	}
+	return n == len(p.applied)
 }
 
 // claim drops the entries another ServicePort already owns and records the

@@ -142,3 +142,40 @@ func TestClusterIPKeepsItsFrontendAgainstAnExternalIP(t *testing.T) {
 		}
 	}
 }
+
+func TestReconcileOfUnchangedStateWritesNothingButStillRepairs(t *testing.T) {
+	lb := maps.NewInMemory(1000, 1000, 1000)
+	p := New(lb, nil)
+	all := map[dataplane.ServicePortName]*dataplane.ServicePort{name("web"): clusterIP("10.96.0.1", be("10.244.0.2:8080"))}
+	if err := p.Reconcile(all); err != nil {
+		t.Fatal(err)
+	}
+	// The same ServicePorts again: the fast path.
+	if err := p.Reconcile(all); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := lb.Get(key("10.96.0.1", maps.ScopeInternal)); !ok {
+		t.Fatal("service lost")
+	}
+	// An Apply in between updates what the fast path compares against.
+	changed := clusterIP("10.96.0.1", be("10.244.0.3:8080"))
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("web"): changed}); err != nil {
+		t.Fatal(err)
+	}
+	all[name("web")] = changed
+	if err := p.Reconcile(all); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := lb.Get(key("10.96.0.1", maps.ScopeInternal))
+	if len(got.Backends) != 1 || got.Backends[0] != be("10.244.0.3:8080") {
+		t.Fatalf("after apply + reconcile the maps hold %v", got.Backends)
+	}
+	// A ServicePort the maps never got (new pointer) takes the slow path.
+	all[name("api")] = clusterIP("10.96.0.2", be("10.244.0.4:8080"))
+	if err := p.Reconcile(all); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := lb.Get(key("10.96.0.2", maps.ScopeInternal)); !ok {
+		t.Fatal("a new ServicePort in a reconcile was not written")
+	}
+}
