@@ -115,8 +115,7 @@ func Load(opts Options) (*Loaded, error) {
 		return nil, fmt.Errorf("configure BPF object: %w", err)
 	}
 
-	var objs bpf.KprObjects
-	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: opts.BPFRoot},
 	})
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
@@ -131,24 +130,28 @@ func Load(opts Options) (*Loaded, error) {
 		}
 		return nil, fmt.Errorf("load BPF programs: %w", err)
 	}
-	// Links keep the programs alive; this process only needs the maps.
-	defer objs.KprPrograms.Close()
+	// Links keep the programs alive; this process only keeps the maps,
+	// which Assign takes out of the collection before it is closed.
+	defer coll.Close()
+	var kprMaps bpf.KprMaps
+	if err := coll.Assign(&kprMaps); err != nil {
+		return nil, fmt.Errorf("load BPF maps: %w", err)
+	}
 
 	for _, a := range attachments {
-		prog := programByName(&objs.KprPrograms, a.program)
-		if err := attachOrSwap(opts.BPFRoot, opts.CgroupRoot, a, prog, log); err != nil {
+		if err := attachOrSwap(opts.BPFRoot, opts.CgroupRoot, a, coll.Programs[a.program], log); err != nil {
 			if a.optional && errors.Is(err, ebpf.ErrNotSupported) {
 				log.Warn("kernel lacks an optional hook; continuing without it",
 					zap.String("program", a.program), zap.Error(err))
 				continue
 			}
-			objs.KprMaps.Close()
+			kprMaps.Close()
 			return nil, err
 		}
 	}
 	log.Info("dataplane loaded",
 		zap.String("bpfRoot", opts.BPFRoot), zap.String("cgroupRoot", opts.CgroupRoot))
-	return &Loaded{Maps: &objs.KprMaps, BPFRoot: opts.BPFRoot, CgroupRoot: opts.CgroupRoot, Features: report}, nil
+	return &Loaded{Maps: &kprMaps, BPFRoot: opts.BPFRoot, CgroupRoot: opts.CgroupRoot, Features: report}, nil
 }
 
 func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
@@ -162,30 +165,6 @@ func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
 	set(bpf.KprMapKprRevNat, s.RevNat)
 	set(bpf.KprMapKprSockRev, s.SockRev)
 	set(bpf.KprMapKprAffinity, s.Affinity)
-}
-
-func programByName(p *bpf.KprPrograms, name string) *ebpf.Program {
-	switch name {
-	case bpf.KprProgKprConnect4:
-		return p.KprConnect4
-	case bpf.KprProgKprConnect6:
-		return p.KprConnect6
-	case bpf.KprProgKprSendmsg4:
-		return p.KprSendmsg4
-	case bpf.KprProgKprSendmsg6:
-		return p.KprSendmsg6
-	case bpf.KprProgKprRecvmsg4:
-		return p.KprRecvmsg4
-	case bpf.KprProgKprRecvmsg6:
-		return p.KprRecvmsg6
-	case bpf.KprProgKprGetpeer4:
-		return p.KprGetpeer4
-	case bpf.KprProgKprGetpeer6:
-		return p.KprGetpeer6
-	case bpf.KprProgKprSockRelease:
-		return p.KprSockRelease
-	}
-	panic("loader: unknown program " + name)
 }
 
 // attachOrSwap keeps one pinned link per hook. An existing link on the same
