@@ -441,7 +441,7 @@ func (d *demo) startKpr(ctx context.Context) error {
 	})
 	waitCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	if err := p.WaitHealthy(waitCtx); err != nil {
+	if err := p.WaitSynced(waitCtx); err != nil {
 		return err
 	}
 	// /healthz turns 200 as soon as kpr has seen its Node, which can be

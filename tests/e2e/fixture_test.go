@@ -149,7 +149,7 @@ func (f *fixture) waitHealthy() {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(f.ctx, time.Minute)
 	defer cancel()
-	if err := f.kpr.WaitHealthy(ctx); err != nil {
+	if err := f.kpr.WaitSynced(ctx); err != nil {
 		f.t.Fatal(err)
 	}
 }

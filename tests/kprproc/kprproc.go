@@ -223,9 +223,6 @@ func (p *Process) WaitSynced(ctx context.Context) error {
 	}
 }
 
-// WaitHealthy is WaitSynced; kept for callers that name it so.
-func (p *Process) WaitHealthy(ctx context.Context) error { return p.WaitSynced(ctx) }
-
 // LastSync returns kubeproxy_sync_proxy_rules_last_timestamp_seconds:
 // zero until the first successful sync.
 func (p *Process) LastSync() (float64, error) {
