@@ -55,8 +55,9 @@ plus a 1-byte echo, from the node's network namespace; "direct" connects
 to a backend pod without any Service in the way, interleaved with the
 ClusterIP connections in the same run. CPU is the proxy process's own
 time plus that of the iptables-restore / nft children it ran; peak RSS is
-the proxy process's. kpr's BPF maps are kernel memory, preallocated to
-their configured size, and are listed separately.
+the proxy process's. kpr's BPF maps are kernel memory, listed separately: the
+service, backend and reverse-NAT maps grow with use, the two LRU maps
+(per-socket reverse entries, affinity) are preallocated to their size.
 
 ![connection latency against Services]({{.PlotDir}}/{{.ConnPlot}})
 
