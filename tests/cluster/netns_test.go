@@ -14,7 +14,10 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -53,7 +56,17 @@ func TestClusterInNetNS(t *testing.T) {
 		}
 	}
 
-	slice, err := c.Client.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	// The API server's endpoint reconciler writes this slice a moment
+	// after /readyz turns green, so wait for it rather than read once.
+	var slice *discoveryv1.EndpointSlice
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		s, err := c.Client.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		slice = s
+		return err == nil, err
+	})
 	if err != nil {
 		t.Fatalf("reading the kubernetes EndpointSlice from the host: %v", err)
 	}
