@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -29,6 +30,11 @@ func New(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
 	}
 	cfg.UserAgent = "kpr"
+	// Protobuf, as kube-proxy uses: decoding the initial lists of a large
+	// cluster from JSON allocates several times more, and that burst sets
+	// kpr's peak memory. JSON stays acceptable for types without protobuf.
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return &reconnectTransport{next: rt, interval: 500 * time.Millisecond, max: 30 * time.Second}
 	})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -38,6 +40,7 @@ type runFlags struct {
 	healthzAddr       string
 	healthCheckIP     string
 	metricsAddr       string
+	profiling         bool
 	sizes             loader.MapSizes
 }
 
@@ -72,6 +75,7 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables")
 	fl.StringVar(&f.healthCheckIP, "healthcheck-bind-ip", "", "address the healthCheckNodePorts of externalTrafficPolicy: Local Services listen on; empty means all addresses")
 	fl.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics and /proxyMode; empty disables")
+	fl.BoolVar(&f.profiling, "profiling", false, "serve Go's profiler on the metrics address under /debug/pprof/, as kube-proxy's --profiling does")
 	fl.Uint32Var(&f.sizes.Services, "map-size-services", 0, "entries of the service map (frontends plus backend slots); 0 keeps the default 262144")
 	fl.Uint32Var(&f.sizes.Backends, "map-size-backends", 0, "entries of the backend map; 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend); 0 keeps the default 131072")
@@ -131,7 +135,11 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		group.Go(func() error { return hs.Run(ctx) })
 	}
 	if f.metricsAddr != "" {
-		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, m.Handler("ebpf")) })
+		handler := m.Handler("ebpf")
+		if f.profiling {
+			handler = withProfiling(handler)
+		}
+		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, handler) })
 	}
 	group.Go(func() error { return svcHealth.Run(ctx) })
 	group.Go(func() error { return w.Run(ctx) })
@@ -188,4 +196,17 @@ func checkMode(mode string) error {
 		return fmt.Errorf("--mode %s: this build of kpr has only the eBPF dataplane; run kube-proxy on kernels without cgroup socket hooks", mode)
 	}
 	return fmt.Errorf("--mode %q: want auto, ebpf, iptables or ipvs", mode)
+}
+
+// withProfiling adds Go's pprof endpoints under /debug/pprof/ in front of
+// next, for diagnosing a kpr's CPU or memory use where it runs.
+func withProfiling(next http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/", next)
+	return mux
 }
