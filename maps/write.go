@@ -58,7 +58,7 @@ func (lb *LB) Upsert(svcs ...Service) error {
 	if len(valid) == 0 {
 		return errors.Join(errs...)
 	}
-	// Fast path: the whole batch fits, so write it in six batched steps.
+	// Fast path: the whole batch fits, so write it in seven batched steps.
 	plans, err := lb.planAll(valid)
 	if err == nil {
 		if err = lb.commit(plans); err == nil {
