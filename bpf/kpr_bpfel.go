@@ -20,6 +20,14 @@ type KprAffinityKey struct {
 	Pad      uint32
 }
 
+type KprAffinityMatchKey struct {
+	_         structs.HostLayout
+	BackendId uint32
+	RevNatId  uint32
+	Scope     uint8
+	Pad       [3]uint8
+}
+
 type KprAffinityValue struct {
 	_          structs.HostLayout
 	LastUsedNs uint64
@@ -89,22 +97,23 @@ type KprSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	KprMapKprAffinity     = "kpr_affinity"
-	KprMapKprBackends     = "kpr_backends"
-	KprMapKprRevNat       = "kpr_rev_nat"
-	KprMapKprServices     = "kpr_services"
-	KprMapKprSockRev      = "kpr_sock_rev"
-	KprProgKprConnect4    = "kpr_connect4"
-	KprProgKprConnect6    = "kpr_connect6"
-	KprProgKprGetpeer4    = "kpr_getpeer4"
-	KprProgKprGetpeer6    = "kpr_getpeer6"
-	KprProgKprRecvmsg4    = "kpr_recvmsg4"
-	KprProgKprRecvmsg6    = "kpr_recvmsg6"
-	KprProgKprSendmsg4    = "kpr_sendmsg4"
-	KprProgKprSendmsg6    = "kpr_sendmsg6"
-	KprProgKprSockRelease = "kpr_sock_release"
-	KprVarHaveSetRetval   = "have_set_retval"
-	KprVarSockScope       = "sock_scope"
+	KprMapKprAffinity      = "kpr_affinity"
+	KprMapKprAffinityMatch = "kpr_affinity_match"
+	KprMapKprBackends      = "kpr_backends"
+	KprMapKprRevNat        = "kpr_rev_nat"
+	KprMapKprServices      = "kpr_services"
+	KprMapKprSockRev       = "kpr_sock_rev"
+	KprProgKprConnect4     = "kpr_connect4"
+	KprProgKprConnect6     = "kpr_connect6"
+	KprProgKprGetpeer4     = "kpr_getpeer4"
+	KprProgKprGetpeer6     = "kpr_getpeer6"
+	KprProgKprRecvmsg4     = "kpr_recvmsg4"
+	KprProgKprRecvmsg6     = "kpr_recvmsg6"
+	KprProgKprSendmsg4     = "kpr_sendmsg4"
+	KprProgKprSendmsg6     = "kpr_sendmsg6"
+	KprProgKprSockRelease  = "kpr_sock_release"
+	KprVarHaveSetRetval    = "have_set_retval"
+	KprVarSockScope        = "sock_scope"
 )
 
 // LoadKpr returns the embedded CollectionSpec for Kpr.
@@ -164,11 +173,12 @@ type KprProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type KprMapSpecs struct {
-	KprAffinity *ebpf.MapSpec `ebpf:"kpr_affinity"`
-	KprBackends *ebpf.MapSpec `ebpf:"kpr_backends"`
-	KprRevNat   *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
-	KprServices *ebpf.MapSpec `ebpf:"kpr_services"`
-	KprSockRev  *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
+	KprAffinity      *ebpf.MapSpec `ebpf:"kpr_affinity"`
+	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
+	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
+	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
+	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
+	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
 }
 
 // KprVariableSpecs contains global variables before they are loaded into the kernel.
@@ -199,16 +209,18 @@ func (o *KprObjects) Close() error {
 //
 // It can be passed to LoadKprObjects or ebpf.CollectionSpec.LoadAndAssign.
 type KprMaps struct {
-	KprAffinity *ebpf.Map `ebpf:"kpr_affinity"`
-	KprBackends *ebpf.Map `ebpf:"kpr_backends"`
-	KprRevNat   *ebpf.Map `ebpf:"kpr_rev_nat"`
-	KprServices *ebpf.Map `ebpf:"kpr_services"`
-	KprSockRev  *ebpf.Map `ebpf:"kpr_sock_rev"`
+	KprAffinity      *ebpf.Map `ebpf:"kpr_affinity"`
+	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
+	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
+	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
+	KprServices      *ebpf.Map `ebpf:"kpr_services"`
+	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
 }
 
 func (m *KprMaps) Close() error {
 	return _KprClose(
 		m.KprAffinity,
+		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprRevNat,
 		m.KprServices,

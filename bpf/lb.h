@@ -83,3 +83,17 @@ struct affinity_value {
 	__u32 backend_id;
 	__u32 pad;
 };
+
+/*
+ * Which backends a Service with ClientIP affinity still has: one entry per
+ * (frontend, scope, backend) while the backend is in that Service's slots.
+ * An affinity entry naming a backend without a match entry is stale (the
+ * backend left the Service, or its id now names another backend) and is
+ * ignored, so a client never sticks to a removed endpoint.
+ */
+struct affinity_match_key {
+	__u32 backend_id;
+	__u32 rev_nat_id;
+	__u8 scope;	/* enum svc_scope */
+	__u8 pad[3];
+};

@@ -72,6 +72,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_affinity SEC(".maps");
 
+/* Value unused: presence is the answer. Sized like kpr_services, since each
+ * entry stands for one backend slot there. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct affinity_match_key);
+	__type(value, __u8);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_affinity_match SEC(".maps");
+
 enum lb_result {
 	LB_NOT_SERVICE,	/* not a frontend: leave the address alone */
 	LB_TRANSLATED,	/* the address now points at a backend */
@@ -115,12 +126,19 @@ static __always_inline __u32 cookie_hash(__u64 cookie)
 	return (__u32)(cookie ^ (cookie >> 32)) * 2654435761u;
 }
 
+/* The backend this client last used for the Service, if the affinity has
+ * not timed out and that backend still serves the Service in this scope. */
 static __always_inline __u32 affinity_lookup(struct bpf_sock_addr *ctx,
-					      const struct svc_value *master)
+					      const struct svc_value *master,
+					      __u8 scope)
 {
 	struct affinity_key key = {
 		.client = bpf_get_netns_cookie(ctx),
 		.rev_nat_id = master->rev_nat_id,
+	};
+	struct affinity_match_key match = {
+		.rev_nat_id = master->rev_nat_id,
+		.scope = scope,
 	};
 	struct affinity_value *val;
 
@@ -130,7 +148,10 @@ static __always_inline __u32 affinity_lookup(struct bpf_sock_addr *ctx,
 	if (bpf_ktime_get_ns() - val->last_used_ns >
 	    (__u64)master->affinity_timeout * 1000000000ULL)
 		return 0;
-	return val->backend_id;
+	match.backend_id = val->backend_id;
+	if (!bpf_map_lookup_elem(&kpr_affinity_match, &match))
+		return 0;
+	return match.backend_id;
 }
 
 static __always_inline void affinity_update(struct bpf_sock_addr *ctx,
@@ -198,7 +219,7 @@ static __always_inline enum lb_result lb_select(struct bpf_sock_addr *ctx,
 		return LB_REJECT;
 
 	if (master->affinity_timeout) {
-		backend_id = affinity_lookup(ctx, master);
+		backend_id = affinity_lookup(ctx, master, key->scope);
 		if (backend_id)
 			be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
 	}

@@ -161,6 +161,9 @@ func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
 		}
 	}
 	set(bpf.KprMapKprServices, s.Services)
+	// One affinity match entry stands for one backend slot in the service
+	// map, so it can never need more entries than that map has.
+	set(bpf.KprMapKprAffinityMatch, s.Services)
 	set(bpf.KprMapKprBackends, s.Backends)
 	set(bpf.KprMapKprRevNat, s.RevNat)
 	set(bpf.KprMapKprSockRev, s.SockRev)
@@ -244,7 +247,7 @@ func Cleanup(bpfRoot string) error {
 		l.Close()
 	}
 	for _, name := range []string{bpf.KprMapKprServices, bpf.KprMapKprBackends, bpf.KprMapKprRevNat,
-		bpf.KprMapKprSockRev, bpf.KprMapKprAffinity} {
+		bpf.KprMapKprSockRev, bpf.KprMapKprAffinity, bpf.KprMapKprAffinityMatch} {
 		if err := os.Remove(filepath.Join(bpfRoot, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove map pin: %w", err))
 		}
@@ -281,6 +284,7 @@ func OpenPinnedMaps(bpfRoot string) (*bpf.KprMaps, error) {
 		{bpf.KprMapKprRevNat, &m.KprRevNat},
 		{bpf.KprMapKprSockRev, &m.KprSockRev},
 		{bpf.KprMapKprAffinity, &m.KprAffinity},
+		{bpf.KprMapKprAffinityMatch, &m.KprAffinityMatch},
 	} {
 		if *p.dst, err = open(p.name); err != nil {
 			m.Close()

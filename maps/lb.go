@@ -81,12 +81,10 @@ type svcState struct {
 	masterMissing bool
 }
 
-// LB owns the service, backend and reverse-NAT maps. It is not safe for
-// concurrent use; the sync loop is its only writer.
+// LB owns the service, backend, reverse-NAT and affinity match maps. It is
+// not safe for concurrent use; the sync loop is its only writer.
 type LB struct {
-	services table[bpf.KprSvcKey, bpf.KprSvcValue]
-	backends table[uint32, bpf.KprBackend]
-	revNat   table[uint32, bpf.KprRevNatValue]
+	tables
 
 	svcs        map[ServiceKey]*svcState
 	svcEntries  int // masters plus slots, as in the service map
@@ -95,6 +93,9 @@ type LB struct {
 	backendRefs map[uint32]int // slots pointing at each backend
 	revNatIDs   map[Frontend]uint32
 	revNatRefs  map[uint32]int // scopes using each reverse-NAT id
+	// matches mirrors the affinity match map: the backends each Service
+	// with ClientIP affinity has now.
+	matches map[bpf.KprAffinityMatchKey]struct{}
 
 	backendAlloc *idAllocator
 	revNatAlloc  *idAllocator
@@ -105,31 +106,34 @@ type LB struct {
 
 // New opens the LB over loaded or pinned maps and adopts their contents.
 func New(m *bpf.KprMaps) (*LB, error) {
-	return newLB(
-		newBPFTable[bpf.KprSvcKey, bpf.KprSvcValue](m.KprServices),
-		newBPFTable[uint32, bpf.KprBackend](m.KprBackends),
-		newBPFTable[uint32, bpf.KprRevNatValue](m.KprRevNat),
-	)
+	return newLB(bpfTables(m), false)
 }
 
 // OpenReadOnly reads the maps without ever writing them, for inspection
 // tools such as `kpr dump` that run beside a live control plane.
 func OpenReadOnly(m *bpf.KprMaps) (*LB, error) {
-	lb := &LB{
-		services: newBPFTable[bpf.KprSvcKey, bpf.KprSvcValue](m.KprServices),
-		backends: newBPFTable[uint32, bpf.KprBackend](m.KprBackends),
-		revNat:   newBPFTable[uint32, bpf.KprRevNatValue](m.KprRevNat),
-		readOnly: true,
-	}
-	if err := lb.Resync(); err != nil {
-		return nil, err
-	}
-	return lb, nil
+	return newLB(bpfTables(m), true)
 }
 
-func newLB(services table[bpf.KprSvcKey, bpf.KprSvcValue], backends table[uint32, bpf.KprBackend],
-	revNat table[uint32, bpf.KprRevNatValue]) (*LB, error) {
-	lb := &LB{services: services, backends: backends, revNat: revNat}
+// tables are the maps an LB writes.
+type tables struct {
+	services      table[bpf.KprSvcKey, bpf.KprSvcValue]
+	backends      table[uint32, bpf.KprBackend]
+	revNat        table[uint32, bpf.KprRevNatValue]
+	affinityMatch table[bpf.KprAffinityMatchKey, uint8]
+}
+
+func bpfTables(m *bpf.KprMaps) tables {
+	return tables{
+		services:      newBPFTable[bpf.KprSvcKey, bpf.KprSvcValue](m.KprServices),
+		backends:      newBPFTable[uint32, bpf.KprBackend](m.KprBackends),
+		revNat:        newBPFTable[uint32, bpf.KprRevNatValue](m.KprRevNat),
+		affinityMatch: newBPFTable[bpf.KprAffinityMatchKey, uint8](m.KprAffinityMatch),
+	}
+}
+
+func newLB(t tables, readOnly bool) (*LB, error) {
+	lb := &LB{tables: t, readOnly: readOnly}
 	if err := lb.Resync(); err != nil {
 		return nil, err
 	}
@@ -238,7 +242,58 @@ func (lb *LB) Resync() error {
 	if err := lb.revNat.delete(orphanRevNats); err != nil {
 		return err
 	}
-	return lb.dropBackends(orphanBackends)
+	if err := lb.dropBackends(orphanBackends); err != nil {
+		return err
+	}
+	return lb.resyncAffinityMatches()
+}
+
+// resyncAffinityMatches makes the match map hold exactly the backends of
+// every Service with affinity, as the service map now has them.
+func (lb *LB) resyncAffinityMatches() error {
+	lb.matches = map[bpf.KprAffinityMatchKey]struct{}{}
+	for key, st := range lb.svcs {
+		for _, m := range matchKeys(key, st) {
+			lb.matches[m] = struct{}{}
+		}
+	}
+	var stale []bpf.KprAffinityMatchKey
+	present := map[bpf.KprAffinityMatchKey]struct{}{}
+	err := lb.affinityMatch.dump(func(k bpf.KprAffinityMatchKey, _ uint8) {
+		if _, ok := lb.matches[k]; ok {
+			present[k] = struct{}{}
+		} else {
+			stale = append(stale, k)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	var missing []bpf.KprAffinityMatchKey
+	for k := range lb.matches {
+		if _, ok := present[k]; !ok {
+			missing = append(missing, k)
+		}
+	}
+	if err := lb.affinityMatch.delete(stale); err != nil {
+		return err
+	}
+	return lb.affinityMatch.put(missing, make([]uint8, len(missing)))
+}
+
+// matchKeys are the affinity match entries st needs: one per backend while
+// ClientIP affinity is on, none otherwise.
+func matchKeys(key ServiceKey, st *svcState) []bpf.KprAffinityMatchKey {
+	if st == nil || st.affinityTimeout == 0 || st.revNat == 0 {
+		return nil
+	}
+	out := make([]bpf.KprAffinityMatchKey, 0, len(st.slots))
+	for _, id := range st.slots {
+		if id != 0 {
+			out = append(out, bpf.KprAffinityMatchKey{BackendId: id, RevNatId: st.revNat, Scope: uint8(key.Scope)})
+		}
+	}
+	return out
 }
 
 // Get returns what the maps hold for key, resolved to addresses.

@@ -14,23 +14,57 @@ import (
 )
 
 type fakeMaps struct {
-	t        testing.TB
-	services *memTable[bpf.KprSvcKey, bpf.KprSvcValue]
-	backends *memTable[uint32, bpf.KprBackend]
-	revNat   *memTable[uint32, bpf.KprRevNatValue]
+	t             testing.TB
+	services      *memTable[bpf.KprSvcKey, bpf.KprSvcValue]
+	backends      *memTable[uint32, bpf.KprBackend]
+	revNat        *memTable[uint32, bpf.KprRevNatValue]
+	affinityMatch *memTable[bpf.KprAffinityMatchKey, uint8]
 }
 
 func newFakeMaps(t testing.TB, svcMax, beMax, revMax int) *fakeMaps {
 	f := &fakeMaps{
-		t:        t,
-		services: newMemTable[bpf.KprSvcKey, bpf.KprSvcValue](svcMax),
-		backends: newMemTable[uint32, bpf.KprBackend](beMax),
-		revNat:   newMemTable[uint32, bpf.KprRevNatValue](revMax),
+		t:             t,
+		services:      newMemTable[bpf.KprSvcKey, bpf.KprSvcValue](svcMax),
+		backends:      newMemTable[uint32, bpf.KprBackend](beMax),
+		revNat:        newMemTable[uint32, bpf.KprRevNatValue](revMax),
+		affinityMatch: newMemTable[bpf.KprAffinityMatchKey, uint8](svcMax),
 	}
 	f.services.check = f.checkLookupSafe
 	f.backends.check = f.checkLookupSafe
 	f.revNat.check = f.checkLookupSafe
 	return f
+}
+
+// writable lists every table, for injecting failures into all of them.
+func (f *fakeMaps) writable() []interface{ setFail(int, error) } {
+	return []interface{ setFail(int, error) }{f.services, f.backends, f.revNat, f.affinityMatch}
+}
+
+// wantMatches is the affinity match set the service map calls for: every
+// backend of every master with affinity on, in its scope.
+func (f *fakeMaps) wantMatches() map[bpf.KprAffinityMatchKey]uint8 {
+	want := map[bpf.KprAffinityMatchKey]uint8{}
+	for k, v := range f.services.data {
+		if k.Slot != 0 || v.AffinityTimeout == 0 {
+			continue
+		}
+		for s := 1; s <= int(v.Count); s++ {
+			sk := k
+			sk.Slot = uint16(s)
+			want[bpf.KprAffinityMatchKey{BackendId: f.services.data[sk].BackendId, RevNatId: v.RevNatId, Scope: k.Scope}] = 0
+		}
+	}
+	return want
+}
+
+// checkMatches fails unless the affinity match map holds exactly what the
+// service map calls for: a stale entry would let a client stick to a
+// backend its Service no longer has.
+func (f *fakeMaps) checkMatches() {
+	f.t.Helper()
+	if want := f.wantMatches(); !reflect.DeepEqual(want, f.affinityMatch.data) {
+		f.t.Fatalf("affinity matches = %v, want %v", f.affinityMatch.data, want)
+	}
 }
 
 // checkLookupSafe is what a BPF program relies on: every master's slots
@@ -60,7 +94,7 @@ func (f *fakeMaps) checkLookupSafe() {
 
 func (f *fakeMaps) lb() *LB {
 	f.t.Helper()
-	lb, err := newLB(f.services, f.backends, f.revNat)
+	lb, err := newLB(tables{f.services, f.backends, f.revNat, f.affinityMatch}, false)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -68,13 +102,15 @@ func (f *fakeMaps) lb() *LB {
 }
 
 type snapshot struct {
-	services map[bpf.KprSvcKey]bpf.KprSvcValue
-	backends map[uint32]bpf.KprBackend
-	revNat   map[uint32]bpf.KprRevNatValue
+	services      map[bpf.KprSvcKey]bpf.KprSvcValue
+	backends      map[uint32]bpf.KprBackend
+	revNat        map[uint32]bpf.KprRevNatValue
+	affinityMatch map[bpf.KprAffinityMatchKey]uint8
 }
 
 func (f *fakeMaps) snapshot() snapshot {
-	return snapshot{maps.Clone(f.services.data), maps.Clone(f.backends.data), maps.Clone(f.revNat.data)}
+	return snapshot{maps.Clone(f.services.data), maps.Clone(f.backends.data), maps.Clone(f.revNat.data),
+		maps.Clone(f.affinityMatch.data)}
 }
 
 func svcFor(vip string, port uint16, backends ...string) Service {
@@ -180,15 +216,19 @@ func TestFailedWriteIsRolledBack(t *testing.T) {
 			f := newFakeMaps(t, 100, 100, 100)
 			lb := f.lb()
 			old := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080")
+			old.AffinityTimeout = 60
 			if err := lb.Upsert(old); err != nil {
 				t.Fatal(err)
 			}
 			before := f.snapshot()
 			injected := errors.New("injected write failure")
-			for _, tb := range []interface{ setFail(int, error) }{f.services, f.backends, f.revNat} {
+			for _, tb := range f.writable() {
 				tb.setFail(failAt, injected)
 			}
-			newSvc := svcFor("10.96.0.1", 80, "10.244.0.7:8080", "10.244.0.8:8080", "10.244.0.9:8080")
+			// One backend stays, one leaves, two arrive: every kind of
+			// affinity match change is in flight when the write fails.
+			newSvc := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.8:8080", "10.244.0.9:8080")
+			newSvc.AffinityTimeout = 60
 			err := lb.Upsert(newSvc)
 			if err == nil {
 				// The failure landed after the switch-over: fully new.
@@ -200,7 +240,7 @@ func TestFailedWriteIsRolledBack(t *testing.T) {
 			if !errors.Is(err, injected) {
 				t.Fatalf("error lost its cause: %v", err)
 			}
-			for _, tb := range []interface{ setFail(int, error) }{f.services, f.backends, f.revNat} {
+			for _, tb := range f.writable() {
 				tb.setFail(0, nil)
 			}
 			if !reflect.DeepEqual(before, f.snapshot()) {
@@ -302,6 +342,7 @@ func TestRandomChangesKeepLookupsSafe(t *testing.T) {
 			t.Fatal(err)
 		}
 		want[key] = svc
+		f.checkMatches()
 	}
 	if len(lb.List()) != len(want) {
 		t.Fatalf("%d services in maps, want %d", len(lb.List()), len(want))
@@ -347,6 +388,7 @@ func TestInSyncNoticesEveryKindOfDrift(t *testing.T) {
 		f.services.check, f.backends.check, f.revNat.check = nil, nil, nil
 		lb := f.lb()
 		a := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080")
+		a.AffinityTimeout = 10
 		if err := lb.Upsert(a); err != nil {
 			t.Fatal(err)
 		}
@@ -373,6 +415,15 @@ func TestInSyncNoticesEveryKindOfDrift(t *testing.T) {
 		},
 		"backend orphan":  func(f *fakeMaps, a Service) { f.backends.data[999] = bpf.KprBackend{} },
 		"rev-NAT deleted": func(f *fakeMaps, a Service) { clear(f.revNat.data) },
+		"affinity match deleted": func(f *fakeMaps, a Service) {
+			for k := range f.affinityMatch.data {
+				delete(f.affinityMatch.data, k)
+				return
+			}
+		},
+		"stray affinity match": func(f *fakeMaps, a Service) {
+			f.affinityMatch.data[bpf.KprAffinityMatchKey{BackendId: 4242, RevNatId: 1}] = 0
+		},
 	}
 	for name, drift := range drifts {
 		t.Run(name, func(t *testing.T) {
@@ -382,5 +433,57 @@ func TestInSyncNoticesEveryKindOfDrift(t *testing.T) {
 				t.Fatal("drift not noticed")
 			}
 		})
+	}
+}
+
+// A client with affinity must not stick to a backend its Service dropped,
+// even while that backend lives on for another Service: the match map, not
+// the backend map, says who still serves.
+func TestAffinityMatchesFollowTheBackendSet(t *testing.T) {
+	f := newFakeMaps(t, 1000, 1000, 1000)
+	lb := f.lb()
+	sticky := svcFor("10.96.0.1", 80, "10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080")
+	sticky.AffinityTimeout = 10800
+	other := svcFor("10.96.0.2", 80, "10.244.0.4:8080")
+	if err := lb.Upsert(sticky, other); err != nil {
+		t.Fatal(err)
+	}
+	f.checkMatches()
+	if len(f.affinityMatch.data) != 3 {
+		t.Fatalf("%d affinity matches for 3 backends", len(f.affinityMatch.data))
+	}
+
+	sticky.Backends = sticky.Backends[:2] // 10.244.0.4 leaves, but other keeps it
+	if err := lb.Upsert(sticky); err != nil {
+		t.Fatal(err)
+	}
+	f.checkMatches()
+	if len(f.affinityMatch.data) != 2 {
+		t.Fatalf("the leaving backend kept its affinity match: %v", f.affinityMatch.data)
+	}
+
+	// Matches survive a restart, and a restart repairs lost ones.
+	clear(f.affinityMatch.data)
+	if _, err := newLB(tables{f.services, f.backends, f.revNat, f.affinityMatch}, false); err != nil {
+		t.Fatal(err)
+	}
+	f.checkMatches()
+
+	sticky.AffinityTimeout = 0
+	if err := lb.Upsert(sticky); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.affinityMatch.data) != 0 {
+		t.Fatalf("affinity off, yet matches remain: %v", f.affinityMatch.data)
+	}
+	sticky.AffinityTimeout = 60
+	if err := lb.Upsert(sticky); err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.Delete(sticky.ServiceKey); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.affinityMatch.data) != 0 {
+		t.Fatalf("service deleted, yet matches remain: %v", f.affinityMatch.data)
 	}
 }

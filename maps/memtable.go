@@ -10,8 +10,12 @@ import (
 // behaves like the BPF-backed one, without a kernel, for tests of code that
 // drives an LB.
 func NewInMemory(services, backends, revNats int) *LB {
-	lb, err := newLB(newMemTable[bpf.KprSvcKey, bpf.KprSvcValue](services),
-		newMemTable[uint32, bpf.KprBackend](backends), newMemTable[uint32, bpf.KprRevNatValue](revNats))
+	lb, err := newLB(tables{
+		services:      newMemTable[bpf.KprSvcKey, bpf.KprSvcValue](services),
+		backends:      newMemTable[uint32, bpf.KprBackend](backends),
+		revNat:        newMemTable[uint32, bpf.KprRevNatValue](revNats),
+		affinityMatch: newMemTable[bpf.KprAffinityMatchKey, uint8](services),
+	}, false)
 	if err != nil {
 		panic("maps: empty in-memory tables cannot fail to load: " + err.Error())
 	}

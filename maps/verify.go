@@ -50,5 +50,15 @@ func (lb *LB) InSync() (bool, error) {
 			inSync = false
 		}
 	})
-	return err == nil && inSync && revNats == len(lb.revNatRefs), err
+	if err != nil || !inSync || revNats != len(lb.revNatRefs) {
+		return false, err
+	}
+	matches := 0
+	err = lb.affinityMatch.dump(func(k bpf.KprAffinityMatchKey, _ uint8) {
+		matches++
+		if _, ok := lb.matches[k]; !ok {
+			inSync = false
+		}
+	})
+	return err == nil && inSync && matches == len(lb.matches), err
 }

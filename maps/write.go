@@ -7,20 +7,23 @@ import (
 	"github.com/kpr-io/kpr/bpf"
 )
 
-// A change is written in six steps, each safe for a BPF program looking up
+// A change is written in seven steps, each safe for a BPF program looking up
 // the same Service at the same moment:
 //
 //  1. new backends
 //  2. backend slots 1..n (new ones, and old ones overwritten in place)
 //  3. the reverse-NAT entry
-//  4. the master entry with the new count: from here on lookups see the
+//  4. affinity matches: added for new backends, removed for leaving ones,
+//     so no client sticks to a backend once it leaves
+//  5. the master entry with the new count: from here on lookups see the
 //     new Service
-//  5. slots past the new count
-//  6. backends no slot points at any more
+//  6. slots past the new count
+//  7. backends no slot points at any more
 //
 // A master therefore never points at a slot or a backend that does not
-// exist yet. Steps 1-4 are undone if any of them fails, so a Service is left
-// fully old or fully new.
+// exist yet. Steps 1-5 are undone if any of them fails, so a Service is left
+// fully old or fully new. A missing affinity match only costs a client its
+// stickiness for one connect, never a wrong backend.
 
 var errReadOnly = errors.New("maps opened read-only: only the control plane writes them")
 
@@ -55,7 +58,7 @@ func (lb *LB) Upsert(svcs ...Service) error {
 	if len(valid) == 0 {
 		return errors.Join(errs...)
 	}
-	// Fast path: the whole batch fits, so write it in six batched steps.
+	// Fast path: the whole batch fits, so write it in seven batched steps.
 	plans, err := lb.planAll(valid)
 	if err == nil {
 		if err = lb.commit(plans); err == nil {
@@ -206,8 +209,16 @@ func (lb *LB) commit(plans []*plan) error {
 	if err := lb.revNat.put(rKeys, rVals); err != nil {
 		return lb.rollback(plans, err)
 	}
+	// Step 4.
+	gained, lost := lb.matchChanges(plans)
+	if err := lb.affinityMatch.put(gained, make([]uint8, len(gained))); err != nil {
+		return lb.rollback(plans, err)
+	}
+	if err := lb.affinityMatch.delete(lost); err != nil {
+		return lb.rollback(plans, err)
+	}
 
-	// Step 4: the switch-over.
+	// Step 5: the switch-over.
 	mKeys := make([]bpf.KprSvcKey, 0, len(plans))
 	mVals := make([]bpf.KprSvcValue, 0, len(plans))
 	for _, p := range plans {
@@ -243,11 +254,37 @@ func (lb *LB) commit(plans []*plan) error {
 		}
 		lb.svcs[p.svc.ServiceKey] = st
 	}
-	// Steps 5 and 6.
+	for _, m := range gained {
+		lb.matches[m] = struct{}{}
+	}
+	for _, m := range lost {
+		delete(lb.matches, m)
+	}
+	// Steps 6 and 7.
 	if err := lb.services.delete(surplus); err != nil {
 		return fmt.Errorf("services are updated, but removing surplus slots failed (a resync retries): %w", err)
 	}
 	return lb.release(released)
+}
+
+// matchChanges lists the affinity match entries the plans add and remove.
+func (lb *LB) matchChanges(plans []*plan) (gained, lost []bpf.KprAffinityMatchKey) {
+	for _, p := range plans {
+		next := matchKeys(p.svc.ServiceKey, &svcState{revNat: p.revNat, affinityTimeout: p.svc.AffinityTimeout, slots: p.slots})
+		keep := make(map[bpf.KprAffinityMatchKey]struct{}, len(next))
+		for _, m := range next {
+			keep[m] = struct{}{}
+			if _, ok := lb.matches[m]; !ok {
+				gained = append(gained, m)
+			}
+		}
+		for _, m := range matchKeys(p.svc.ServiceKey, p.old) {
+			if _, ok := keep[m]; !ok {
+				lost = append(lost, m)
+			}
+		}
+	}
+	return gained, lost
 }
 
 // release drops one slot reference from each backend id and deletes the
@@ -286,9 +323,10 @@ func (lb *LB) dropBackends(ids []uint32) error {
 	return nil
 }
 
-// rollback undoes steps 1-4 after a failed write: old slots get their old
-// backend ids back, new slots, backends and reverse-NAT entries go. Masters
-// that were already switched are switched back first.
+// rollback undoes steps 1-5 after a failed write: old slots get their old
+// backend ids back, new slots, backends, reverse-NAT entries and affinity
+// matches go, and removed matches return. Masters that were already
+// switched are switched back first.
 func (lb *LB) rollback(plans []*plan, cause error) error {
 	var restoreKeys, dropKeys []bpf.KprSvcKey
 	var restoreVals []bpf.KprSvcValue
@@ -318,10 +356,15 @@ func (lb *LB) rollback(plans []*plan, cause error) error {
 		}
 		dropBackends = append(dropBackends, p.created...)
 	}
+	// lb.matches still holds the old state: it changes only after the
+	// switch-over succeeded.
+	gained, lost := lb.matchChanges(plans)
 	// Masters first (dropKeys starts with the new masters), then slots.
 	errs := []error{cause,
 		lb.services.delete(dropKeys),
 		lb.services.put(restoreKeys, restoreVals),
+		lb.affinityMatch.delete(gained),
+		lb.affinityMatch.put(lost, make([]uint8, len(lost))),
 		lb.revNat.delete(dropRevNats),
 		lb.backends.delete(dropBackends),
 	}
@@ -336,6 +379,7 @@ func (lb *LB) Delete(keys ...ServiceKey) error {
 		return errReadOnly
 	}
 	var masters, slots []bpf.KprSvcKey
+	var matches []bpf.KprAffinityMatchKey
 	var released []uint32
 	revNats := map[uint32]Frontend{}
 	var gone []ServiceKey
@@ -351,6 +395,7 @@ func (lb *LB) Delete(keys ...ServiceKey) error {
 			slots = append(slots, key.bpfKey(i+1))
 		}
 		released = append(released, st.slots...)
+		matches = append(matches, matchKeys(key, st)...)
 		if st.revNat != 0 {
 			lb.revNatRefs[st.revNat]--
 			if lb.revNatRefs[st.revNat] <= 0 {
@@ -372,7 +417,10 @@ func (lb *LB) Delete(keys ...ServiceKey) error {
 		delete(lb.svcs, key)
 	}
 	var errs []error
-	errs = append(errs, lb.services.delete(slots))
+	errs = append(errs, lb.services.delete(slots), lb.affinityMatch.delete(matches))
+	for _, m := range matches {
+		delete(lb.matches, m)
+	}
 	freed := make([]uint32, 0, len(revNats))
 	for id := range revNats {
 		freed = append(freed, id)

@@ -394,3 +394,45 @@ func TestSessionAffinityStickToOneBackendPerClient(t *testing.T) {
 		t.Fatalf("affinity off, yet 60 connects all reached %v", seen)
 	}
 }
+
+// A client with affinity whose backend leaves the Service moves on at its
+// next connect, even though that backend still serves another Service and
+// so keeps its entry (and id) in the backend map.
+func TestSessionAffinityLetsGoOfARemovedBackend(t *testing.T) {
+	f := newFixture(t, 3, loader.MapSizes{})
+	vip := netip.AddrPortFrom(families[0].vip, 80)
+	f.service(netip.MustParseAddr("10.96.0.11"), 80, dataplane.TCP, f.pods...)
+	svc := f.service(vip.Addr(), vip.Port(), dataplane.TCP, f.pods...)
+	svc.AffinityTimeout = 10800
+	if err := f.lb.Upsert(svc); err != nil {
+		t.Fatal(err)
+	}
+	sticky, err := harness.WhoTCP(f.node.NetNS, vip, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rest []dataplane.Backend
+	for i, p := range f.pods {
+		if p.Name != sticky {
+			rest = append(rest, svc.Backends[i])
+		}
+	}
+	svc.Backends = rest
+	if err := f.lb.Upsert(svc); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for i := 0; i < 20; i++ {
+		who, err := harness.WhoTCP(f.node.NetNS, vip, timeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if who == sticky {
+			t.Fatalf("connect %d still reached %s, which left the Service", i, sticky)
+		}
+		seen[who]++
+	}
+	if len(seen) != 1 {
+		t.Fatalf("after its backend left, the client reached %v, want it to stick to one new backend", seen)
+	}
+}
