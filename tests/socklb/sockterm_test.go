@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/bpfplane"
@@ -190,4 +193,39 @@ func TestUDPSocketOfDeletedServiceIsDestroyed(t *testing.T) {
 	mustAsk(t, c, "socket to the VIP")
 	applyUDP(t, plane, vip)
 	expectDestroyed(t, c, "socket of the deleted Service")
+}
+
+// A dual-stack AF_INET6 socket connected to an IPv4 Service through its
+// v4-mapped address is found and destroyed too.
+func TestDualStackUDPSocketOfRemovedBackendIsDestroyed(t *testing.T) {
+	f, client, plane := newSockTermFixture(t)
+	vip := netip.AddrPortFrom(families[0].vip, 53)
+	applyUDP(t, plane, vip, f.pods[0])
+	var fd int
+	err := harness.Do(client.NetNS, func() error {
+		var err error
+		if fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
+			return err
+		}
+		return unix.Connect(fd, &unix.SockaddrInet6{Port: int(vip.Port()), Addr: netip.AddrFrom16(vip.Addr().As16()).As16()})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := os.NewFile(uintptr(fd), "dual-stack-udp")
+	pc, err := net.FilePacketConn(file)
+	file.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pc.(*net.UDPConn)
+	t.Cleanup(func() { c.Close() })
+	if who := mustAsk(t, c, "dual-stack socket to ::ffff:VIP"); who != f.pods[0].Name {
+		t.Fatalf("dual-stack socket reached %s", who)
+	}
+	applyUDP(t, plane, vip, f.pods[1])
+	expectDestroyed(t, c, "dual-stack socket on the removed backend")
 }
