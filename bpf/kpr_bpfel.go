@@ -66,6 +66,14 @@ type KprSockRevValue struct {
 	RevNatId uint32
 }
 
+type KprSockTermKey struct {
+	_            structs.HostLayout
+	BackendAddr  [4]uint32
+	FrontendAddr [4]uint32
+	BackendPort  uint16
+	FrontendPort uint16
+}
+
 type KprSvcKey struct {
 	_     structs.HostLayout
 	Addr  [4]uint32
@@ -103,6 +111,7 @@ const (
 	KprMapKprRevNat        = "kpr_rev_nat"
 	KprMapKprServices      = "kpr_services"
 	KprMapKprSockRev       = "kpr_sock_rev"
+	KprMapKprSockTerm      = "kpr_sock_term"
 	KprProgKprConnect4     = "kpr_connect4"
 	KprProgKprConnect6     = "kpr_connect6"
 	KprProgKprGetpeer4     = "kpr_getpeer4"
@@ -112,6 +121,7 @@ const (
 	KprProgKprSendmsg4     = "kpr_sendmsg4"
 	KprProgKprSendmsg6     = "kpr_sendmsg6"
 	KprProgKprSockRelease  = "kpr_sock_release"
+	KprProgKprSockTermUdp  = "kpr_sock_term_udp"
 	KprVarHaveSetRetval    = "have_set_retval"
 	KprVarSockScope        = "sock_scope"
 )
@@ -167,6 +177,7 @@ type KprProgramSpecs struct {
 	KprSendmsg4    *ebpf.ProgramSpec `ebpf:"kpr_sendmsg4"`
 	KprSendmsg6    *ebpf.ProgramSpec `ebpf:"kpr_sendmsg6"`
 	KprSockRelease *ebpf.ProgramSpec `ebpf:"kpr_sock_release"`
+	KprSockTermUdp *ebpf.ProgramSpec `ebpf:"kpr_sock_term_udp"`
 }
 
 // KprMapSpecs contains maps before they are loaded into the kernel.
@@ -179,6 +190,7 @@ type KprMapSpecs struct {
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
+	KprSockTerm      *ebpf.MapSpec `ebpf:"kpr_sock_term"`
 }
 
 // KprVariableSpecs contains global variables before they are loaded into the kernel.
@@ -215,6 +227,7 @@ type KprMaps struct {
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
+	KprSockTerm      *ebpf.Map `ebpf:"kpr_sock_term"`
 }
 
 func (m *KprMaps) Close() error {
@@ -225,6 +238,7 @@ func (m *KprMaps) Close() error {
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
+		m.KprSockTerm,
 	)
 }
 
@@ -249,6 +263,7 @@ type KprPrograms struct {
 	KprSendmsg4    *ebpf.Program `ebpf:"kpr_sendmsg4"`
 	KprSendmsg6    *ebpf.Program `ebpf:"kpr_sendmsg6"`
 	KprSockRelease *ebpf.Program `ebpf:"kpr_sock_release"`
+	KprSockTermUdp *ebpf.Program `ebpf:"kpr_sock_term_udp"`
 }
 
 func (p *KprPrograms) Close() error {
@@ -262,6 +277,7 @@ func (p *KprPrograms) Close() error {
 		p.KprSendmsg4,
 		p.KprSendmsg6,
 		p.KprSockRelease,
+		p.KprSockTermUdp,
 	)
 }
 

@@ -97,3 +97,16 @@ struct affinity_match_key {
 	__u8 scope;	/* enum svc_scope */
 	__u8 pad[3];
 };
+
+/*
+ * A backend that left a UDP frontend. While the control plane runs the
+ * socket-termination iterator, one entry per (frontend, removed backend)
+ * says which connected UDP sockets to destroy: those kpr translated from
+ * that frontend to that backend (kpr_sock_rev knows which).
+ */
+struct sock_term_key {
+	__u32 backend_addr[4];
+	__u32 frontend_addr[4];
+	__u16 backend_port;	/* network byte order */
+	__u16 frontend_port;	/* network byte order */
+};

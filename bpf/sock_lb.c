@@ -8,6 +8,10 @@
  * before the kernel routes anything, so no packet ever carries the VIP.
  * recvmsg and getpeername rewrite the backend back to the frontend, so the
  * application only ever sees the address it asked for.
+ *
+ * kpr_sock_term_udp, a UDP socket iterator, destroys connected UDP sockets
+ * whose backend left the Service they were translated from. The loader
+ * loads it apart from the hooks, and only where the kernel can run it.
  */
 #include <linux/bpf.h>
 #include <linux/in.h>
@@ -15,6 +19,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "lb.h"
+#include "kernel.h"
 
 #define ECONNREFUSED 111
 #define AF_INET 2
@@ -82,6 +87,16 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_affinity_match SEC(".maps");
+
+/* The control plane's list of (frontend, removed backend) pairs for one run
+ * of kpr_sock_term_udp. Not pinned: only the running control plane uses it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct sock_term_key);
+	__type(value, __u8);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} kpr_sock_term SEC(".maps");
 
 enum lb_result {
 	LB_NOT_SERVICE,	/* not a frontend: leave the address alone */
@@ -383,6 +398,67 @@ int kpr_sock_release(struct bpf_sock *sk)
 	key.port = (__u16)sk->dst_port;
 	bpf_map_delete_elem(&kpr_sock_rev, &key);
 	return 1;
+}
+
+/* Linux 6.5+; only kpr_sock_term_udp calls it, and that program is loaded
+ * only where the kernel has it. */
+extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+
+/*
+ * Runs once per UDP socket of the network namespace the iterator was opened
+ * in. A connected socket is destroyed when kpr translated it (kpr_sock_rev
+ * has its cookie and peer) from a frontend to a backend that kpr_sock_term
+ * lists as removed from that frontend. Sockets connected to a pod IP
+ * directly, or to a backend that stays, are never touched. The destroyed
+ * socket's owner sees ECONNABORTED and reconnects to a live backend. The
+ * cookie of every destroyed socket is written to the iterator's output.
+ */
+SEC("iter/udp")
+int kpr_sock_term_udp(struct bpf_iter__udp *ctx)
+{
+	struct sock *sk = (struct sock *)ctx->udp_sk;
+	struct sock_rev_key rev_key = {};
+	struct sock_term_key term = {};
+	const struct sock_rev_value *rev;
+	__u16 family;
+	__u64 cookie;
+
+	if (!sk)
+		return 0;
+	rev_key.port = sk->__sk_common.skc_dport;
+	if (!rev_key.port)
+		return 0; /* not connected */
+	family = sk->__sk_common.skc_family;
+	if (family == AF_INET) {
+		addr_from_v4(rev_key.addr, sk->__sk_common.skc_daddr);
+	} else if (family == AF_INET6) {
+		rev_key.addr[0] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[0];
+		rev_key.addr[1] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[1];
+		rev_key.addr[2] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[2];
+		rev_key.addr[3] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[3];
+	} else {
+		return 0;
+	}
+	cookie = bpf_get_socket_cookie(sk);
+	rev_key.cookie = cookie;
+	rev = bpf_map_lookup_elem(&kpr_sock_rev, &rev_key);
+	if (!rev)
+		return 0; /* kpr did not send this socket where it is connected */
+
+	addr_copy(term.backend_addr, rev_key.addr);
+	term.backend_port = rev_key.port;
+	addr_copy(term.frontend_addr, rev->addr);
+	term.frontend_port = rev->port;
+	if (!bpf_map_lookup_elem(&kpr_sock_term, &term))
+		return 0;
+
+	if (bpf_sock_destroy((struct sock_common *)sk))
+		return 0;
+	/* The socket is disconnected now, so sock_release could no longer
+	 * find this entry. */
+	bpf_map_delete_elem(&kpr_sock_rev, &rev_key);
+	bpf_seq_write(ctx->meta->seq, &cookie, sizeof(cookie));
+	return 0;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -49,11 +49,22 @@ type Loaded struct {
 	BPFRoot    string
 	CgroupRoot string
 	Features   Report
+	// SockTerm is the UDP socket-termination iterator (kpr_sock_term_udp),
+	// which reads Maps.KprSockTerm. Nil where the kernel cannot run it
+	// (Features lacks FeatureUDPSockTerm). It is not pinned: only this
+	// process runs it.
+	SockTerm *ebpf.Program
 }
 
 // Close releases this process's handles. Pinned maps and links stay, and
 // keep translating.
-func (l *Loaded) Close() error { return l.Maps.Close() }
+func (l *Loaded) Close() error {
+	var err error
+	if l.SockTerm != nil {
+		err = l.SockTerm.Close()
+	}
+	return errors.Join(err, l.Maps.Close())
+}
 
 // attachment is one program and the cgroup hook it belongs on.
 type attachment struct {
@@ -114,6 +125,10 @@ func Load(opts Options) (*Loaded, error) {
 	if err := spec.Variables[bpf.KprVarHaveSetRetval].Set(report.Has(FeatureSetRetval)); err != nil {
 		return nil, fmt.Errorf("configure BPF object: %w", err)
 	}
+	// The socket-termination iterator is optional: it is loaded on its own
+	// below, so a kernel without it still gets every hook.
+	termSpec := spec.Copy()
+	delete(spec.Programs, bpf.KprProgKprSockTermUdp)
 
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: opts.BPFRoot},
@@ -149,9 +164,40 @@ func Load(opts Options) (*Loaded, error) {
 			return nil, err
 		}
 	}
+	loaded := &Loaded{Maps: &kprMaps, BPFRoot: opts.BPFRoot, CgroupRoot: opts.CgroupRoot, Features: report}
+	if report.Has(FeatureUDPSockTerm) {
+		loaded.SockTerm, err = loadSockTerm(termSpec, &kprMaps)
+		if err != nil {
+			loaded.Features.set(FeatureUDPSockTerm, err)
+		}
+	} else {
+		err = errors.New(report.errorOf(FeatureUDPSockTerm))
+	}
+	if loaded.SockTerm == nil {
+		log.Warn("kernel cannot destroy stale UDP sockets (needs iter/udp and bpf_sock_destroy, Linux 6.5+): "+
+			"a connected UDP socket keeps sending to a removed backend until the application reconnects",
+			zap.Error(err))
+	}
 	log.Info("dataplane loaded",
-		zap.String("bpfRoot", opts.BPFRoot), zap.String("cgroupRoot", opts.CgroupRoot))
-	return &Loaded{Maps: &kprMaps, BPFRoot: opts.BPFRoot, CgroupRoot: opts.CgroupRoot, Features: report}, nil
+		zap.String("bpfRoot", opts.BPFRoot), zap.String("cgroupRoot", opts.CgroupRoot),
+		zap.Bool("udpSocketTermination", loaded.SockTerm != nil))
+	return loaded, nil
+}
+
+// loadSockTerm loads the socket-termination iterator against the loaded
+// maps, so it sees the hooks' kpr_sock_rev and the control plane's targets.
+func loadSockTerm(spec *ebpf.CollectionSpec, m *bpf.KprMaps) (*ebpf.Program, error) {
+	var objs struct {
+		Prog *ebpf.Program `ebpf:"kpr_sock_term_udp"`
+	}
+	err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		bpf.KprMapKprSockRev:  m.KprSockRev,
+		bpf.KprMapKprSockTerm: m.KprSockTerm,
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", bpf.KprProgKprSockTermUdp, err)
+	}
+	return objs.Prog, nil
 }
 
 func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {

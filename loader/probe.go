@@ -11,6 +11,8 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/kpr-io/kpr/bpf"
 )
 
 // Feature names in a Report.
@@ -27,6 +29,7 @@ const (
 	FeatureLRUHash      = "LRU hash maps"
 	FeatureNoPrealloc   = "BPF_F_NO_PREALLOC hash maps"
 	FeatureBatchOps     = "batch map operations"
+	FeatureUDPSockTerm  = "UDP socket termination (iter/udp, bpf_sock_destroy)"
 )
 
 // Feature is one probed kernel capability.
@@ -42,6 +45,29 @@ type Feature struct {
 type Report struct {
 	Kernel   string    `json:"kernel"`
 	Features []Feature `json:"features"`
+}
+
+// set records a feature's result after the fact, e.g. when loading the
+// real program failed although the probe passed.
+func (r *Report) set(name string, err error) {
+	for i := range r.Features {
+		if r.Features[i].Name == name {
+			r.Features[i].Supported = err == nil
+			if err != nil {
+				r.Features[i].Error = err.Error()
+			}
+		}
+	}
+}
+
+// errorOf is why the named feature is missing.
+func (r Report) errorOf(name string) string {
+	for _, f := range r.Features {
+		if f.Name == name {
+			return f.Error
+		}
+	}
+	return "not probed"
 }
 
 // Has reports whether the named feature was found.
@@ -112,6 +138,8 @@ func Probe() Report {
 	add(FeatureBatchOps, "bulk map loads fall back to one syscall per entry", probeBatch())
 	add(FeatureCgroupLink, "required: programs could not be pinned, so they would die with the process",
 		probeCgroupLink())
+	add(FeatureUDPSockTerm, "a connected UDP socket keeps sending to a removed backend until the application reconnects (Linux 6.5+)",
+		probeSockTerm())
 	return r
 }
 
@@ -144,6 +172,29 @@ func probeSockRelease() error {
 		return err
 	}
 	return p.Close()
+}
+
+// probeSockTerm loads kpr's real socket-termination iterator against small
+// throw-away maps: that needs the iter/udp target, the bpf_sock_destroy
+// kfunc and kernel BTF for the CO-RE relocations.
+func probeSockTerm() error {
+	spec, err := bpf.LoadKpr()
+	if err != nil {
+		return err
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+		if m.MaxEntries > 16 {
+			m.MaxEntries = 16
+		}
+	}
+	var objs struct {
+		Prog *ebpf.Program `ebpf:"kpr_sock_term_udp"`
+	}
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return err
+	}
+	return objs.Prog.Close()
 }
 
 func probeBatch() error {

@@ -102,6 +102,11 @@ type LB struct {
 
 	// readOnly LBs only look: they neither write nor collect garbage.
 	readOnly bool
+
+	// recordRemoved turns on collecting removed, the backends that left
+	// UDP frontends (see RecordRemovedUDPBackends).
+	recordRemoved bool
+	removed       []RemovedBackend
 }
 
 // New opens the LB over loaded or pinned maps and adopts their contents.

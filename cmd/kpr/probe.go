@@ -40,6 +40,11 @@ func newProbeCommand() *cobra.Command {
 			} else {
 				fmt.Fprintln(out, "Connects to a Service without endpoints fail with ECONNREFUSED.")
 			}
+			if report.Has(loader.FeatureUDPSockTerm) {
+				fmt.Fprintln(out, "Connected UDP sockets of a removed backend are destroyed, so clients reconnect.")
+			} else {
+				fmt.Fprintln(out, "Connected UDP sockets of a removed backend keep sending to it (needs Linux 6.5+).")
+			}
 			return nil
 		},
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/servicehealth"
+	"github.com/kpr-io/kpr/socketterm"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -125,7 +126,12 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	cfg.Metrics = m
 	cfg.Health = hs
 	cfg.ServiceHealth = svcHealth
-	w, err := watcher.New(cfg, client, bpfplane.New(lb, log.Named("dataplane")), log.Named("watcher"))
+	plane := bpfplane.New(lb, log.Named("dataplane"))
+	if loaded.SockTerm != nil {
+		plane.SetSocketTerminator(socketterm.New(loaded.SockTerm, loaded.Maps.KprSockTerm, loaded.CgroupRoot,
+			log.Named("socketterm")))
+	}
+	w, err := watcher.New(cfg, client, plane, log.Named("watcher"))
 	if err != nil {
 		return err
 	}

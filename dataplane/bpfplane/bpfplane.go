@@ -29,6 +29,46 @@ type Plane struct {
 	// ServicePorts are never modified once handed over, so an unchanged
 	// pointer means an unchanged ServicePort.
 	applied map[dataplane.ServicePortName]*dataplane.ServicePort
+	// term destroys connected UDP sockets of removed backends; nil when
+	// the kernel cannot (see SetSocketTerminator).
+	term SocketTerminator
+}
+
+// SocketTerminator destroys the connected UDP sockets kpr translated to
+// backends that have left their frontend (socketterm.Terminator).
+type SocketTerminator interface {
+	Terminate(removed []maps.RemovedBackend) (destroyed int, err error)
+}
+
+// SetSocketTerminator makes every Apply and Reconcile that removes backends
+// from UDP frontends destroy the connected sockets still sending to them,
+// once the maps serve the new backends (so the reconnect finds a live one).
+// All backends one call removes are handled in one pass.
+func (p *Plane) SetSocketTerminator(t SocketTerminator) {
+	p.term = t
+	p.lb.RecordRemovedUDPBackends()
+}
+
+// terminate hands the backends that left UDP frontends to the terminator.
+// Its failures are logged: the maps are already right, and a socket it
+// missed only keeps the old behaviour.
+func (p *Plane) terminate() {
+	if p.term == nil {
+		return
+	}
+	removed := p.lb.TakeRemovedUDPBackends()
+	if len(removed) == 0 {
+		return
+	}
+	start := time.Now()
+	n, err := p.term.Terminate(removed)
+	fields := []zap.Field{zap.Int("removedBackends", len(removed)), zap.Int("socketsDestroyed", n),
+		zap.Duration("took", time.Since(start))}
+	if err != nil {
+		p.log.Warn("destroying UDP sockets of removed backends failed in part", append(fields, zap.Error(err))...)
+		return
+	}
+	p.log.Debug("destroyed UDP sockets of removed backends", fields...)
 }
 
 // claimant is the ServicePort that owns a map entry, and the kind of
@@ -78,6 +118,7 @@ func expand(sp *dataplane.ServicePort) []maps.Service {
 // Apply writes the given ServicePorts; nil deletes one.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
 	err := p.write(p.claimAll(changes))
+	p.terminate()
 	if err != nil || p.applied == nil {
 		p.applied = nil
 		return err
@@ -179,6 +220,7 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 		}
 	}
 	err = errors.Join(append(errs, p.write(want))...)
+	p.terminate()
 	p.applied = nil
 	if err == nil {
 		p.applied = make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(all))

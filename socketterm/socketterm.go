@@ -1,0 +1,272 @@
+// Package socketterm destroys connected UDP sockets that kpr translated to a
+// backend which has since left the Service, so that their owners see
+// ECONNABORTED and reconnect to a live backend instead of sending to a dead
+// pod forever. It is kpr's counterpart of kube-proxy deleting the conntrack
+// entries of removed UDP endpoints.
+//
+// The work is done by kpr's iter/udp program (bpf/sock_lb.c), which walks
+// the UDP sockets of one network namespace: the one current when the
+// iterator is opened. Client sockets live in many pod namespaces, so one
+// run opens the iterator once in every network namespace that a process of
+// kpr's cgroup is in, plus kpr's own.
+package socketterm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netns"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/maps"
+)
+
+// Terminator runs the socket-termination iterator. It is not safe for
+// concurrent use: the sync loop is its only caller.
+type Terminator struct {
+	prog       *ebpf.Program
+	targets    *ebpf.Map
+	cgroupRoot string
+	procRoot   string
+	log        *zap.Logger
+}
+
+// New returns a Terminator that runs prog (loader.Loaded.SockTerm) with
+// targets (the kpr_sock_term map) over the network namespaces of the
+// processes under cgroupRoot.
+func New(prog *ebpf.Program, targets *ebpf.Map, cgroupRoot string, log *zap.Logger) *Terminator {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Terminator{prog: prog, targets: targets, cgroupRoot: cgroupRoot, procRoot: "/proc", log: log}
+}
+
+// Terminate destroys the connected UDP sockets that kpr translated from
+// each removed backend's frontend to that backend, in every network
+// namespace it can find, and returns how many it destroyed. One call makes
+// one pass per namespace for all of removed (more only when removed does
+// not fit the target map at once). A namespace that cannot be entered is
+// skipped and reported in the error; the others are still done.
+func (t *Terminator) Terminate(removed []maps.RemovedBackend) (int, error) {
+	if len(removed) == 0 {
+		return 0, nil
+	}
+	namespaces, err := t.namespaces()
+	defer func() {
+		for _, ns := range namespaces {
+			ns.handle.Close()
+		}
+	}()
+	errs := []error{err}
+	iter, err := link.AttachIter(link.IterOptions{Program: t.prog})
+	if err != nil {
+		return 0, errors.Join(append(errs, fmt.Errorf("create UDP socket iterator: %w", err))...)
+	}
+	defer iter.Close()
+
+	keys := make([]bpf.KprSockTermKey, 0, len(removed))
+	seen := make(map[bpf.KprSockTermKey]struct{}, len(removed))
+	for _, r := range removed {
+		k := r.SockTermKey()
+		if _, dup := seen[k]; !dup {
+			seen[k] = struct{}{}
+			keys = append(keys, k)
+		}
+	}
+	chunk := int(t.targets.MaxEntries())
+	destroyed := 0
+	for len(keys) > 0 {
+		n := min(chunk, len(keys))
+		batch := keys[:n]
+		keys = keys[n:]
+		if err := t.setTargets(batch); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		d, err := runIn(namespaces, iter)
+		destroyed += d
+		errs = append(errs, err, t.clearTargets(batch))
+	}
+	return destroyed, errors.Join(errs...)
+}
+
+func (t *Terminator) setTargets(keys []bpf.KprSockTermKey) error {
+	vals := make([]uint8, len(keys))
+	if _, err := t.targets.BatchUpdate(keys, vals, nil); err != nil {
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("write socket-termination targets: %w", err)
+		}
+		for i := range keys {
+			if err := t.targets.Put(keys[i], vals[i]); err != nil {
+				return fmt.Errorf("write socket-termination targets: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func (t *Terminator) clearTargets(keys []bpf.KprSockTermKey) error {
+	if _, err := t.targets.BatchDelete(keys, nil); err != nil {
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("clear socket-termination targets: %w", err)
+		}
+		for i := range keys {
+			if err := t.targets.Delete(keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("clear socket-termination targets: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// namespace is one network namespace to walk, held open by handle.
+type namespace struct {
+	handle netns.NsHandle
+	from   string // where it was found, for errors
+}
+
+// namespaces opens kpr's own network namespace and that of every process
+// under the cgroup root, once each. A process that exits meanwhile is
+// skipped silently.
+func (t *Terminator) namespaces() ([]namespace, error) {
+	type nsID struct{ dev, ino uint64 }
+	seen := map[nsID]bool{}
+	var out []namespace
+	add := func(path string) error {
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); err != nil {
+			return err
+		}
+		id := nsID{st.Dev, st.Ino}
+		if seen[id] {
+			return nil
+		}
+		h, err := netns.GetFromPath(path)
+		if err != nil {
+			return err
+		}
+		seen[id] = true
+		out = append(out, namespace{handle: h, from: path})
+		return nil
+	}
+	if err := add(filepath.Join(t.procRoot, "self/ns/net")); err != nil {
+		return out, fmt.Errorf("open own network namespace: %w", err)
+	}
+	pids, err := cgroupPIDs(t.cgroupRoot)
+	for _, pid := range pids {
+		// Errors are processes that exited since cgroup.procs was read,
+		// or that this PID namespace cannot see.
+		_ = add(filepath.Join(t.procRoot, strconv.Itoa(pid), "ns/net"))
+	}
+	return out, err
+}
+
+// cgroupPIDs lists the processes in root and every cgroup below it.
+func cgroupPIDs(root string) ([]int, error) {
+	var pids []int
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && path != root {
+				return nil // a cgroup removed while walking
+			}
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		data, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+		if err != nil {
+			return nil // removed meanwhile, or not a cgroup
+		}
+		for _, f := range strings.Fields(string(data)) {
+			// 0 stands for a process outside this PID namespace.
+			if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return pids, fmt.Errorf("list processes of cgroup %s: %w", root, err)
+	}
+	return pids, nil
+}
+
+// runIn reads the iterator to its end once in each namespace, on an OS
+// thread of its own, and returns how many sockets it destroyed.
+func runIn(namespaces []namespace, iter *link.Iter) (int, error) {
+	type result struct {
+		destroyed int
+		err       error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		var res result
+		defer func() { done <- res }()
+		orig, err := netns.Get()
+		if err != nil {
+			res.err = fmt.Errorf("get current network namespace: %w", err)
+			runtime.UnlockOSThread()
+			return
+		}
+		defer orig.Close()
+		var errs []error
+		for _, ns := range namespaces {
+			d, err := runOne(ns, iter, orig)
+			res.destroyed += d
+			var lost errThreadLost
+			if errors.As(err, &lost) {
+				// The thread is in an unknown namespace: leave it locked,
+				// so the runtime ends it with this goroutine.
+				res.err = errors.Join(append(errs, err)...)
+				return
+			}
+			errs = append(errs, err)
+		}
+		res.err = errors.Join(errs...)
+		runtime.UnlockOSThread()
+	}()
+	res := <-done
+	return res.destroyed, res.err
+}
+
+type errThreadLost struct{ error }
+
+func (e errThreadLost) Unwrap() error { return e.error }
+
+// runOne opens the iterator inside ns (that fixes which namespace it
+// walks), returns the thread to orig, and reads the iterator to its end:
+// eight bytes, a socket cookie, per destroyed socket.
+func runOne(ns namespace, iter *link.Iter, orig netns.NsHandle) (int, error) {
+	if err := netns.Set(ns.handle); err != nil {
+		return 0, fmt.Errorf("enter network namespace of %s: %w", ns.from, err)
+	}
+	rd, openErr := iter.Open()
+	if err := netns.Set(orig); err != nil {
+		if openErr == nil {
+			rd.Close()
+		}
+		return 0, errThreadLost{fmt.Errorf("return from network namespace of %s: %w", ns.from, err)}
+	}
+	if openErr != nil {
+		return 0, fmt.Errorf("open UDP socket iterator in network namespace of %s: %w", ns.from, openErr)
+	}
+	defer rd.Close()
+	n, err := io.Copy(io.Discard, rd)
+	if err != nil {
+		return int(n / 8), fmt.Errorf("run UDP socket iterator in network namespace of %s: %w", ns.from, err)
+	}
+	return int(n / 8), nil
+}
