@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/harness"
 	"github.com/kpr-io/kpr/tests/kubeobj"
 )
@@ -44,6 +48,7 @@ func TestServices(t *testing.T) {
 		{"topology", testTopology},
 		{"ignored", testIgnored},
 		{"udp", testUDP},
+		{"udp-stale-socket", testStaleUDPSocket},
 		{"dual-stack", testDualStack},
 		{"nodeport", testNodePort},
 	} {
@@ -394,6 +399,51 @@ func testUDP(t *testing.T, f *fixture, ns string) {
 	// A backend going away is no longer chosen.
 	f.setEndpoints(t, svc, v4, f.eps("pod-b")...)
 	waitServes(t, udpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 53), "pod-b")
+}
+
+// testStaleUDPSocket: a connected UDP socket whose backend leaves the
+// Service is destroyed by kpr (the application sees ECONNABORTED and
+// reconnects), the counterpart of kube-proxy flushing stale UDP conntrack
+// entries. The client namespace is held by a process in kpr's cgroup, as a
+// pod's pause container holds the pod's.
+func testStaleUDPSocket(t *testing.T, f *fixture, ns string) {
+	if !loader.Probe().Has(loader.FeatureUDPSockTerm) {
+		t.Skip("this kernel cannot destroy UDP sockets (iter/udp and bpf_sock_destroy need Linux 6.5+); `kpr probe` says so")
+	}
+	pause := exec.Command("sleep", "600")
+	if err := harness.StartCommand(f.node.NetNS, pause); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = pause.Process.Kill()
+		_ = pause.Wait()
+	})
+	svc := f.createService(t, kubeobj.Service(ns, "dns",
+		kubeobj.Port{Name: "dns", Port: 53, TargetPort: int32(udpPort), Protocol: v1.ProtocolUDP}))
+	f.setEndpoints(t, svc, v4, f.eps("pod-a")...)
+	vip := clusterIP(t, svc, v1.IPv4Protocol, 53)
+	waitServes(t, udpWho, f.node.NetNS, vip, "pod-a")
+
+	c, err := harness.DialUDP(f.node.NetNS, vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if who, err := harness.AskUDP(c, dialTimeout); err != nil || who != "pod-a" {
+		t.Fatalf("connected socket to %s: %q, %v; want pod-a", vip, who, err)
+	}
+
+	f.setEndpoints(t, svc, v4, f.eps("pod-b")...)
+	// A destroyed socket reports ECONNABORTED to a pending or next receive;
+	// it is disconnected too, so a send on it fails with EDESTADDRREQ.
+	waitUntil(t, convergeTimeout, "the socket connected to the removed pod-a is destroyed", func() error {
+		who, err := harness.AskUDP(c, 200*time.Millisecond)
+		if errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EDESTADDRREQ) {
+			return nil
+		}
+		return fmt.Errorf("the old socket still answers %q, %v", who, err)
+	})
+	waitServes(t, udpWho, f.node.NetNS, vip, "pod-b")
 }
 
 // testDualStack: a dual-stack Service answers on both ClusterIPs, each

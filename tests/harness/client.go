@@ -112,17 +112,28 @@ func WhoUDPConnected(ns *NetNS, addr netip.AddrPort, timeout time.Duration) (str
 		return "", err
 	}
 	defer c.Close()
+	who, err := AskUDP(c, timeout)
+	if err != nil {
+		return "", fmt.Errorf("%s from %s: %w", addr, ns.Name, err)
+	}
+	return who, nil
+}
+
+// AskUDP sends one datagram on the connected socket c and returns the name
+// of the echo server that answered. A socket that kpr destroyed fails with
+// ECONNABORTED.
+func AskUDP(c *net.UDPConn, timeout time.Duration) (string, error) {
 	if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
 		return "", err
 	}
 	payload := []byte("who-" + randomSuffix(12))
 	if _, err := c.Write(payload); err != nil {
-		return "", fmt.Errorf("send udp to %s from %s: %w", addr, ns.Name, err)
+		return "", fmt.Errorf("send udp: %w", err)
 	}
 	buf := make([]byte, 64<<10)
 	n, err := c.Read(buf)
 	if err != nil {
-		return "", fmt.Errorf("read udp reply from %s in %s: %w", addr, ns.Name, err)
+		return "", fmt.Errorf("read udp reply: %w", err)
 	}
 	return parseUDPEcho(buf[:n], payload)
 }

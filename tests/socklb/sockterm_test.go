@@ -2,7 +2,6 @@ package socklb
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -85,32 +84,7 @@ func dialUDP(t *testing.T, ns *harness.NetNS, to netip.AddrPort) *net.UDPConn {
 
 // ask sends one datagram on a connected socket and returns the name of the
 // backend that answered.
-func ask(c *net.UDPConn) (string, error) {
-	payload := []byte("ask-" + randomHex(6))
-	if _, err := c.Write(payload); err != nil {
-		return "", fmt.Errorf("send: %w", err)
-	}
-	c.SetReadDeadline(time.Now().Add(timeout))
-	buf := make([]byte, 512)
-	n, err := c.Read(buf)
-	if err != nil {
-		return "", fmt.Errorf("receive: %w", err)
-	}
-	name, rest, ok := bytesCut(buf[:n])
-	if !ok || rest != string(payload) {
-		return "", fmt.Errorf("unexpected reply %q", buf[:n])
-	}
-	return name, nil
-}
-
-func bytesCut(b []byte) (string, string, bool) {
-	for i, c := range b {
-		if c == '\n' {
-			return string(b[:i]), string(b[i+1:]), true
-		}
-	}
-	return "", "", false
-}
+func ask(c *net.UDPConn) (string, error) { return harness.AskUDP(c, timeout) }
 
 func mustAsk(t *testing.T, c *net.UDPConn, what string) string {
 	t.Helper()
