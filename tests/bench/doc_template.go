@@ -38,10 +38,13 @@ Reproduce (as root; the Debian packages iptables, nftables and conntrack must be
 ` + "```" + `
 
 ` + "`make bench`" + ` runs the full comparison (100, 1,000 and 10,000 Services, 200
-updates, 2,000 connections per series) and rewrites this page. Estimated from the 1,000-Service run (not yet
-measured at 10,000 on this machine): 15 to 30 minutes on a quiet 2-core
-machine, most of it kube-proxy iptables' syncs at 10,000 Services. The raw numbers, every programming-latency
-sample included, are in
+updates, 2,000 connections per series) and rewrites this page. On a quiet
+2-core machine that takes about 15 minutes, most of it writing the 10,000
+Services to the API server (about 5 minutes) and kube-proxy iptables'
+cold start at 10,000 Services running into its timeout. Where kpr's own
+memory goes is broken down in
+[control-plane-performance.md](control-plane-performance.md#where-the-memory-goes).
+The raw numbers, every programming-latency sample included, are in
 [{{.PlotDir}}/{{.ResultsFile}}]({{.PlotDir}}/{{.ResultsFile}}).
 
 ## Results
