@@ -48,29 +48,71 @@ func proxiedSelector() string {
 	return labels.NewSelector().Add(*noProxyName, *notHeadless).String()
 }
 
-// lastAppliedAnnotation is kubectl's copy of the whole object as applied:
-// often the largest field of a Service, and never read by kpr.
-const lastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
-
-// stripManagedFields drops what kpr never reads from every cached object:
-// managed fields, kubectl's last-applied copy, and per endpoint the pod
-// reference and hostname. On a node with 10,000 Services those are a large
-// part of kpr's memory.
+// stripManagedFields drops the managed fields of every cached object: they
+// are often its largest part, and kpr never reads them. It is the whole
+// transform for the Node, of which kpr caches one.
 func stripManagedFields(obj any) (any, error) {
 	if accessor, err := meta.Accessor(obj); err == nil {
 		accessor.SetManagedFields(nil)
-		if a := accessor.GetAnnotations(); a[lastAppliedAnnotation] != "" {
-			delete(a, lastAppliedAnnotation)
-		}
-	}
-	if slice, ok := obj.(*discoveryv1.EndpointSlice); ok {
-		for i := range slice.Endpoints {
-			slice.Endpoints[i].TargetRef = nil
-			slice.Endpoints[i].Hostname = nil
-			slice.Endpoints[i].DeprecatedTopology = nil
-		}
 	}
 	return obj, nil
+}
+
+// Labels and annotations kpr reads; every other one is dropped from the
+// cache. Helm, kubectl and the EndpointSlice controller (which copies a
+// Service's labels onto its slices) put many more there.
+var (
+	serviceLabels    = []string{desired.LabelServiceProxyName}
+	sliceLabels      = []string{discoveryv1.LabelServiceName, v1.IsHeadlessService}
+	sliceAnnotations = []string{v1.EndpointsLastChangeTriggerTime}
+)
+
+// trimForCache reduces a Service or EndpointSlice to what kpr reads, for
+// every object of a large cluster sits in the informer caches for kpr's
+// lifetime. Dropped: managed fields, owner references, finalizers, labels
+// and annotations kpr does not read, a Service's selector and status
+// conditions, and per endpoint the pod reference, hostname and deprecated
+// topology.
+func trimForCache(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *v1.Service:
+		trimMeta(&o.ObjectMeta, serviceLabels, nil)
+		o.Spec.Selector = nil
+		o.Status.Conditions = nil
+	case *discoveryv1.EndpointSlice:
+		trimMeta(&o.ObjectMeta, sliceLabels, sliceAnnotations)
+		for i := range o.Endpoints {
+			o.Endpoints[i].TargetRef = nil
+			o.Endpoints[i].Hostname = nil
+			o.Endpoints[i].DeprecatedTopology = nil
+		}
+	default:
+		return stripManagedFields(obj)
+	}
+	return obj, nil
+}
+
+func trimMeta(m *metav1.ObjectMeta, labels, annotations []string) {
+	m.ManagedFields = nil
+	m.OwnerReferences = nil
+	m.Finalizers = nil
+	m.Labels = keepOnly(m.Labels, labels)
+	m.Annotations = keepOnly(m.Annotations, annotations)
+}
+
+// keepOnly returns the entries of m under keys, in a new map sized to
+// them, or nil when there are none.
+func keepOnly(m map[string]string, keys []string) map[string]string {
+	var out map[string]string
+	for _, k := range keys {
+		if v, ok := m[k]; ok {
+			if out == nil {
+				out = make(map[string]string, len(keys))
+			}
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // newAPIObjects creates (but does not start) the informers and connects
@@ -81,7 +123,7 @@ func newAPIObjects(client kubernetes.Interface, nodeName string, tracker *change
 	// resync would mark every Service dirty for nothing.
 	selector := proxiedSelector()
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTransform(stripManagedFields),
+		informers.WithTransform(trimForCache),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTransform(stripManagedFields),
