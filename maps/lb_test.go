@@ -356,6 +356,13 @@ func TestRandomChangesKeepLookupsSafe(t *testing.T) {
 	if !reflect.DeepEqual(lb.List(), restarted.List()) {
 		t.Fatal("resync view differs after random changes")
 	}
+	for _, u := range restarted.Usage() {
+		in := map[string]int{bpf.KprMapKprServices: len(f.services.data), bpf.KprMapKprBackends: len(f.backends.data),
+			bpf.KprMapKprRevNat: len(f.revNat.data), bpf.KprMapKprAffinityMatch: len(f.affinityMatch.data)}[u.Map]
+		if u.Entries != in || u.MaxEntries != 100000 {
+			t.Errorf("usage of %s = %d of %d, maps hold %d of 100000", u.Map, u.Entries, u.MaxEntries, in)
+		}
+	}
 	svcEntries, backends, revNats := restarted.Used()
 	if svcEntries != len(f.services.data) || backends != len(f.backends.data) || revNats != len(f.revNat.data) {
 		t.Fatalf("accounting off: %d/%d/%d vs maps %d/%d/%d", svcEntries, backends, revNats,

@@ -441,3 +441,21 @@ func (lb *LB) Delete(keys ...ServiceKey) error {
 func (lb *LB) Used() (services, backends, revNats int) {
 	return lb.svcEntries, len(lb.backendOf), len(lb.revNatRefs)
 }
+
+// MapUsage is how full one of the LB's maps is.
+type MapUsage struct {
+	Map        string // the BPF map's name, as bpftool shows it
+	Entries    int
+	MaxEntries int
+}
+
+// Usage reports the fill level of every map the LB writes, so operators
+// can alert before a map is full and Services are refused.
+func (lb *LB) Usage() []MapUsage {
+	return []MapUsage{
+		{bpf.KprMapKprServices, lb.svcEntries, lb.services.maxEntries()},
+		{bpf.KprMapKprBackends, len(lb.backendOf), lb.backends.maxEntries()},
+		{bpf.KprMapKprRevNat, len(lb.revNatRefs), lb.revNat.maxEntries()},
+		{bpf.KprMapKprAffinityMatch, len(lb.matches), lb.affinityMatch.maxEntries()},
+	}
+}

@@ -58,7 +58,24 @@ type Metrics struct {
 	// status code ("200", "503").
 	HealthzTotal *prometheus.CounterVec
 	LivezTotal   *prometheus.CounterVec
+
+	// kpr's own metrics, under the prefix "kpr_", for what kube-proxy has
+	// no counterpart of.
+
+	// SyncFailuresTotal counts syncs that failed to write the dataplane
+	// (for example a full map); each is retried with backoff.
+	SyncFailuresTotal prometheus.Counter
+	// MapEntries and MapMaxEntries give each BPF map's fill level (label
+	// map): a map that fills up refuses new Services.
+	MapEntries    *prometheus.GaugeVec
+	MapMaxEntries *prometheus.GaugeVec
+	// UDPSocketsDestroyedTotal counts connected UDP sockets destroyed
+	// because their backend left the Service.
+	UDPSocketsDestroyedTotal prometheus.Counter
 }
+
+// kprNamespace prefixes kpr's own metrics.
+const kprNamespace = "kpr"
 
 // New creates the metrics and registers them in a fresh private registry.
 func New() *Metrics {
@@ -121,6 +138,26 @@ func New() *Metrics {
 			Name:      "proxy_livez_total",
 			Help:      "Cumulative proxy livez HTTP status",
 		}, []string{"code"}),
+		SyncFailuresTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: kprNamespace,
+			Name:      "sync_failures_total",
+			Help:      "Syncs that failed to write the dataplane and will be retried",
+		}),
+		MapEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: kprNamespace,
+			Name:      "bpf_map_entries",
+			Help:      "Entries in a BPF map kpr writes, after the last sync",
+		}, []string{"map"}),
+		MapMaxEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: kprNamespace,
+			Name:      "bpf_map_max_entries",
+			Help:      "Capacity of a BPF map kpr writes (raise with kpr run --map-size-*)",
+		}, []string{"map"}),
+		UDPSocketsDestroyedTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: kprNamespace,
+			Name:      "udp_sockets_destroyed_total",
+			Help:      "Connected UDP sockets destroyed because their backend left the Service",
+		}),
 	}
 	// Both policies are always exported, zero included, so that dashboards
 	// see the series before the first Local Service appears.
@@ -141,6 +178,10 @@ func New() *Metrics {
 		m.NoLocalEndpoints,
 		m.HealthzTotal,
 		m.LivezTotal,
+		m.SyncFailuresTotal,
+		m.MapEntries,
+		m.MapMaxEntries,
+		m.UDPSocketsDestroyedTotal,
 	)
 	return m
 }

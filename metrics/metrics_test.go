@@ -60,6 +60,8 @@ func TestScrapeHasKubeProxyNames(t *testing.T) {
 		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.004"} 1`,
 		`kubeproxy_network_programming_duration_seconds_bucket{le="1"} 0`,
 		`kubeproxy_network_programming_duration_seconds_bucket{le="2"} 1`,
+		`kpr_sync_failures_total 0`,
+		`kpr_udp_sockets_destroyed_total 0`,
 	} {
 		if !strings.Contains(body, series+"\n") {
 			t.Errorf("scrape lacks series %q", series)

@@ -137,6 +137,7 @@ func (r *runner) syncOnce(full bool) SyncResult {
 	r.last = res
 	r.mu.Unlock()
 	if res.Err != nil {
+		r.metrics.SyncFailuresTotal.Inc()
 		r.tracker.putBack(cs)
 	} else {
 		r.synced(cs, res)

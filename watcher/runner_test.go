@@ -139,6 +139,9 @@ func TestRetriesFailedApplyWithoutLosingChanges(t *testing.T) {
 	if q, u := h.health.counts(); q == 0 || u != 2 {
 		t.Errorf("health saw %d queued and %d updated, want some queued and 2 updates (start-up, retry)", q, u)
 	}
+	if n := counterValue(t, h.metrics.SyncFailuresTotal); n != 2 {
+		t.Errorf("kpr_sync_failures_total = %v after 2 failed syncs", n)
+	}
 	h.noCall(100 * time.Millisecond)
 }
 

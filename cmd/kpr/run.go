@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
@@ -126,10 +127,16 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	cfg.Metrics = m
 	cfg.Health = hs
 	cfg.ServiceHealth = svcHealth
+	// The LB is only safe to read from the sync loop, which is where
+	// OnSync runs.
+	publishMapUsage(m, lb)
+	cfg.OnSync = func(watcher.SyncResult) { publishMapUsage(m, lb) }
 	plane := bpfplane.New(lb, log.Named("dataplane"))
 	if loaded.SockTerm != nil {
-		plane.SetSocketTerminator(socketterm.New(loaded.SockTerm, loaded.Maps.KprSockTerm, loaded.CgroupRoot,
-			log.Named("socketterm")))
+		plane.SetSocketTerminator(countingTerminator{
+			SocketTerminator: socketterm.New(loaded.SockTerm, loaded.Maps.KprSockTerm, loaded.CgroupRoot, log.Named("socketterm")),
+			destroyed:        m.UDPSocketsDestroyedTotal,
+		})
 	}
 	w, err := watcher.New(cfg, client, plane, log.Named("watcher"))
 	if err != nil {
@@ -215,4 +222,24 @@ func withProfiling(next http.Handler) http.Handler {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.Handle("/", next)
 	return mux
+}
+
+// publishMapUsage sets the map fill-level gauges from lb.
+func publishMapUsage(m *metrics.Metrics, lb *maps.LB) {
+	for _, u := range lb.Usage() {
+		m.MapEntries.WithLabelValues(u.Map).Set(float64(u.Entries))
+		m.MapMaxEntries.WithLabelValues(u.Map).Set(float64(u.MaxEntries))
+	}
+}
+
+// countingTerminator counts the sockets its SocketTerminator destroys.
+type countingTerminator struct {
+	bpfplane.SocketTerminator
+	destroyed prometheus.Counter
+}
+
+func (c countingTerminator) Terminate(removed []maps.RemovedBackend) (int, error) {
+	n, err := c.SocketTerminator.Terminate(removed)
+	c.destroyed.Add(float64(n))
+	return n, err
 }
