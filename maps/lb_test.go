@@ -494,3 +494,27 @@ func TestAffinityMatchesFollowTheBackendSet(t *testing.T) {
 		t.Fatalf("service deleted, yet matches remain: %v", f.affinityMatch.data)
 	}
 }
+
+// A reconcile of a whole cluster is written in chunks; every Service lands.
+func TestLargeUpsertIsWrittenWhole(t *testing.T) {
+	f := newFakeMaps(t, 100000, 100000, 100000)
+	// The per-write lookup check is quadratic; other tests cover the order.
+	f.services.check, f.backends.check, f.revNat.check = nil, nil, nil
+	lb := f.lb()
+	var svcs []Service
+	for i := 0; i < 3*upsertChunk+7; i++ {
+		vip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
+		svcs = append(svcs, svcFor(vip.String(), 80, "10.244.0.2:8080", fmt.Sprintf("10.244.1.%d:8080", i%250)))
+	}
+	if err := lb.Upsert(svcs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, svc := range svcs {
+		if !lb.Matches(svc) {
+			t.Fatalf("%s missing after a chunked upsert", svc.Frontend)
+		}
+	}
+	if entries, _, _ := lb.Used(); entries != len(f.services.data) || entries != 3*len(svcs) {
+		t.Fatalf("%d service entries accounted, %d in the map, want %d", entries, len(f.services.data), 3*len(svcs))
+	}
+}

@@ -55,22 +55,35 @@ func (lb *LB) Upsert(svcs ...Service) error {
 		}
 		valid = append(valid, svc)
 	}
-	if len(valid) == 0 {
-		return errors.Join(errs...)
+	// A start-up or full reconcile may bring every Service of the cluster
+	// at once; chunks keep the plans and syscall buffers of one commit
+	// small, which bounds kpr's peak memory, at no cost in syscalls.
+	for len(valid) > 0 {
+		n := min(len(valid), upsertChunk)
+		errs = append(errs, lb.upsertChunk(valid[:n]))
+		valid = valid[n:]
 	}
-	// Fast path: the whole batch fits, so write it in seven batched steps.
-	plans, err := lb.planAll(valid)
+	return errors.Join(errs...)
+}
+
+// upsertChunk is how many Services one commit writes at most.
+const upsertChunk = 1024
+
+func (lb *LB) upsertChunk(svcs []Service) error {
+	// Fast path: the whole chunk fits, so write it in seven batched steps.
+	plans, err := lb.planAll(svcs)
 	if err == nil {
 		if err = lb.commit(plans); err == nil {
-			return errors.Join(errs...)
+			return nil
 		}
 	}
-	if !errors.Is(err, ErrMapFull) || len(valid) == 1 {
-		return errors.Join(append(errs, err)...)
+	if !errors.Is(err, ErrMapFull) || len(svcs) == 1 {
+		return err
 	}
 	// Not everything fits: apply one Service at a time, each atomically,
 	// so as many as possible are served and the rest are reported.
-	for _, svc := range valid {
+	var errs []error
+	for _, svc := range svcs {
 		p, err := lb.planAll([]Service{svc})
 		if err == nil {
 			err = lb.commit(p)
