@@ -446,32 +446,21 @@ func testStaleUDPSocket(t *testing.T, f *fixture, ns string) {
 	waitServes(t, udpWho, f.node.NetNS, vip, "pod-b")
 	// Operators see it, and how full the maps are.
 	waitUntil(t, convergeTimeout, "kpr's metrics count the destroyed socket", func() error {
-		text, err := f.kpr.Metrics()
-		if err != nil {
-			return err
-		}
 		for series, want := range map[string]func(v string) bool{
 			"kpr_udp_sockets_destroyed_total":             func(v string) bool { return v != "0" },
 			`kpr_bpf_map_entries{map="kpr_services"}`:     func(v string) bool { return v != "0" },
 			`kpr_bpf_map_max_entries{map="kpr_services"}`: func(v string) bool { return v == "262144" },
 		} {
-			if v := seriesValue(text, series); !want(v) {
+			v, err := f.kpr.Metric(series)
+			if err != nil {
+				return err
+			}
+			if !want(v) {
 				return fmt.Errorf("%s = %q", series, v)
 			}
 		}
 		return nil
 	})
-}
-
-// seriesValue is the value of series in a Prometheus text scrape, "" if
-// it is absent.
-func seriesValue(scrape, series string) string {
-	for _, line := range strings.Split(scrape, "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			return v
-		}
-	}
-	return ""
 }
 
 // testDualStack: a dual-stack Service answers on both ClusterIPs, each

@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -226,16 +225,26 @@ func (p *Process) WaitSynced(ctx context.Context) error {
 // LastSync returns kubeproxy_sync_proxy_rules_last_timestamp_seconds:
 // zero until the first successful sync.
 func (p *Process) LastSync() (float64, error) {
-	text, err := p.Metrics()
+	v, err := p.Metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds")
 	if err != nil {
 		return 0, err
 	}
+	return strconv.ParseFloat(v, 64)
+}
+
+// Metric returns the value of one series of /metrics, named as the scrape
+// spells it, labels included (e.g. `kpr_bpf_map_entries{map="kpr_services"}`).
+func (p *Process) Metric(series string) (string, error) {
+	text, err := p.Metrics()
+	if err != nil {
+		return "", err
+	}
 	for _, line := range strings.Split(text, "\n") {
-		if v, ok := strings.CutPrefix(line, "kubeproxy_sync_proxy_rules_last_timestamp_seconds "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return strings.TrimSpace(v), nil
 		}
 	}
-	return 0, errors.New("metric kubeproxy_sync_proxy_rules_last_timestamp_seconds not found")
+	return "", fmt.Errorf("metric %s not found", series)
 }
 
 // DumpService is one entry of `kpr dump -o json`.
