@@ -59,15 +59,15 @@ func (lb *LB) Upsert(svcs ...Service) error {
 	// at once; chunks keep the plans and syscall buffers of one commit
 	// small, which bounds kpr's peak memory, at no cost in syscalls.
 	for len(valid) > 0 {
-		n := min(len(valid), upsertChunk)
+		n := min(len(valid), maxServicesPerCommit)
 		errs = append(errs, lb.upsertChunk(valid[:n]))
 		valid = valid[n:]
 	}
 	return errors.Join(errs...)
 }
 
-// upsertChunk is how many Services one commit writes at most.
-const upsertChunk = 1024
+// maxServicesPerCommit is how many Services one commit writes at most.
+const maxServicesPerCommit = 1024
 
 func (lb *LB) upsertChunk(svcs []Service) error {
 	// Fast path: the whole chunk fits, so write it in seven batched steps.
@@ -450,11 +450,6 @@ func (lb *LB) Delete(keys ...ServiceKey) error {
 	return errors.Join(errs...)
 }
 
-// Used reports how many entries each map holds, for metrics and dump.
-func (lb *LB) Used() (services, backends, revNats int) {
-	return lb.svcEntries, len(lb.backendOf), len(lb.revNatRefs)
-}
-
 // MapUsage is how full one of the LB's maps is.
 type MapUsage struct {
 	Map        string // the BPF map's name, as bpftool shows it
@@ -462,8 +457,9 @@ type MapUsage struct {
 	MaxEntries int
 }
 
-// Usage reports the fill level of every map the LB writes, so operators
-// can alert before a map is full and Services are refused.
+// Usage reports the fill level of every map the LB writes, in the order
+// services, backends, reverse NAT, affinity match, so operators can alert
+// before a map is full and Services are refused.
 func (lb *LB) Usage() []MapUsage {
 	return []MapUsage{
 		{bpf.KprMapKprServices, lb.svcEntries, lb.services.maxEntries()},

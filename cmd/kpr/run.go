@@ -122,8 +122,8 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if err != nil {
 		return fmt.Errorf("adopt pinned maps: %w", err)
 	}
-	svcEntries, backends, _ := lb.Used()
-	log.Info("adopted dataplane", zap.Int("serviceEntries", svcEntries), zap.Int("backends", backends))
+	adopted := lb.Usage()
+	log.Info("adopted dataplane", zap.Int("serviceEntries", adopted[0].Entries), zap.Int("backends", adopted[1].Entries))
 
 	m := metrics.New()
 	hs := health.New(health.Config{Addr: f.healthzAddr, Timeout: 2 * f.syncPeriod, Metrics: m})
