@@ -123,6 +123,7 @@ const (
 	KprProgKprSockRelease  = "kpr_sock_release"
 	KprProgKprSockTermUdp  = "kpr_sock_term_udp"
 	KprVarHaveSetRetval    = "have_set_retval"
+	KprVarHostNetnsCookie  = "host_netns_cookie"
 	KprVarSockScope        = "sock_scope"
 )
 
@@ -197,8 +198,9 @@ type KprMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type KprVariableSpecs struct {
-	HaveSetRetval *ebpf.VariableSpec `ebpf:"have_set_retval"`
-	SockScope     *ebpf.VariableSpec `ebpf:"sock_scope"`
+	HaveSetRetval   *ebpf.VariableSpec `ebpf:"have_set_retval"`
+	HostNetnsCookie *ebpf.VariableSpec `ebpf:"host_netns_cookie"`
+	SockScope       *ebpf.VariableSpec `ebpf:"sock_scope"`
 }
 
 // KprObjects contains all objects after they have been loaded into the kernel.
@@ -246,8 +248,9 @@ func (m *KprMaps) Close() error {
 //
 // It can be passed to LoadKprObjects or ebpf.CollectionSpec.LoadAndAssign.
 type KprVariables struct {
-	HaveSetRetval *ebpf.Variable `ebpf:"have_set_retval"`
-	SockScope     *ebpf.Variable `ebpf:"sock_scope"`
+	HaveSetRetval   *ebpf.Variable `ebpf:"have_set_retval"`
+	HostNetnsCookie *ebpf.Variable `ebpf:"host_netns_cookie"`
+	SockScope       *ebpf.Variable `ebpf:"sock_scope"`
 }
 
 // KprPrograms contains all programs after they have been loaded into the kernel.

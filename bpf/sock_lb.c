@@ -34,6 +34,13 @@ volatile const __u8 have_set_retval = 0;
  * so that enum svc_scope reaches BTF, and from there bpf2go's Go bindings. */
 volatile const enum svc_scope sock_scope = SVC_SCOPE_INTERNAL;
 
+/* Cookie of the node's own (host) network namespace, set by the loader.
+ * A loopback frontend (a NodePort on 127.0.0.1 or ::1) is a Service only
+ * for sockets of that namespace: in a pod's namespace loopback is the
+ * pod's own, as it is under kube-proxy, whose rules never see it. 0 (the
+ * loader could not learn the cookie) serves loopback frontends to nobody. */
+volatile const __u64 host_netns_cookie = 0;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct svc_key);
@@ -135,10 +142,43 @@ static __always_inline int reject(void)
 	return 0;
 }
 
-/* One socket keeps one backend: spread socket cookies over the slots. */
+/*
+ * One socket keeps one backend: the slot is a pure function of the socket
+ * cookie, so every datagram of an unconnected socket takes the same one.
+ * Cookies are handed out in sequence, and clients often open sockets in
+ * pairs or larger groups and use only one of each (a resolver opening one
+ * per family), so the cookies kpr sees step by 2, 4 or 8. A multiplicative
+ * hash keeps the low bits and hash % count would then name one slot for
+ * all of them; a full 64-bit finalizer (splitmix64's) makes every output
+ * bit depend on every input bit, so any stride spreads evenly.
+ */
 static __always_inline __u32 cookie_hash(__u64 cookie)
 {
-	return (__u32)(cookie ^ (cookie >> 32)) * 2654435761u;
+	cookie ^= cookie >> 30;
+	cookie *= 0xbf58476d1ce4e5b9ULL;
+	cookie ^= cookie >> 27;
+	cookie *= 0x94d049bb133111ebULL;
+	cookie ^= cookie >> 31;
+	return (__u32)cookie;
+}
+
+/* 127.0.0.0/8 (v4-mapped) or ::1, in network byte order. */
+static __always_inline int is_loopback(const __u32 addr[4])
+{
+	if (addr[0] || addr[1])
+		return 0;
+	if (addr[2] == bpf_htonl(0xffff))
+		return (bpf_ntohl(addr[3]) >> 24) == 127;
+	return !addr[2] && addr[3] == bpf_htonl(1);
+}
+
+/* Loopback frontends serve only the node's own sockets (see
+ * host_netns_cookie). */
+static __always_inline int frontend_visible(struct bpf_sock_addr *ctx, const __u32 addr[4])
+{
+	if (!is_loopback(addr))
+		return 1;
+	return host_netns_cookie && bpf_get_netns_cookie(ctx) == host_netns_cookie;
 }
 
 /* The backend this client last used for the Service, if the affinity has
@@ -227,6 +267,8 @@ static __always_inline enum lb_result lb_select(struct bpf_sock_addr *ctx,
 
 	key->scope = sock_scope;
 	key->slot = 0;
+	if (!frontend_visible(ctx, key->addr))
+		return LB_NOT_SERVICE;
 	master = bpf_map_lookup_elem(&kpr_services, key);
 	if (!master)
 		return LB_NOT_SERVICE;

@@ -33,10 +33,17 @@ type Node struct {
 	Name string
 	// Zone is the node's topology.kubernetes.io/zone label, empty if unset.
 	Zone string
-	// Addresses are the node's IPs that NodePorts are served on (already
-	// filtered by --nodeport-addresses). Loopback addresses are added by the
-	// translation itself.
+	// Addresses are the addresses NodePorts are served on, as
+	// NodePortAddresses.Select picks them: node IPs and, where the
+	// configuration allows, 127.0.0.1 and ::1. The BPF programs serve a
+	// loopback frontend only to sockets of the node's own network
+	// namespace.
 	Addresses []netip.Addr
+	// IPs are all of the node's InternalIP and ExternalIP addresses: the
+	// addresses ExternalIPsNodeLocal counts as this node's.
+	IPs []netip.Addr
+	// ExternalIPs says which Service externalIPs are programmed.
+	ExternalIPs ExternalIPPolicy
 }
 
 // Problem is a piece of API input that could not be used. The rest of the

@@ -472,7 +472,7 @@ func TestTranslateFamiliesAndFrontends(t *testing.T) {
 			name: "LoadBalancer with a nodePort serves it too",
 			svc: service(withType(v1.ServiceTypeLoadBalancer), withPorts(svcPort("http", v1.ProtocolTCP, 80, 30080)),
 				withIngress(ingress("198.51.100.1", nil))),
-			node:   &Node{Name: "node-a"},
+			node:   &Node{Name: "node-a", Addresses: loopbackOnly},
 			slices: dual,
 			want: []string{
 				"port ns/web:http/TCP",
@@ -555,7 +555,7 @@ func TestTranslateConditions(t *testing.T) {
 
 func TestTranslateTrafficPolicies(t *testing.T) {
 	np := withPorts(svcPort("http", v1.ProtocolTCP, 80, 30080))
-	node := &Node{Name: "node-a"} // only loopback NodePorts, to keep the tables short
+	node := &Node{Name: "node-a", Addresses: loopbackOnly} // only loopback NodePorts, to keep the tables short
 	mixed := []*discoveryv1.EndpointSlice{slice("s1", v4, httpPort,
 		ep("10.1.0.1", onNode("node-a")),
 		ep("10.1.0.2", onNode("node-b")),
@@ -592,7 +592,7 @@ func TestTranslateTrafficPolicies(t *testing.T) {
 			name:   "internalTrafficPolicy Local with an unnamed node has no local endpoints",
 			svc:    service(internalLocal),
 			slices: mixed,
-			node:   &Node{},
+			node:   &Node{Addresses: loopbackOnly},
 			want:   []string{"port ns/web:http/TCP", "  ClusterIP 10.96.0.10:80/TCP -> []"},
 		},
 		{
@@ -696,7 +696,7 @@ func TestTranslateTopology(t *testing.T) {
 		{
 			name:   "zone hints: a node without a zone label uses no filter, even with empty-named hints",
 			svc:    service(),
-			node:   &Node{Name: "node-a"},
+			node:   &Node{Name: "node-a", Addresses: loopbackOnly},
 			slices: zoned(ep("10.1.0.1", forZones("")), ep("10.1.0.2", forZones("zone-b"))),
 			want:   []string{"port ns/web:http/TCP", "  ClusterIP 10.96.0.10:80/TCP -> [10.1.0.1:8080 10.1.0.2:8080]"},
 		},
@@ -739,7 +739,7 @@ func TestTranslateTopology(t *testing.T) {
 		{
 			name: "topology filters the cluster set of external frontends but not the local set",
 			svc:  service(externalLocal, withType(v1.ServiceTypeNodePort), withPorts(svcPort("http", v1.ProtocolTCP, 80, 30080))),
-			node: &Node{Name: "node-a", Zone: "zone-a"},
+			node: &Node{Name: "node-a", Zone: "zone-a", Addresses: loopbackOnly},
 			slices: zoned(
 				ep("10.1.0.1", onNode("node-a"), forZones("zone-b")),
 				ep("10.1.0.2", onNode("node-b"), forZones("zone-a")),

@@ -155,12 +155,17 @@ func forNodes(ns ...string) epMod {
 	}
 }
 
-// thisNode is the node the tests translate for.
+// thisNode is the node the tests translate for, with NodePorts on its
+// addresses and loopback as the default --nodeport-addresses selects them.
 var thisNode = Node{
 	Name:      "node-a",
 	Zone:      "zone-a",
-	Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("2001:db8::10")},
+	Addresses: []netip.Addr{loopback6, loopback4, netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("2001:db8::10")},
 }
+
+// loopbackOnly is what the default --nodeport-addresses selects before the
+// Node object is known.
+var loopbackOnly = []netip.Addr{loopback6, loopback4}
 
 // render prints translated ports compactly, one line per port and per
 // frontend, so expectations in tables stay readable. ExternalBackends is

@@ -12,13 +12,6 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 )
 
-// Loopback addresses NodePorts are also served on, as kube-proxy does for
-// clients on the node itself.
-var (
-	loopback4 = netip.MustParseAddr("127.0.0.1")
-	loopback6 = netip.MustParseAddr("::1")
-)
-
 // externalAddr is a Service-wide frontend address that is not a cluster IP
 // (an external IP or a load-balancer ingress IP).
 type externalAddr struct {
@@ -162,14 +155,11 @@ func (t *translation) servicePolicies() {
 func (t *translation) frontendAddrs() {
 	t.nodeAddrs = map[family][]netip.Addr{}
 	if hasNodePorts(t.svc) {
-		addrs := make([]netip.Addr, 0, len(t.node.Addresses)+2)
 		for _, a := range t.node.Addresses {
-			if a.IsValid() && a.Zone() == "" && !a.Unmap().IsUnspecified() {
-				addrs = append(addrs, a.Unmap())
+			if !a.IsValid() || a.Zone() != "" || a.Unmap().IsUnspecified() {
+				continue
 			}
-		}
-		addrs = append(addrs, loopback4, loopback6)
-		for _, a := range addrs {
+			a = a.Unmap()
 			if f := familyOf(a); t.hasFamily(f) {
 				t.nodeAddrs[f] = append(t.nodeAddrs[f], a)
 			}
@@ -191,7 +181,9 @@ func (t *translation) frontendAddrs() {
 		t.externalAddrs[f] = append(t.externalAddrs[f], externalAddr{addr: a, kind: kind})
 	}
 	for _, s := range t.svc.Spec.ExternalIPs {
-		addExternal(s, dataplane.ExternalIP)
+		if t.externalIPAllowed(s) {
+			addExternal(s, dataplane.ExternalIP)
+		}
 	}
 	for _, ing := range t.svc.Status.LoadBalancer.Ingress {
 		if ing.IP == "" {
@@ -209,6 +201,24 @@ func (t *translation) frontendAddrs() {
 		}
 		addExternal(ing.IP, dataplane.LoadBalancer)
 	}
+}
+
+// externalIPAllowed applies the node's ExternalIPPolicy to one
+// spec.externalIPs entry. A refused address gets no frontend at all, so
+// connections to it go where they were addressed. (kpr has no programs for
+// traffic from outside the node yet; once it has, such an address will
+// need a frontend for that traffic alone.) Not a Problem: the Service is
+// fine, the node is configured not to serve it.
+func (t *translation) externalIPAllowed(s string) bool {
+	switch t.node.ExternalIPs {
+	case ExternalIPsNone:
+		return false
+	case ExternalIPsNodeLocal:
+		a, ok := parseIP(s)
+		// An invalid address is let through to be reported by addExternal.
+		return !ok || slices.Contains(t.node.IPs, a)
+	}
+	return true
 }
 
 func (t *translation) hasFamily(f family) bool {

@@ -39,8 +39,12 @@ type Options struct {
 	// CgroupRoot is the cgroup v2 directory whose sockets kpr translates.
 	// Empty means the cgroup2 mount's root, i.e. every socket on the node.
 	CgroupRoot string
-	Sizes      MapSizes
-	Log        *zap.Logger
+	// HostNetNS is the node's own network namespace (a /proc/PID/ns/net
+	// file or a bind mount of one); NodePorts on loopback are served only
+	// to its sockets. Empty means OwnNetNS.
+	HostNetNS string
+	Sizes     MapSizes
+	Log       *zap.Logger
 }
 
 // Loaded is a running dataplane: its maps, held open for the control plane.
@@ -125,6 +129,13 @@ func Load(opts Options) (*Loaded, error) {
 	if err := spec.Variables[bpf.KprVarHaveSetRetval].Set(report.Has(FeatureSetRetval)); err != nil {
 		return nil, fmt.Errorf("configure BPF object: %w", err)
 	}
+	hostCookie, err := hostNetNSCookie(opts.HostNetNS, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Variables[bpf.KprVarHostNetnsCookie].Set(hostCookie); err != nil {
+		return nil, fmt.Errorf("configure BPF object: %w", err)
+	}
 	// The socket-termination iterator is optional: it is loaded on its own
 	// below, so a kernel without it still gets every hook.
 	termSpec := spec.Copy()
@@ -182,6 +193,29 @@ func Load(opts Options) (*Loaded, error) {
 		zap.String("bpfRoot", opts.BPFRoot), zap.String("cgroupRoot", opts.CgroupRoot),
 		zap.Bool("udpSocketTermination", loaded.SockTerm != nil))
 	return loaded, nil
+}
+
+// hostNetNSCookie is the cookie the programs compare a socket's namespace
+// with before treating a loopback address as a NodePort. Without it (a
+// kernel before 5.14) kpr still runs, and loopback NodePorts are served to
+// no socket: that is safe, since otherwise every pod would lose those ports
+// of its own loopback. A namespace the operator named but that cannot be
+// opened is an error.
+func hostNetNSCookie(path string, log *zap.Logger) (uint64, error) {
+	explicit := path != ""
+	if !explicit {
+		path = OwnNetNS
+	}
+	cookie, err := NetNSCookie(path)
+	switch {
+	case err == nil:
+		return cookie, nil
+	case errors.Is(err, unix.ENOPROTOOPT) || !explicit:
+		log.Warn("cannot identify the host network namespace; NodePorts on 127.0.0.1 and ::1 are not served",
+			zap.String("netns", path), zap.Error(err))
+		return 0, nil
+	}
+	return 0, fmt.Errorf("host network namespace: %w", err)
 }
 
 // loadSockTerm loads the socket-termination iterator against the loaded

@@ -7,6 +7,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kpr-io/kpr/desired"
 )
 
 func testNode(zone string, addrs ...v1.NodeAddress) *v1.Node {
@@ -30,30 +32,32 @@ func TestNodeInfo(t *testing.T) {
 		prefixes []string
 		want     []string
 	}{
-		{"no filter", nil, []string{"192.0.2.10", "198.51.100.7", "2001:db8::10"}},
+		{"no filter", nil, []string{"127.0.0.1", "192.0.2.10", "198.51.100.7", "::1", "2001:db8::10"}},
 		{"IPv4 subnet", []string{"192.0.2.0/24"}, []string{"192.0.2.10"}},
 		{"both families", []string{"198.51.100.0/24", "2001:db8::/64"}, []string{"198.51.100.7", "2001:db8::10"}},
 		{"nothing matches", []string{"203.0.113.0/24"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var prefixes []netip.Prefix
-			for _, p := range tc.prefixes {
-				prefixes = append(prefixes, netip.MustParsePrefix(p))
+			npa, err := desired.ParseNodePortAddresses(tc.prefixes)
+			if err != nil {
+				t.Fatal(err)
 			}
-			info := nodeInfo(node, prefixes)
+			n := newNodeTracker("node-a", desired.NodeConfig{NodePortAddresses: npa}, nil)
+			n.update(node)
+			info := n.current()
 			var got []string
 			for _, a := range info.Addresses {
 				got = append(got, a.String())
 			}
 			if !slices.Equal(got, tc.want) || info.Zone != "z1" || info.Name != "node-a" {
-				t.Errorf("nodeInfo = %+v, want zone z1 and addresses %v", info, tc.want)
+				t.Errorf("node facts = %+v, want zone z1 and addresses %v", info, tc.want)
 			}
 		})
 	}
 }
 
 func TestNodeTrackerReportsOnlyRelevantChanges(t *testing.T) {
-	n := newNodeTracker("node-a", nil, nil)
+	n := newNodeTracker("node-a", desired.NodeConfig{}, nil)
 	if n.known() || n.current().Name != "node-a" {
 		t.Fatalf("fresh tracker: known=%v current=%+v", n.known(), n.current())
 	}
@@ -73,7 +77,7 @@ func TestNodeTrackerReportsOnlyRelevantChanges(t *testing.T) {
 		t.Error("an address change did not count")
 	}
 	n.deleted()
-	if got := n.current(); got.Zone != "z2" || len(got.Addresses) != 1 {
+	if got := n.current(); got.Zone != "z2" || !slices.Contains(got.Addresses, netip.MustParseAddr("192.0.2.11")) {
 		t.Errorf("after deletion the node facts are %+v, want the last known ones kept", got)
 	}
 }

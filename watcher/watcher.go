@@ -18,7 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/servicehealth"
 )
@@ -65,10 +65,13 @@ type Config struct {
 	// NodeName is this node's name; it selects the Node object watched for
 	// the zone label, the NodePort addresses and eligibility. Required.
 	NodeName string
-	// NodePortAddresses restricts the node addresses NodePorts are served on
-	// to these CIDRs (--nodeport-addresses); empty means every InternalIP
-	// and ExternalIP of the Node.
-	NodePortAddresses []netip.Prefix
+	// NodePortAddresses selects the addresses NodePorts are served on
+	// (--nodeport-addresses); the zero value means every InternalIP and
+	// ExternalIP of the Node, and loopback.
+	NodePortAddresses desired.NodePortAddresses
+	// ExternalIPs says which Service externalIPs are programmed
+	// (--external-ips); the zero value is all of them.
+	ExternalIPs desired.ExternalIPPolicy
 	// MinSyncPeriod is the least time between the starts of two syncs;
 	// zero (DefaultMinSyncPeriod) syncs as soon as changes are queued.
 	MinSyncPeriod time.Duration
@@ -124,7 +127,7 @@ func New(cfg Config, client kubernetes.Interface, dp dataplane.Dataplane, log *z
 
 	started := time.Now()
 	tracker := newChangeTracker(cfg.Metrics, cfg.Health, time.Now)
-	node := newNodeTracker(cfg.NodeName, cfg.NodePortAddresses, cfg.Health)
+	node := newNodeTracker(cfg.NodeName, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.Health)
 	api, err := newAPIObjects(client, cfg.NodeName, tracker, node, started, log)
 	if err != nil {
 		return nil, fmt.Errorf("watcher: set up informers: %w", err)

@@ -166,9 +166,13 @@ func TestWatcherAgainstAPIServer(t *testing.T) {
 	m := metrics.New()
 	hs := health.New(health.Config{Timeout: time.Minute, Metrics: m})
 	dp := newStateDataplane()
+	npa, err := desired.ParseNodePortAddresses([]string{"192.0.2.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	w, err := New(Config{
 		NodeName:          "node-a",
-		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
+		NodePortAddresses: npa,
 		Metrics:           m,
 		Health:            hs,
 	}, client, dp, zaptest.NewLogger(t))

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane/bpfplane"
+	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
@@ -39,6 +40,8 @@ type runFlags struct {
 	syncPeriod        time.Duration
 	clusterCIDR       string
 	nodePortAddresses []string
+	externalIPs       string
+	hostNetNS         string
 	healthzAddr       string
 	healthCheckIP     string
 	metricsAddr       string
@@ -73,7 +76,12 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 	fl.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between two syncs; changes arriving meanwhile are coalesced")
 	fl.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "time between full reconciles of the maps against the API")
 	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility (the socket-level dataplane does not need it)")
-	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs of node addresses that serve NodePorts; empty means all node addresses")
+	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs and keywords selecting the addresses that serve NodePorts: "+
+		"primary (the Node's primary IP of each family), localhost (127.0.0.1 and ::1, for the host network namespace only), all; empty means all")
+	fl.StringVar(&f.externalIPs, "external-ips", "all", "Service externalIPs that sockets on this node are sent to backends for: "+
+		"all (kube-proxy's behaviour), node-local (only addresses of this Node, which keeps a Service from capturing traffic to other destinations, CVE-2020-8554) or none")
+	fl.StringVar(&f.hostNetNS, "host-netns", "", "network namespace file (/proc/PID/ns/net or a bind mount) of the node's own network; "+
+		"NodePorts on loopback are served only to its sockets; empty means kpr's own")
 	fl.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables")
 	fl.StringVar(&f.healthCheckIP, "healthcheck-bind-ip", "", "address the healthCheckNodePorts of externalTrafficPolicy: Local Services listen on; empty means all addresses")
 	fl.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics and /proxyMode; empty disables")
@@ -111,7 +119,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		return err
 	}
 
-	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.cgroupRoot, Sizes: f.sizes, Log: log})
+	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.cgroupRoot, HostNetNS: f.hostNetNS, Sizes: f.sizes, Log: log})
 	if err != nil {
 		return err
 	}
@@ -178,13 +186,13 @@ func (f *runFlags) watcherConfig() (watcher.Config, error) {
 		}
 		nodeName = h
 	}
-	var prefixes []netip.Prefix
-	for _, s := range f.nodePortAddresses {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return watcher.Config{}, fmt.Errorf("--nodeport-addresses %q: want CIDRs such as 192.168.0.0/16: %w", s, err)
-		}
-		prefixes = append(prefixes, p)
+	npa, err := desired.ParseNodePortAddresses(f.nodePortAddresses)
+	if err != nil {
+		return watcher.Config{}, fmt.Errorf("--nodeport-addresses: %w", err)
+	}
+	externalIPs, err := desired.ParseExternalIPPolicy(f.externalIPs)
+	if err != nil {
+		return watcher.Config{}, fmt.Errorf("--external-ips: %w", err)
 	}
 	if f.clusterCIDR != "" {
 		for _, s := range strings.Split(f.clusterCIDR, ",") {
@@ -198,7 +206,8 @@ func (f *runFlags) watcherConfig() (watcher.Config, error) {
 	}
 	return watcher.Config{
 		NodeName:          strings.ToLower(nodeName),
-		NodePortAddresses: prefixes,
+		NodePortAddresses: npa,
+		ExternalIPs:       externalIPs,
 		MinSyncPeriod:     f.minSyncPeriod,
 		SyncPeriod:        f.syncPeriod,
 	}, nil
