@@ -74,7 +74,9 @@ func newFixture(t testing.TB, pods int, sizes loader.MapSizes) *fixture {
 // load loads (or, the second time, adopts) the dataplane.
 func (f *fixture) load(sizes loader.MapSizes) {
 	f.t.Helper()
-	loaded, err := loader.Load(loader.Options{BPFRoot: f.bpfRoot, CgroupRoot: f.cgroup.Path, Sizes: sizes})
+	// The node namespace plays the host network namespace, as it does for
+	// every client here that is not a pod.
+	loaded, err := loader.Load(loader.Options{BPFRoot: f.bpfRoot, CgroupRoot: f.cgroup.Path, HostNetNS: f.node.NetNS.Path, Sizes: sizes})
 	if err != nil {
 		f.t.Fatal(err)
 	}
