@@ -124,8 +124,11 @@ func newFixture(t *testing.T, kprArgs ...string) *fixture {
 		Kubeconfig: f.cluster.KubeconfigPath,
 		NodeName:   nodeName,
 		CgroupRoot: f.cgroup.Path,
-		Args:       kprArgs,
-		LogPath:    filepath.Join(t.TempDir(), "kpr.log"),
+		// The node namespace is the host network namespace of the
+		// simulated node (kpr itself runs in the test's): loopback
+		// NodePorts are its sockets' alone.
+		Args:    append([]string{"--host-netns", f.node.NetNS.Path}, kprArgs...),
+		LogPath: filepath.Join(t.TempDir(), "kpr.log"),
 	})
 	if err != nil {
 		t.Fatal(err)

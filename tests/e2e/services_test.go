@@ -51,6 +51,7 @@ func TestServices(t *testing.T) {
 		{"udp-stale-socket", testStaleUDPSocket},
 		{"dual-stack", testDualStack},
 		{"nodeport", testNodePort},
+		{"external-ip", testExternalIPAll},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			sc.run(t, f, f.namespace(t, sc.name))
@@ -489,7 +490,8 @@ func testDualStack(t *testing.T, f *fixture, ns string) {
 }
 
 // testNodePort: the node's own sockets reach a NodePort on the node IP and
-// on 127.0.0.1; pods reach it on the node IP.
+// on 127.0.0.1; pods reach it on the node IP, while 127.0.0.1 in a pod is
+// the pod's own loopback.
 func testNodePort(t *testing.T, f *fixture, ns string) {
 	svc := kubeobj.Service(ns, "np", tcp80)
 	svc.Spec.Type = v1.ServiceTypeNodePort
@@ -505,4 +507,11 @@ func testNodePort(t *testing.T, f *fixture, ns string) {
 	requireServes(t, tcpWho, f.node.NetNS, onLoopback, "pod-a", "pod-b")
 	requireServes(t, tcpWho, f.pod("pod-c").NetNS, onNodeIP, "pod-a", "pod-b")
 	requireServes(t, tcpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 80), "pod-a", "pod-b")
+
+	own, err := f.pod("pod-c").ServeTCP(nodePort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Stop()
+	requireServes(t, tcpWho, f.pod("pod-c").NetNS, onLoopback, "pod-c")
 }
