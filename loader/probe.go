@@ -17,19 +17,20 @@ import (
 
 // Feature names in a Report.
 const (
-	FeatureConnect      = "cgroup connect4/6 hooks"
-	FeatureSendmsg      = "cgroup sendmsg4/6 hooks"
-	FeatureRecvmsg      = "cgroup recvmsg4/6 hooks"
-	FeatureGetpeername  = "cgroup getpeername4/6 hooks"
-	FeatureSockRelease  = "cgroup sock_release hook"
-	FeatureCgroupLink   = "bpf_link for cgroup programs"
-	FeatureNetnsCookie  = "bpf_get_netns_cookie helper"
-	FeatureSocketCookie = "bpf_get_socket_cookie helper"
-	FeatureSetRetval    = "bpf_set_retval helper"
-	FeatureLRUHash      = "LRU hash maps"
-	FeatureNoPrealloc   = "BPF_F_NO_PREALLOC hash maps"
-	FeatureBatchOps     = "batch map operations"
-	FeatureUDPSockTerm  = "UDP socket termination (iter/udp, bpf_sock_destroy)"
+	FeatureConnect            = "cgroup connect4/6 hooks"
+	FeatureSendmsg            = "cgroup sendmsg4/6 hooks"
+	FeatureRecvmsg            = "cgroup recvmsg4/6 hooks"
+	FeatureGetpeername        = "cgroup getpeername4/6 hooks"
+	FeatureSockRelease        = "cgroup sock_release hook"
+	FeatureCgroupLink         = "bpf_link for cgroup programs"
+	FeatureNetnsCookie        = "bpf_get_netns_cookie helper"
+	FeatureSocketCookie       = "bpf_get_socket_cookie helper"
+	FeatureSetRetval          = "bpf_set_retval helper"
+	FeatureLRUHash            = "LRU hash maps"
+	FeatureNoPrealloc         = "BPF_F_NO_PREALLOC hash maps"
+	FeatureBatchOps           = "batch map operations"
+	FeatureUDPSockTerm        = "UDP socket termination (iter/udp, bpf_sock_destroy)"
+	FeatureNetnsCookieSockopt = "SO_NETNS_COOKIE socket option"
 )
 
 // Feature is one probed kernel capability.
@@ -140,6 +141,8 @@ func Probe() Report {
 		probeCgroupLink())
 	add(FeatureUDPSockTerm, "a connected UDP socket keeps sending to a removed backend until the application reconnects (Linux 6.5+)",
 		probeSockTerm())
+	_, err := NetNSCookie(OwnNetNS)
+	add(FeatureNetnsCookieSockopt, "the host network namespace cannot be told apart, so NodePorts on 127.0.0.1 and ::1 are not served (Linux 5.14+)", err)
 	return r
 }
 
