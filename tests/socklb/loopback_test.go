@@ -69,6 +69,17 @@ func TestLoopbackNodePortOnlyInTheHostNetns(t *testing.T) {
 		})
 	}
 
+	// A restart swaps new programs into the pinned links; they learn the
+	// host namespace again, so the rule holds across it.
+	f.load(loader.MapSizes{})
+	lo := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), tcpNodePort)
+	if who, err := harness.WhoTCP(client.NetNS, lo, timeout); err != nil || who != client.Name {
+		t.Fatalf("after the program swap, pod to %s: %q, %v; want its own listener", lo, who, err)
+	}
+	if who, err := harness.WhoTCP(f.node.NetNS, lo, timeout); err != nil || !isBackend(who) {
+		t.Fatalf("after the program swap, host to %s: %q, %v; want a backend", lo, who, err)
+	}
+
 	// Only loopback is tied to the host: pods still reach other frontends.
 	vip := netip.AddrPortFrom(families[0].vip, 80)
 	f.service(vip.Addr(), vip.Port(), dataplane.TCP, backends...)
