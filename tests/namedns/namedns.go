@@ -28,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -202,7 +203,12 @@ func explainBusy(path string) string {
 		}
 		fmt.Fprintf(&b, "mount %d (%s %s) is still on it, in parent mount %d", m.id, m.fstype, m.root, m.parent)
 	}
-	if top, err := mountID(Dir); err == nil && len(layers) > 1 {
+	// The usual cause: the mount on the file hangs off a lower mount than
+	// the one Dir resolves to now, which is Dir bound over itself.
+	top, err := mountID(Dir)
+	hidden := err == nil && slices.ContainsFunc(layers, func(l mountInfo) bool { return uint64(l.id) == top }) &&
+		slices.ContainsFunc(on, func(m mountInfo) bool { return uint64(m.parent) != top })
+	if hidden {
 		fmt.Fprintf(&b, ", which mount %d (%s bound over itself, e.g. by the first `ip netns add` on this machine) hides, "+
 			"so unmounting %s reaches only the upper copy. To free it: `umount %s` (refused while namespaces are mounted in the upper layer), "+
 			"then `umount %s && rm %s`", top, Dir, path, Dir, path, path)
