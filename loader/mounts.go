@@ -81,7 +81,9 @@ func EnsureCgroup2() (string, error) {
 }
 
 // EnsureBPFFS makes sure dir lies on a bpffs, mounting one on its parent
-// (normally /sys/fs/bpf) if needed, and creates dir.
+// (normally /sys/fs/bpf) if needed, creates dir and its links/ subdirectory
+// (mode 0700), and refuses to go on when either could have been written by
+// someone other than root (see checkPinDir).
 func EnsureBPFFS(dir string) error {
 	onBPFFS, err := isBPFFS(dir)
 	if err != nil {
@@ -96,11 +98,63 @@ func EnsureBPFFS(dir string) error {
 			return fmt.Errorf("mount bpffs at %s (pinning needs it): %w", parent, err)
 		}
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create pin directory %s: %w", dir, err)
+	for _, d := range []string{dir, linkDir(dir)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("create pin directory %s: %w", d, err)
+		}
+		// Checked after MkdirAll, whether it created d or found it:
+		// someone may have made d first.
+		if err := checkPinDir(d); err != nil {
+			return err
+		}
 	}
 	return nil
 }
+
+// checkPinDir refuses a pin directory that a user other than root (or kpr's
+// own user) owns or may write to, and one holding entries such a user owns.
+// kpr adopts the maps and links pinned there, so whoever can write the
+// directory can delete or replace them: delete the pinned links and Service
+// translation stops when kpr exits; replace a map and they steer it. A bpffs
+// mounted world-writable lets any user pre-create the directory.
+func checkPinDir(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("check pin directory %s: %w", dir, err)
+	}
+	fix := fmt.Sprintf("if its contents are kpr's own, run `chown -R root:root %s && chmod go-w %s`; "+
+		"otherwise remove it (`rm -r %s`) and kpr creates a fresh one", dir, dir, dir)
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("refusing BPF pin directory %s: it is not a directory (mode %#o); remove it (`rm %s`) and kpr creates one", dir, st.Mode, dir)
+	}
+	if !trustedUID(st.Uid) {
+		return fmt.Errorf("refusing to adopt BPF pin directory %s: it is owned by uid %d, not root, so that user can delete or replace kpr's pinned maps and links; %s",
+			dir, st.Uid, fix)
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Errorf("refusing to adopt BPF pin directory %s: its mode %04o lets group or others write it, so they can delete or replace kpr's pinned maps and links; %s",
+			dir, st.Mode&0o7777, fix)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("check pin directory %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		var est unix.Stat_t
+		if err := unix.Lstat(p, &est); err != nil {
+			return fmt.Errorf("check pin %s: %w", p, err)
+		}
+		if !trustedUID(est.Uid) {
+			return fmt.Errorf("refusing to adopt BPF pin directory %s: it holds %s, owned by uid %d, not root, which kpr would adopt as its own; %s",
+				dir, p, est.Uid, fix)
+		}
+	}
+	return nil
+}
+
+// trustedUID reports whether a pin owned by uid is root's or kpr's own.
+func trustedUID(uid uint32) bool { return uid == 0 || uid == uint32(os.Geteuid()) }
 
 // isBPFFS reports whether path, or its nearest existing ancestor, is on bpffs.
 func isBPFFS(path string) (bool, error) {

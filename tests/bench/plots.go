@@ -3,8 +3,10 @@ package bench
 import (
 	"fmt"
 	"image/color"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -25,30 +27,130 @@ func proxyStyle(i int) (color.Color, draw.GlyphDrawer) {
 	return plotutil.Color(i), plotutil.Shape(i)
 }
 
+// Plot size. The legend takes rows below the plot area, out of this height.
+const (
+	plotWidth  = 16 * vg.Centimeter
+	plotHeight = 11 * vg.Centimeter
+)
+
 // writePlots draws the three plots into dir.
 func writePlots(res *Results, dir string) error {
 	for _, p := range []struct {
 		file string
-		make func(*Results) (*plot.Plot, error)
+		make func(*Results) (*figure, error)
 	}{
 		{plotConnLatency, connLatencyPlot},
 		{plotProgCDF, programmingCDFPlot},
 		{plotColdStart, coldStartPlot},
 	} {
-		pl, err := p.make(res)
+		f, err := p.make(res)
 		if err != nil {
 			return fmt.Errorf("plot %s: %w", p.file, err)
 		}
-		if err := pl.Save(16*vg.Centimeter, 10*vg.Centimeter, filepath.Join(dir, p.file)); err != nil {
+		if err := f.save(plotWidth, plotHeight, filepath.Join(dir, p.file)); err != nil {
 			return fmt.Errorf("save plot %s: %w", p.file, err)
 		}
 	}
 	return nil
 }
 
+// figure is a plot whose legend is drawn in rows below it, never inside the
+// plot area (gonum's own legend sits on the data, and with Top also on the
+// title).
+type figure struct {
+	*plot.Plot
+	legend []legendEntry
+}
+
+type legendEntry struct {
+	name   string
+	thumbs []plot.Thumbnailer
+}
+
+func newFigure() *figure { return &figure{Plot: plot.New()} }
+
+// addLegend adds a legend entry, in the order the entries are drawn.
+func (f *figure) addLegend(name string, thumbs ...plot.Thumbnailer) {
+	f.legend = append(f.legend, legendEntry{name, thumbs})
+}
+
+// legendGap separates legend entries in a row, and a row from the edges.
+const legendGap vg.Length = 14 // points
+
+type legendCell struct {
+	l     plot.Legend
+	width vg.Length
+}
+
+// legendLayout places the legend entries in rows under the plot: each entry
+// is a one-entry gonum legend; rows fill left to right, wrap, and are drawn
+// centred.
+type legendLayout struct {
+	rows      [][]legendCell
+	rowWidths []vg.Length
+	rowHeight vg.Length
+	height    vg.Length // of the whole strip, taken from the bottom of the image
+}
+
+func (f *figure) layoutLegend(dc draw.Canvas) legendLayout {
+	var lay legendLayout
+	w := dc.Max.X - dc.Min.X
+	for _, e := range f.legend {
+		l := plot.NewLegend()
+		l.Left, l.Top = true, true
+		l.Add(e.name, e.thumbs...)
+		size := l.Rectangle(dc).Size()
+		lay.rowHeight = max(lay.rowHeight, size.Y+vg.Points(4))
+		n := len(lay.rows)
+		if n == 0 || lay.rowWidths[n-1]+legendGap+size.X > w-2*legendGap {
+			lay.rows, lay.rowWidths = append(lay.rows, nil), append(lay.rowWidths, 0)
+			n++
+		} else {
+			lay.rowWidths[n-1] += legendGap
+		}
+		lay.rows[n-1] = append(lay.rows[n-1], legendCell{l, size.X})
+		lay.rowWidths[n-1] += size.X
+	}
+	if len(lay.rows) > 0 {
+		lay.height = lay.rowHeight*vg.Length(len(lay.rows)) + vg.Points(6)
+	}
+	return lay
+}
+
+// save draws the plot above its legend rows and writes the file.
+func (f *figure) save(w, h vg.Length, file string) error {
+	format := strings.TrimPrefix(filepath.Ext(file), ".")
+	c, err := draw.NewFormattedCanvas(w, h, format)
+	if err != nil {
+		return err
+	}
+	dc := draw.New(c)
+	lay := f.layoutLegend(dc)
+	f.Plot.Draw(draw.Crop(dc, 0, 0, lay.height, 0))
+	for i, row := range lay.rows {
+		x := (w - lay.rowWidths[i]) / 2
+		top := lay.height - vg.Points(2) - lay.rowHeight*vg.Length(i)
+		for _, cl := range row {
+			sub := dc
+			sub.Rectangle = vg.Rectangle{Min: vg.Point{X: x, Y: top - lay.rowHeight}, Max: vg.Point{X: x + cl.width, Y: top}}
+			cl.l.Draw(sub)
+			x += cl.width + legendGap
+		}
+	}
+	out, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := c.WriteTo(out); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
 // perSizeLines adds one line per proxy of value(run) against the Service
 // count, skipping runs value rejects.
-func perSizeLines(pl *plot.Plot, res *Results, value func(Run) (float64, bool)) error {
+func perSizeLines(pl *figure, res *Results, value func(Run) (float64, bool)) error {
 	for i, proxy := range res.Settings.Proxies {
 		var pts plotter.XYs
 		for _, r := range res.Runs {
@@ -69,7 +171,7 @@ func perSizeLines(pl *plot.Plot, res *Results, value func(Run) (float64, bool)) 
 	return nil
 }
 
-func addLine(pl *plot.Plot, pts plotter.XYs, name string, style int) error {
+func addLine(pl *figure, pts plotter.XYs, name string, style int) error {
 	line, points, err := plotter.NewLinePoints(pts)
 	if err != nil {
 		return err
@@ -77,11 +179,11 @@ func addLine(pl *plot.Plot, pts plotter.XYs, name string, style int) error {
 	c, shape := proxyStyle(style)
 	line.Color, points.Color, points.Shape = c, c, shape
 	pl.Add(line, points)
-	pl.Legend.Add(name, line, points)
+	pl.addLegend(name, line, points)
 	return nil
 }
 
-func logAxes(pl *plot.Plot, x, y bool) {
+func logAxes(pl *figure, x, y bool) {
 	if x {
 		pl.X.Scale, pl.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	}
@@ -89,20 +191,18 @@ func logAxes(pl *plot.Plot, x, y bool) {
 		pl.Y.Scale, pl.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	}
 	pl.Add(plotter.NewGrid())
-	pl.Legend.Top = true
 }
 
 // connLatencyPlot: p50 connect+echo to the last-created ClusterIP over the
 // same run's direct connection, against the Service count, per proxy.
 // Runs happen minutes apart on a shared machine; each run's direct series
 // calibrates it, so the ratio is what compares across proxies.
-func connLatencyPlot(res *Results) (*plot.Plot, error) {
-	pl := plot.New()
+func connLatencyPlot(res *Results) (*figure, error) {
+	pl := newFigure()
 	pl.Title.Text = "TCP connect + 1-byte echo via the last-created ClusterIP, p50"
 	pl.X.Label.Text = "Services (10 endpoints each)"
 	pl.Y.Label.Text = "÷ direct connection to a pod, same run"
 	logAxes(pl, true, false)
-	pl.Legend.Top = false // the lines run near 1, at the top
 	err := perSizeLines(pl, res, func(r Run) (float64, bool) {
 		if r.ConnLatency == nil {
 			return 0, false
@@ -119,7 +219,7 @@ func connLatencyPlot(res *Results) (*plot.Plot, error) {
 		}
 		ref.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
 		pl.Add(ref)
-		pl.Legend.Add("direct (no proxy) = 1", ref)
+		pl.addLegend("direct (no proxy) = 1", ref)
 	}
 	pl.Y.Min = 0
 	return pl, nil
@@ -127,8 +227,8 @@ func connLatencyPlot(res *Results) (*plot.Plot, error) {
 
 // programmingCDFPlot: the distribution of programming latency per proxy at
 // the largest size where the proxy was measured.
-func programmingCDFPlot(res *Results) (*plot.Plot, error) {
-	pl := plot.New()
+func programmingCDFPlot(res *Results) (*figure, error) {
+	pl := newFigure()
 	pl.X.Label.Text = "API write to the new backends answering (ms)"
 	pl.Y.Label.Text = "fraction of updates"
 	logAxes(pl, true, false)
@@ -158,29 +258,44 @@ func programmingCDFPlot(res *Results) (*plot.Plot, error) {
 			line.Color = c
 			line.Width = vg.Points(1.5)
 			pl.Add(line)
-			pl.Legend.Add(proxy, line)
+			pl.addLegend(proxy, line)
 		}
 	}
 	pl.Y.Min, pl.Y.Max = 0, 1
 	return pl, nil
 }
 
-// coldStartPlot: cold start against the Service count; a run that did not
-// converge is drawn at its timeout.
-func coldStartPlot(res *Results) (*plot.Plot, error) {
-	pl := plot.New()
+// coldStartPlot: cold start against the Service count. A run that did not
+// converge is drawn at its timeout, with a cross over its point and a legend
+// entry that says so (the axis label stays short enough to fit).
+func coldStartPlot(res *Results) (*figure, error) {
+	pl := newFigure()
 	pl.Title.Text = "Cold start: proxy start to every Service answering"
 	pl.X.Label.Text = "Services (10 endpoints each)"
-	pl.Y.Label.Text = "seconds (did not converge: drawn at the timeout)"
+	pl.Y.Label.Text = "seconds"
 	logAxes(pl, true, true)
+	var timedOut plotter.XYs
 	err := perSizeLines(pl, res, func(r Run) (float64, bool) {
 		if r.Skipped != "" {
 			return 0, false
 		}
 		if !r.ColdStart.Converged {
+			timedOut = append(timedOut, plotter.XY{X: float64(r.Services), Y: r.ColdStart.TimeoutSeconds})
 			return r.ColdStart.TimeoutSeconds, true
 		}
 		return r.ColdStart.Seconds, true
 	})
-	return pl, err
+	if err != nil || len(timedOut) == 0 {
+		return pl, err
+	}
+	marks, err := plotter.NewScatter(timedOut)
+	if err != nil {
+		return nil, err
+	}
+	marks.Shape = draw.CrossGlyph{}
+	marks.Radius = vg.Points(6)
+	marks.Color = color.Black
+	pl.Add(marks)
+	pl.addLegend("did not converge: drawn at its timeout", marks)
+	return pl, nil
 }

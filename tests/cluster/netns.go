@@ -5,20 +5,19 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"path/filepath"
 	"runtime"
 	"sync"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
+
+	"github.com/kpr-io/kpr/tests/namedns"
 )
 
-// netnsPath is where `ip netns add NAME` (and the test harness) pins named
+// netnsPath is where namedns.Create (and `ip netns add NAME`) pins named
 // network namespaces.
-func netnsPath(name string) string {
-	return filepath.Join("/run/netns", name)
-}
+func netnsPath(name string) string { return namedns.Path(name) }
 
 // bringUpLoopback sets lo up inside the named namespace. etcd and the API
 // server's health endpoints listen on 127.0.0.1 there (see netnsForwarder),

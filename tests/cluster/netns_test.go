@@ -7,12 +7,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/kpr-io/kpr/tests/namedns"
 )
 
 // TestClusterInNetNS runs the control plane inside a network namespace made
@@ -118,21 +119,34 @@ func makeTestNetNS(t *testing.T, cidr string) string {
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
 	name := "kpr-tc-" + hex.EncodeToString(suffix)
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
+	h, err := namedns.Create(name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	run("netns", "add", name)
+	defer h.Close()
 	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("deleting netns %s: %v: %s", name, err, out)
+		if err := namedns.Delete(name); err != nil {
+			t.Errorf("deleting netns %s: %v", name, err)
 		}
 	})
+	addr, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatalf("netlink handle in netns %s: %v", name, err)
+	}
+	defer nl.Close()
 	// On lo, not a dummy or veth device: the kernel may lack those
 	// modules, and the address only has to exist inside the namespace.
-	run("-n", name, "addr", "add", cidr, "dev", "lo")
+	lo, err := nl.LinkByName("lo")
+	if err != nil {
+		t.Fatalf("finding lo in netns %s: %v", name, err)
+	}
+	if err := nl.AddrAdd(lo, addr); err != nil {
+		t.Fatalf("adding %s to lo in netns %s: %v", cidr, name, err)
+	}
 	return name
 }
 

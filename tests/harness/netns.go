@@ -14,14 +14,13 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/kpr-io/kpr/tests/namedns"
 )
 
 // NamePrefix starts the name of every network namespace and cgroup the
 // harness creates, so leftovers are easy to attribute.
 const NamePrefix = "kpr-"
-
-// netnsDir is where iproute2 and netns.NewNamed keep named namespaces.
-const netnsDir = "/run/netns"
 
 // NetNS is a named network namespace created by the harness. It is bind
 // mounted at Path (/run/netns/<Name>), so `ip netns list` shows it and
@@ -45,36 +44,22 @@ func (ns *NetNS) Handle() netns.NsHandle { return ns.handle }
 // thread calls them. The harness owns it; do not close it.
 func (ns *NetNS) Netlink() *netlink.Handle { return ns.nl }
 
-// newNetNS creates and pins a named network namespace with lo up. The
-// calling thread is untouched: the unshare happens on a throw-away locked
-// thread.
+// newNetNS creates and pins a named network namespace with lo up, through
+// namedns, the project's one way to make them (it keeps the harness safe
+// next to `ip netns add`). The calling thread is untouched.
 func newNetNS(name string) (*NetNS, error) {
-	ns := &NetNS{Name: name, Path: filepath.Join(netnsDir, name)}
-	err := onFreshThread(func() error {
-		orig, err := netns.Get()
-		if err != nil {
-			return fmt.Errorf("get current netns: %w", err)
-		}
-		defer orig.Close()
-		// NewNamed unshares this thread into the new namespace and leaves it
-		// there, even when it fails after the unshare.
-		h, createErr := netns.NewNamed(name)
-		if createErr != nil {
-			createErr = fmt.Errorf("create named netns %s: %w", name, createErr)
-		} else {
-			ns.handle = h
-			// A netlink socket keeps the netns it was created in.
-			if ns.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
-				createErr = fmt.Errorf("open netlink socket in netns %s: %w", name, err)
-			}
-		}
-		if err := netns.Set(orig); err != nil {
-			return errThreadTainted{errors.Join(createErr, fmt.Errorf("return to original netns: %w", err))}
-		}
-		return createErr
+	h, err := namedns.Create(name)
+	if err != nil {
+		return nil, err
+	}
+	ns := &NetNS{Name: name, Path: namedns.Path(name), handle: h}
+	// A netlink socket keeps the netns it was created in.
+	err = Do(ns, func() (err error) {
+		ns.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+		return err
 	})
 	if err != nil {
-		return nil, errors.Join(err, ns.destroy())
+		return nil, errors.Join(fmt.Errorf("open netlink socket in netns %s: %w", name, err), ns.destroy())
 	}
 	if err := ns.setLinkUp("lo"); err != nil {
 		return nil, errors.Join(err, ns.destroy())
@@ -82,9 +67,11 @@ func newNetNS(name string) (*NetNS, error) {
 	return ns, nil
 }
 
-// destroy closes the harness's handles and removes the bind mount. The
-// kernel frees the namespace once nothing else references it (sockets and
-// fds held by the test keep it alive until they are closed).
+// destroy closes the harness's handles and deletes the pin. The kernel frees
+// the namespace once nothing else references it (sockets and fds held by the
+// test keep it alive until they are closed). It tolerates a half-created
+// namespace and a repeated call; when the pin cannot be removed, the error
+// says what holds it.
 func (ns *NetNS) destroy() error {
 	if ns.nl != nil {
 		ns.nl.Close()
@@ -93,15 +80,7 @@ func (ns *NetNS) destroy() error {
 	if ns.handle.IsOpen() {
 		_ = ns.handle.Close()
 	}
-	// Unmount then remove, tolerating a half-created namespace (file
-	// created but never mounted) and a repeated call.
-	if err := unix.Unmount(ns.Path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount netns %s (try `ip netns delete %s`): %w", ns.Path, ns.Name, err)
-	}
-	if err := os.Remove(ns.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove netns file %s: %w", ns.Path, err)
-	}
-	return nil
+	return namedns.Delete(ns.Name)
 }
 
 func (ns *NetNS) setLinkUp(name string) error {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kpr-io/kpr/tests/namedns"
 )
 
 // staleAfter keeps the sweep away from objects another harness is still
@@ -54,7 +56,7 @@ func sweep(minAge time.Duration, netnsName, cgroupName func(string) bool) ([]str
 	var removed []string
 	var errs []error
 
-	nsPaths, _ := filepath.Glob(filepath.Join(netnsDir, NamePrefix+"*"))
+	nsPaths, _ := filepath.Glob(filepath.Join(namedns.Dir, NamePrefix+"*"))
 	for _, p := range nsPaths {
 		if !netnsName(filepath.Base(p)) {
 			continue
@@ -108,6 +110,11 @@ type heldSet struct {
 // process holds an fd to, and for open directories.
 func heldObjects() (heldSet, error) {
 	h := heldSet{netns: map[uint64]bool{}, dirs: map[string]bool{}}
+	self, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
+		return h, fmt.Errorf("stat own netns: %w", err)
+	}
+	nsfsDev := self.Sys().(*syscall.Stat_t).Dev
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return h, fmt.Errorf("scan /proc: %w", err)
@@ -130,12 +137,16 @@ func heldObjects() (heldSet, error) {
 			if err != nil {
 				continue
 			}
-			switch {
-			case strings.HasPrefix(target, "net:["):
-				if st, err := os.Stat(fdPath); err == nil {
+			// A namespace fd reads as net:[ino] when opened through
+			// /proc, but as its pin's path when opened through the pin
+			// (namedns.Create does that), so tell by the nsfs device.
+			if strings.HasPrefix(target, "net:[") || strings.HasPrefix(target, namedns.Dir+"/") {
+				if st, err := os.Stat(fdPath); err == nil && st.Sys().(*syscall.Stat_t).Dev == nsfsDev {
 					h.netns[st.Sys().(*syscall.Stat_t).Ino] = true
 				}
-			case strings.HasPrefix(target, "/"):
+				continue
+			}
+			if strings.HasPrefix(target, "/") {
 				h.dirs[target] = true
 			}
 		}

@@ -1,0 +1,64 @@
+package bench
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// TestPlotLabelsFit draws the plots of the committed docs/bench/results.json
+// and checks that each title, axis label and legend row fits the space it is
+// drawn in: a y label longer than the y axis is cut off at both ends (as
+// "seconds (did not converge: …" once was), and a legend must fit its rows
+// below the plot instead of covering the title or the data.
+func TestPlotLabelsFit(t *testing.T) {
+	path := filepath.Join(repoRoot(), "docs", "bench", resultsFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res Results
+	if err := json.Unmarshal(data, &res); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	for name, build := range map[string]func(*Results) (*figure, error){
+		plotConnLatency: connLatencyPlot,
+		plotProgCDF:     programmingCDFPlot,
+		plotColdStart:   coldStartPlot,
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, err := build(&res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := draw.NewFormattedCanvas(plotWidth, plotHeight, "png")
+			if err != nil {
+				t.Fatal(err)
+			}
+			dc := draw.New(c)
+			lay := f.layoutLegend(dc)
+			if len(f.legend) == 0 || lay.height <= 0 {
+				t.Fatalf("no legend strip for %d entries", len(f.legend))
+			}
+			for i, w := range lay.rowWidths {
+				if w > plotWidth {
+					t.Errorf("legend row %d is %.0f pt wide, the image %.0f pt", i, w, plotWidth)
+				}
+			}
+			area := draw.Crop(dc, 0, 0, lay.height, 0)
+			data := f.DataCanvas(area)
+			if got := f.Title.TextStyle.Width(f.Title.Text); got > plotWidth {
+				t.Errorf("title %q is %.0f pt wide, the image %.0f pt", f.Title.Text, got, plotWidth)
+			}
+			if got, room := f.X.Label.TextStyle.Width(f.X.Label.Text), data.Max.X-data.Min.X; got > room {
+				t.Errorf("x label %q is %.0f pt wide, the x axis %.0f pt", f.X.Label.Text, got, room)
+			}
+			if got, room := f.Y.Label.TextStyle.Width(f.Y.Label.Text), data.Max.Y-data.Min.Y; got > room {
+				t.Errorf("y label %q is %.0f pt long, the y axis %.0f pt: it would be cut off", f.Y.Label.Text, got, room)
+			}
+		})
+	}
+}
