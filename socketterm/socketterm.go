@@ -18,7 +18,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -30,6 +29,7 @@ import (
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // Terminator runs the socket-termination iterator. It is not safe for
@@ -203,65 +203,33 @@ func cgroupPIDs(root string) ([]int, error) {
 	return pids, nil
 }
 
-// runIn reads the iterator to its end once in each namespace, on an OS
-// thread of its own, and returns how many sockets it destroyed.
+// runIn reads the iterator to its end once in each namespace and returns
+// how many sockets it destroyed.
 func runIn(namespaces []namespace, iter *link.Iter) (int, error) {
-	type result struct {
-		destroyed int
-		err       error
+	destroyed := 0
+	var errs []error
+	for _, ns := range namespaces {
+		d, err := runOne(ns, iter)
+		destroyed += d
+		errs = append(errs, err)
 	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		var res result
-		defer func() { done <- res }()
-		orig, err := netns.Get()
-		if err != nil {
-			res.err = fmt.Errorf("get current network namespace: %w", err)
-			runtime.UnlockOSThread()
-			return
-		}
-		defer orig.Close()
-		var errs []error
-		for _, ns := range namespaces {
-			d, err := runOne(ns, iter, orig)
-			res.destroyed += d
-			var lost errThreadLost
-			if errors.As(err, &lost) {
-				// The thread is in an unknown namespace: leave it locked,
-				// so the runtime ends it with this goroutine.
-				res.err = errors.Join(append(errs, err)...)
-				return
-			}
-			errs = append(errs, err)
-		}
-		res.err = errors.Join(errs...)
-		runtime.UnlockOSThread()
-	}()
-	res := <-done
-	return res.destroyed, res.err
+	return destroyed, errors.Join(errs...)
 }
 
-type errThreadLost struct{ error }
-
-func (e errThreadLost) Unwrap() error { return e.error }
-
 // runOne opens the iterator inside ns (that fixes which namespace it
-// walks), returns the thread to orig, and reads the iterator to its end:
-// eight bytes, a socket cookie, per destroyed socket.
-func runOne(ns namespace, iter *link.Iter, orig netns.NsHandle) (int, error) {
-	if err := netns.Set(ns.handle); err != nil {
-		return 0, fmt.Errorf("enter network namespace of %s: %w", ns.from, err)
-	}
-	rd, openErr := iter.Open()
-	if err := netns.Set(orig); err != nil {
-		if openErr == nil {
+// walks) and reads it to its end outside: eight bytes, a socket cookie,
+// per destroyed socket.
+func runOne(ns namespace, iter *link.Iter) (int, error) {
+	var rd io.ReadCloser
+	err := netnsexec.In(int(ns.handle), func() (err error) {
+		rd, err = iter.Open()
+		return err
+	})
+	if err != nil {
+		if rd != nil {
 			rd.Close()
 		}
-		return 0, errThreadLost{fmt.Errorf("return from network namespace of %s: %w", ns.from, err)}
-	}
-	if openErr != nil {
-		return 0, fmt.Errorf("open UDP socket iterator in network namespace of %s: %w", ns.from, openErr)
+		return 0, fmt.Errorf("open UDP socket iterator in network namespace of %s: %w", ns.from, err)
 	}
 	defer rd.Close()
 	n, err := io.Copy(io.Discard, rd)
