@@ -28,8 +28,8 @@ func TestServicePortThatDoesNotFitIsRefusedAloneAndRetried(t *testing.T) {
 	lb := maps.NewInMemory(110, 1000, 1000)
 	p := New(lb, nil)
 	all := map[dataplane.ServicePortName]*dataplane.ServicePort{
-		name("a-hog"):   clusterIP("10.96.0.1", backends(20)...), // 21 entries
-		name("b-small"): clusterIP("10.96.0.2", backends(2)...),  // 3 entries
+		name("a-hog"):   clusterIP("10.96.0.1", backends(20)...),  // 21 entries
+		name("b-small"): clusterIP("10.96.0.2", backends(2)...),   // 3 entries
 		name("c-big"):   clusterIP("10.96.0.3", backends(100)...), // 101: 125 > 110
 	}
 	if err := p.Apply(all); err != nil {
