@@ -397,9 +397,11 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort,
 		}
 		errs = append(errs, err)
 	}
-	for _, name := range names {
-		if !failed[name] {
-			p.programmed(name, sps[name] != nil)
+	if len(p.refused) > 0 { // only this goroutine writes refused
+		for _, name := range names {
+			if !failed[name] {
+				p.programmed(name, sps[name] != nil)
+			}
 		}
 	}
 	var stale []maps.ServiceKey
