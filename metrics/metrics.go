@@ -63,7 +63,8 @@ type Metrics struct {
 	// no counterpart of.
 
 	// SyncFailuresTotal counts syncs that failed to write the dataplane
-	// (for example a full map); each is retried with backoff.
+	// (a failed syscall, not a Service that does not fit: that one is
+	// refused alone, see ServicePortsRefused); each is retried with backoff.
 	SyncFailuresTotal prometheus.Counter
 	// MapEntries and MapMaxEntries give each BPF map's fill level (label
 	// map): a map that fills up refuses new Services.

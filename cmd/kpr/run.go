@@ -57,7 +57,8 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 		Short: "Run the node daemon: watch the Kubernetes API and program the dataplane",
 		Long: "run loads kpr's BPF programs (or adopts the pinned ones), then keeps the BPF maps in step " +
 			"with the Services and EndpointSlices of the cluster. On SIGTERM it exits and leaves the dataplane " +
-			"serving; `kpr cleanup` removes it.",
+			"serving; `kpr cleanup` removes it. A restart with other --map-size-* values carries the pinned maps' " +
+			"contents over into maps of the new sizes, without a moment in which Services are not translated.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := g.logger()
 			if err != nil {
