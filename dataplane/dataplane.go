@@ -143,3 +143,29 @@ type Dataplane interface {
 	// repairing drift and removing anything not listed.
 	Reconcile(all map[ServicePortName]*ServicePort) error
 }
+
+// Refusal is a ServicePort the dataplane accepted but cannot program for
+// now, while it goes on serving every other ServicePort: one bad or
+// oversized Service must not fail every sync and so make the node look
+// unhealthy. The dataplane keeps retrying it on its own.
+type Refusal struct {
+	// Reason is one CamelCase word, as Kubernetes Events have it, such as
+	// RefusedMapFull.
+	Reason string
+	// Message says what is wrong and what fixes it.
+	Message string
+}
+
+// RefusedMapFull is the Reason of a ServicePort that does not fit in the
+// dataplane's tables.
+const RefusedMapFull = "MapFull"
+
+// Refuser is implemented by dataplanes that refuse single ServicePorts
+// instead of failing a whole Apply or Reconcile. A refused ServicePort still
+// counts as handed over: the dataplane programs it, without being asked
+// again, once it fits.
+type Refuser interface {
+	// Refused returns the ServicePorts refused as of the last Apply or
+	// Reconcile. It is safe to call from any goroutine.
+	Refused() map[ServicePortName]Refusal
+}

@@ -4,7 +4,8 @@
 //
 // A second Load against the same pins adopts them: maps keep their contents
 // and the new programs are swapped into the existing links in place, so no
-// connect() ever runs without a program.
+// connect() ever runs without a program. A pinned map whose size or layout
+// no longer matches is carried over into a new map (carry.go).
 package loader
 
 import (
@@ -141,12 +142,21 @@ func Load(opts Options) (*Loaded, error) {
 	termSpec := spec.Copy()
 	delete(spec.Programs, bpf.KprProgKprSockTermUdp)
 
+	// Pinned maps of another size or layout get new maps, filled with
+	// their contents, which the new programs are loaded against; the pins
+	// move over once the links run those programs.
+	carry, err := prepareCarryOver(spec, opts.BPFRoot, log)
+	if err != nil {
+		return nil, err
+	}
+	defer carry.close()
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: opts.BPFRoot},
+		Maps:            ebpf.MapOptions{PinPath: opts.BPFRoot},
+		MapReplacements: carry.replacements(),
 	})
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return nil, fmt.Errorf("pinned maps under %s do not match the requested layout or sizes (%w); "+
-			"keep the sizes they were created with, or run `kpr cleanup --bpf-root %s` to start empty",
+			"run `kpr cleanup --bpf-root %s` to start empty",
 			opts.BPFRoot, err, opts.BPFRoot)
 	}
 	if err != nil {
@@ -174,6 +184,10 @@ func Load(opts Options) (*Loaded, error) {
 			kprMaps.Close()
 			return nil, err
 		}
+	}
+	if err := carry.finish(log); err != nil {
+		kprMaps.Close()
+		return nil, err
 	}
 	loaded := &Loaded{Maps: &kprMaps, BPFRoot: opts.BPFRoot, CgroupRoot: opts.CgroupRoot, Features: report}
 	if report.Has(FeatureUDPSockTerm) {
@@ -328,8 +342,10 @@ func Cleanup(bpfRoot string) error {
 	}
 	for _, name := range []string{bpf.KprMapKprServices, bpf.KprMapKprBackends, bpf.KprMapKprRevNat,
 		bpf.KprMapKprSockRev, bpf.KprMapKprAffinity, bpf.KprMapKprAffinityMatch} {
-		if err := os.Remove(filepath.Join(bpfRoot, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("remove map pin: %w", err))
+		for _, pin := range []string{name, name + "_carry"} { // an interrupted carry-over (bpffs names cannot hold a dot)
+			if err := os.Remove(filepath.Join(bpfRoot, pin)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove map pin: %w", err))
+			}
 		}
 	}
 	for _, dir := range []string{linkDir(bpfRoot), bpfRoot} {

@@ -3,6 +3,7 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kpr-io/kpr/bpf"
 )
@@ -42,58 +43,136 @@ type plan struct {
 // all. Services that fit are applied even when others are refused; the
 // error names every refused one.
 func (lb *LB) Upsert(svcs ...Service) error {
-	if lb.readOnly {
-		return errReadOnly
+	groups := make([][]Service, len(svcs))
+	for i := range svcs {
+		groups[i] = svcs[i : i+1]
 	}
-	var errs []error
-	valid := svcs[:0:0]
-	for _, svc := range svcs {
-		svc.Addr = svc.Addr.Unmap()
-		if err := validate(svc); err != nil {
-			errs = append(errs, err)
+	return errors.Join(lb.UpsertGroups(groups)...)
+}
+
+// UpsertGroups writes groups of Services, such as the frontends of one
+// Kubernetes ServicePort, each group completely or not at all: a group that
+// does not fit is refused whole, so a ServicePort is never served on some
+// of its frontends only. Groups that fit are applied even when others are
+// refused. errs[i] is group i's error, nil when it was written; a refusal
+// for lack of room is a *MapFullError (errors.Is ErrMapFull).
+func (lb *LB) UpsertGroups(groups [][]Service) (errs []error) {
+	errs = make([]error, len(groups))
+	valid := make([][]Service, len(groups))
+	for i, g := range groups {
+		if lb.readOnly {
+			errs[i] = errReadOnly
 			continue
 		}
-		valid = append(valid, svc)
+		out := make([]Service, 0, len(g))
+		for _, svc := range g {
+			svc.Addr = svc.Addr.Unmap()
+			if err := validate(svc); err != nil {
+				errs[i] = errors.Join(errs[i], err)
+				continue
+			}
+			out = append(out, svc)
+		}
+		if errs[i] == nil {
+			valid[i] = out
+		}
 	}
 	// A start-up or full reconcile may bring every Service of the cluster
 	// at once; chunks keep the plans and syscall buffers of one commit
-	// small, which bounds kpr's peak memory, at no cost in syscalls.
-	for len(valid) > 0 {
-		n := min(len(valid), maxServicesPerCommit)
-		errs = append(errs, lb.upsertChunk(valid[:n]))
-		valid = valid[n:]
+	// small, which bounds kpr's peak memory, at no cost in syscalls. A
+	// chunk never splits a group.
+	for start := 0; start < len(groups); {
+		end, n := start, 0
+		for end < len(groups) && (n == 0 || n+len(valid[end]) <= maxServicesPerCommit) {
+			n += len(valid[end])
+			end++
+		}
+		lb.upsertChunk(valid[start:end], errs[start:end])
+		start = end
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // maxServicesPerCommit is how many Services one commit writes at most.
 const maxServicesPerCommit = 1024
 
-func (lb *LB) upsertChunk(svcs []Service) error {
-	// Fast path: the whole chunk fits, so write it in seven batched steps.
-	plans, err := lb.planAll(svcs)
-	if err == nil {
-		if err = lb.commit(plans); err == nil {
-			return nil
+// upsertChunk writes the groups whose errs entry is still nil and sets it
+// for those it could not write.
+func (lb *LB) upsertChunk(groups [][]Service, errs []error) {
+	var flat []Service
+	pending := 0
+	for i, g := range groups {
+		if errs[i] == nil && len(g) > 0 {
+			flat = append(flat, g...)
+			pending++
 		}
 	}
-	if !errors.Is(err, ErrMapFull) || len(svcs) == 1 {
-		return err
+	if pending == 0 {
+		return
 	}
-	// Not everything fits: apply one Service at a time, each atomically,
+	// Fast path: the whole chunk fits, so write it in seven batched steps.
+	plans, err := lb.planAll(flat)
+	if err == nil {
+		if err = lb.commit(plans); err == nil {
+			return
+		}
+	}
+	if !errors.Is(err, ErrMapFull) || pending == 1 {
+		for i, g := range groups {
+			if errs[i] == nil && len(g) > 0 {
+				errs[i] = err
+			}
+		}
+		return
+	}
+	// Not everything fits: apply one group at a time, each atomically,
 	// so as many as possible are served and the rest are reported.
-	var errs []error
-	for _, svc := range svcs {
-		p, err := lb.planAll([]Service{svc})
+	for i, g := range groups {
+		if errs[i] != nil || len(g) == 0 {
+			continue
+		}
+		p, err := lb.planAll(g)
 		if err == nil {
 			err = lb.commit(p)
 		}
-		if err != nil {
-			errs = append(errs, err)
-		}
+		errs[i] = err
 	}
-	return errors.Join(errs...)
 }
+
+// MapFullError is a change refused because it needs more entries than the
+// maps have left. Nothing of it was written.
+type MapFullError struct {
+	// Frontends are the frontends of the refused change.
+	Frontends []Frontend
+	// Short are the maps that lacked room.
+	Short []MapShortage
+}
+
+// MapShortage is one map a refused change did not fit in.
+type MapShortage struct {
+	Map string // the BPF map's name
+	// Flag is the `kpr run` flag that sizes the map.
+	Flag       string
+	Need, Have int
+}
+
+func (e *MapFullError) Error() string {
+	what := "a batch of services"
+	if len(e.Frontends) == 1 {
+		what = "service " + e.Frontends[0].String()
+	} else if len(e.Frontends) > 1 {
+		what = fmt.Sprintf("%d frontends (%s, ...)", len(e.Frontends), e.Frontends[0])
+	}
+	var short, flags []string
+	for _, s := range e.Short {
+		short = append(short, fmt.Sprintf("%s needs %d of %d entries", s.Map, s.Need, s.Have))
+		flags = append(flags, s.Flag)
+	}
+	return fmt.Sprintf("%v: %s refused, %s; raise %s (kpr run) and restart kpr: the maps are carried over",
+		ErrMapFull, what, strings.Join(short, ", "), strings.Join(flags, " and "))
+}
+
+func (e *MapFullError) Unwrap() error { return ErrMapFull }
 
 // planAll allocates ids for a batch and checks that it fits. On error the
 // allocations are released and nothing is left behind.
@@ -110,24 +189,25 @@ func (lb *LB) planAll(svcs []Service) ([]*plan, error) {
 		newEntries += p.newCount
 	}
 	// Planning already registered new backends and reverse-NAT ids.
-	var full []string
+	var short []MapShortage
 	if n, max := lb.svcEntries+newEntries, lb.services.maxEntries(); n > max {
-		full = append(full, fmt.Sprintf("service map needs %d of %d entries", n, max))
+		short = append(short, MapShortage{bpf.KprMapKprServices, "--map-size-services", n, max})
 	}
 	if n, max := len(lb.backendOf), lb.backends.maxEntries(); n > max {
-		full = append(full, fmt.Sprintf("backend map needs %d of %d entries", n, max))
+		short = append(short, MapShortage{bpf.KprMapKprBackends, "--map-size-backends", n, max})
 	}
 	if n, max := len(lb.revNatRefs), lb.revNat.maxEntries(); n > max {
-		full = append(full, fmt.Sprintf("reverse-NAT map needs %d of %d entries", n, max))
+		short = append(short, MapShortage{bpf.KprMapKprRevNat, "--map-size-revnat", n, max})
 	}
-	if len(full) > 0 {
+	if len(short) > 0 {
 		lb.abandon(plans)
-		what := "a batch of services"
-		if len(svcs) == 1 {
-			what = "service " + svcs[0].Frontend.String()
+		e := &MapFullError{Short: short}
+		if len(svcs) <= 16 {
+			for _, svc := range svcs {
+				e.Frontends = append(e.Frontends, svc.Frontend)
+			}
 		}
-		return nil, fmt.Errorf("%w: %s refused, %v; raise the map sizes (kpr run --map-size-*) and restart kpr",
-			ErrMapFull, what, full)
+		return nil, e
 	}
 	return plans, nil
 }

@@ -63,7 +63,8 @@ type Metrics struct {
 	// no counterpart of.
 
 	// SyncFailuresTotal counts syncs that failed to write the dataplane
-	// (for example a full map); each is retried with backoff.
+	// (a failed syscall, not a Service that does not fit: that one is
+	// refused alone, see ServicePortsRefused); each is retried with backoff.
 	SyncFailuresTotal prometheus.Counter
 	// MapEntries and MapMaxEntries give each BPF map's fill level (label
 	// map): a map that fills up refuses new Services.
@@ -72,6 +73,10 @@ type Metrics struct {
 	// UDPSocketsDestroyedTotal counts connected UDP sockets destroyed
 	// because their backend left the Service.
 	UDPSocketsDestroyedTotal prometheus.Counter
+	// ServicePortsRefused is the number of Service ports the dataplane
+	// refuses right now (label reason, such as "MapFull") while it serves
+	// every other one; each also has a Warning Event on its Service.
+	ServicePortsRefused *prometheus.GaugeVec
 }
 
 // kprNamespace prefixes kpr's own metrics.
@@ -158,6 +163,11 @@ func New() *Metrics {
 			Name:      "udp_sockets_destroyed_total",
 			Help:      "Connected UDP sockets destroyed because their backend left the Service",
 		}),
+		ServicePortsRefused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: kprNamespace,
+			Name:      "service_ports_refused",
+			Help:      "Service ports the dataplane refuses while serving every other one (see the Service's Events)",
+		}, []string{"reason"}),
 	}
 	// Both policies are always exported, zero included, so that dashboards
 	// see the series before the first Local Service appears.
@@ -182,6 +192,7 @@ func New() *Metrics {
 		m.MapEntries,
 		m.MapMaxEntries,
 		m.UDPSocketsDestroyedTotal,
+		m.ServicePortsRefused,
 	)
 	return m
 }

@@ -86,6 +86,10 @@ type Config struct {
 	// ServiceHealth, if set, gets the healthCheckNodePort state of every
 	// externalTrafficPolicy: Local Service after each successful sync.
 	ServiceHealth ServiceHealthReporter
+	// Events, if set, receives a Warning Event on every Service with a port
+	// the dataplane refuses (see dataplane.Refuser), and a Normal one when
+	// the port is programmed after all.
+	Events EventRecorder
 	// OnSync, if set, is called after every sync attempt, from the sync
 	// loop's goroutine: keep it quick. Tests and benchmarks use it to learn
 	// when the dataplane caught up.
@@ -131,6 +135,19 @@ func New(cfg Config, client kubernetes.Interface, dp dataplane.Dataplane, log *z
 	api, err := newAPIObjects(client, cfg.NodeName, tracker, node, started, log)
 	if err != nil {
 		return nil, fmt.Errorf("watcher: set up informers: %w", err)
+	}
+	if refuser, ok := dp.(dataplane.Refuser); ok {
+		// Reported from OnSync, so the sync loop itself need not know.
+		rep := newRefusalReporter(refuser, api, cfg.Events, cfg.Metrics.ServicePortsRefused, log)
+		onSync := cfg.OnSync
+		cfg.OnSync = func(res SyncResult) {
+			if res.Err == nil {
+				rep.report()
+			}
+			if onSync != nil {
+				onSync(res)
+			}
+		}
 	}
 	w := &Watcher{
 		log:    log,

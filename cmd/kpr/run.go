@@ -18,6 +18,10 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane/bpfplane"
@@ -56,7 +60,8 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 		Short: "Run the node daemon: watch the Kubernetes API and program the dataplane",
 		Long: "run loads kpr's BPF programs (or adopts the pinned ones), then keeps the BPF maps in step " +
 			"with the Services and EndpointSlices of the cluster. On SIGTERM it exits and leaves the dataplane " +
-			"serving; `kpr cleanup` removes it.",
+			"serving; `kpr cleanup` removes it. A restart with other --map-size-* values carries the pinned maps' " +
+			"contents over into maps of the new sizes, without a moment in which Services are not translated.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := g.logger()
 			if err != nil {
@@ -139,6 +144,12 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	cfg.Metrics = m
 	cfg.Health = hs
 	cfg.ServiceHealth = svcHealth
+	// Events tell a Service's owner that this node refuses it, as
+	// kube-proxy's recorder does for its own complaints.
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	cfg.Events = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "kpr", Host: cfg.NodeName})
 	// The LB is only safe to read from the sync loop, which is where
 	// OnSync runs.
 	publishMapUsage(m, lb)

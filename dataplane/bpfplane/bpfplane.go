@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -24,11 +26,17 @@ type Plane struct {
 	// claiming one frontend are noticed instead of overwriting each other.
 	owned map[dataplane.ServicePortName][]maps.ServiceKey
 	owner map[maps.ServiceKey]claimant
-	// applied is every ServicePort the maps hold, as handed in by the last
-	// successful calls; nil when a call failed and the maps may differ.
-	// ServicePorts are never modified once handed over, so an unchanged
-	// pointer means an unchanged ServicePort.
+	// applied is every ServicePort handed in by the last successful calls:
+	// what the maps hold, except for the refused ones; nil when a call
+	// failed and the maps may differ. ServicePorts are never modified once
+	// handed over, so an unchanged pointer means an unchanged ServicePort.
 	applied map[dataplane.ServicePortName]*dataplane.ServicePort
+	// refused are the ServicePorts that did not fit in the maps, with
+	// their latest desired state: the maps keep what they held for them
+	// before (or nothing), and every later call that frees room, and every
+	// Reconcile, tries them again. refusedMu guards it for Refused.
+	refusedMu sync.Mutex
+	refused   map[dataplane.ServicePortName]refusal
 	// term destroys connected UDP sockets of removed backends; nil when
 	// the kernel cannot (see SetSocketTerminator).
 	term SocketTerminator
@@ -71,6 +79,15 @@ func (p *Plane) terminate() {
 	p.log.Debug("destroyed UDP sockets of removed backends", fields...)
 }
 
+// refusal is one refused ServicePort.
+type refusal struct {
+	sp  *dataplane.ServicePort
+	err error
+	// flags are the map size flags that would make it fit; a refusal is
+	// logged again only when they change, not on every retry.
+	flags string
+}
+
 // claimant is the ServicePort that owns a map entry, and the kind of
 // frontend it owns it as.
 type claimant struct {
@@ -85,11 +102,26 @@ func New(lb *maps.LB, log *zap.Logger) *Plane {
 		log = zap.NewNop()
 	}
 	return &Plane{lb: lb, log: log,
-		owned: map[dataplane.ServicePortName][]maps.ServiceKey{},
-		owner: map[maps.ServiceKey]claimant{}}
+		owned:   map[dataplane.ServicePortName][]maps.ServiceKey{},
+		owner:   map[maps.ServiceKey]claimant{},
+		refused: map[dataplane.ServicePortName]refusal{}}
 }
 
-var _ dataplane.Dataplane = (*Plane)(nil)
+var (
+	_ dataplane.Dataplane = (*Plane)(nil)
+	_ dataplane.Refuser   = (*Plane)(nil)
+)
+
+// Refused returns the ServicePorts that do not fit in the maps.
+func (p *Plane) Refused() map[dataplane.ServicePortName]dataplane.Refusal {
+	p.refusedMu.Lock()
+	defer p.refusedMu.Unlock()
+	out := make(map[dataplane.ServicePortName]dataplane.Refusal, len(p.refused))
+	for name, r := range p.refused {
+		out[name] = dataplane.Refusal{Reason: dataplane.RefusedMapFull, Message: r.err.Error()}
+	}
+	return out
+}
 
 // expand turns a ServicePort into map entries: every frontend gets its
 // internal scope, and an external scope when external traffic has a
@@ -115,9 +147,15 @@ func expand(sp *dataplane.ServicePort) []maps.Service {
 	return out
 }
 
-// Apply writes the given ServicePorts; nil deletes one.
+// Apply writes the given ServicePorts; nil deletes one. A ServicePort that
+// does not fit is refused alone (see Refused); the others are written.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
-	err := p.write(p.claimAll(changes))
+	before := p.lb.Usage()
+	want, names := p.claimAll(changes)
+	err := p.write(changes, want, names)
+	if err == nil && p.freedRoom(before) {
+		err = p.retryRefused()
+	}
 	p.terminate()
 	if err != nil || p.applied == nil {
 		p.applied = nil
@@ -141,7 +179,7 @@ func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePo
 // external IP, load-balancer IP or node address equal to it is the other
 // Service's mistake and must not take the ClusterIP over, whatever the
 // Services are called and whichever came first.
-func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane.ServicePortName][]maps.Service {
+func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePort) (map[dataplane.ServicePortName][]maps.Service, []dataplane.ServicePortName) {
 	names := sortedNames(sps)
 	want := make(map[dataplane.ServicePortName][]maps.Service, len(sps))
 	for _, clusterIPs := range []bool{true, false} {
@@ -159,7 +197,36 @@ func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePor
 			want[name] = append(want[name], p.claim(name, these)...)
 		}
 	}
-	return want
+	return want, names
+}
+
+// freedRoom reports whether any map the refused ServicePorts could lack
+// room in holds fewer entries than it did at before: only then can a
+// refused one fit now (Reconcile retries them regardless).
+func (p *Plane) freedRoom(before []maps.MapUsage) bool {
+	if len(p.refused) == 0 {
+		return false
+	}
+	for i, u := range p.lb.Usage() {
+		if u.Entries < before[i].Entries {
+			return true
+		}
+	}
+	return false
+}
+
+// retryRefused tries the refused ServicePorts again; those that still do
+// not fit stay refused.
+func (p *Plane) retryRefused() error {
+	if len(p.refused) == 0 {
+		return nil
+	}
+	sps := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(p.refused))
+	for name, r := range p.refused {
+		sps[name] = r.sp
+	}
+	want, names := p.claimAll(sps)
+	return p.write(sps, want, names)
 }
 
 // sortedNames returns the names of sps in String() order. Each name's
@@ -194,7 +261,14 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 		return fmt.Errorf("read BPF maps for reconcile: %w", err)
 	}
 	if inSync && p.holds(all) {
-		return nil // the common case: nothing changed anywhere
+		// The common case: nothing changed anywhere, except that room
+		// may have been made for what was refused.
+		err := p.retryRefused()
+		p.terminate()
+		if err != nil {
+			p.applied = nil
+		}
+		return err
 	}
 	if !inSync {
 		p.log.Info("BPF maps differ from what kpr wrote; re-reading them to repair the difference")
@@ -204,7 +278,14 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	}
 	p.owned = map[dataplane.ServicePortName][]maps.ServiceKey{}
 	p.owner = map[maps.ServiceKey]claimant{}
-	want := p.claimAll(all)
+	p.refusedMu.Lock()
+	for name := range p.refused {
+		if all[name] == nil {
+			delete(p.refused, name) // deleted while refused
+		}
+	}
+	p.refusedMu.Unlock()
+	want, names := p.claimAll(all)
 	var errs []error
 	// Anything in the maps that nobody claimed is stale.
 	var stale []maps.ServiceKey
@@ -219,7 +300,7 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 			errs = append(errs, err)
 		}
 	}
-	err = errors.Join(append(errs, p.write(want))...)
+	err = errors.Join(append(errs, p.write(all, want, names))...)
 	p.terminate()
 	p.applied = nil
 	if err == nil {
@@ -279,22 +360,48 @@ func (p *Plane) claim(name dataplane.ServicePortName, svcs []maps.Service) []map
 }
 
 // write upserts what differs, then deletes frontends ServicePorts dropped,
-// and records ownership for what the maps now hold.
-func (p *Plane) write(want map[dataplane.ServicePortName][]maps.Service) error {
-	var upserts []maps.Service
+// and records ownership for what the maps now hold. sps are the
+// ServicePorts want was expanded from, names want's keys in the order in
+// which they get room when not all fit. A ServicePort that does not fit is
+// refused whole and recorded in refused; that is not an error.
+func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort,
+	want map[dataplane.ServicePortName][]maps.Service, names []dataplane.ServicePortName) error {
+	var groups [][]maps.Service
+	var groupNames []dataplane.ServicePortName
 	wanted := map[maps.ServiceKey]bool{}
-	for _, svcs := range want {
-		for _, svc := range svcs {
+	for _, name := range names {
+		var upserts []maps.Service
+		for _, svc := range want[name] {
 			wanted[svc.ServiceKey] = true
 			if !p.lb.Matches(svc) {
 				upserts = append(upserts, svc)
 			}
 		}
+		if len(upserts) > 0 {
+			groups = append(groups, upserts)
+			groupNames = append(groupNames, name)
+		}
 	}
 	var errs []error
-	if len(upserts) > 0 {
-		if err := p.lb.Upsert(upserts...); err != nil {
-			errs = append(errs, err)
+	failed := map[dataplane.ServicePortName]bool{}
+	for i, err := range p.lb.UpsertGroups(groups) {
+		if err == nil {
+			continue
+		}
+		name := groupNames[i]
+		failed[name] = true
+		var full *maps.MapFullError
+		if errors.As(err, &full) && sps[name] != nil {
+			p.refuse(name, sps[name], want[name], full)
+			continue
+		}
+		errs = append(errs, err)
+	}
+	if len(p.refused) > 0 { // only this goroutine writes refused
+		for _, name := range names {
+			if !failed[name] {
+				p.programmed(name, sps[name] != nil)
+			}
 		}
 	}
 	var stale []maps.ServiceKey
@@ -312,8 +419,8 @@ func (p *Plane) write(want map[dataplane.ServicePortName][]maps.Service) error {
 		delete(p.owner, key)
 	}
 	// A refused entry stays owned: the maps hold its old content or
-	// nothing, the error makes the sync retry, and a later delete of the
-	// ServicePort still removes it.
+	// nothing, it is retried (a failed write makes the sync retry), and a
+	// later delete of the ServicePort still removes it.
 	for name, svcs := range want {
 		keys := make([]maps.ServiceKey, 0, len(svcs))
 		for _, svc := range svcs {
@@ -326,4 +433,46 @@ func (p *Plane) write(want map[dataplane.ServicePortName][]maps.Service) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// refuse records that sp does not fit, and logs it when it newly does not
+// or now needs other maps to grow.
+func (p *Plane) refuse(name dataplane.ServicePortName, sp *dataplane.ServicePort, svcs []maps.Service, full *maps.MapFullError) {
+	var flags []string
+	for _, s := range full.Short {
+		flags = append(flags, s.Flag)
+	}
+	r := refusal{sp: sp, flags: strings.Join(flags, ",")}
+	// What the maps still hold of it tells the operator what clients see.
+	served := false
+	for _, svc := range svcs {
+		if _, ok := p.lb.Get(svc.ServiceKey); ok {
+			served = true
+		}
+	}
+	if served {
+		r.err = fmt.Errorf("%w; until then its previous state stays in the maps", full)
+	} else {
+		r.err = fmt.Errorf("%w; until then it is not served on this node", full)
+	}
+	p.refusedMu.Lock()
+	old, was := p.refused[name]
+	p.refused[name] = r
+	p.refusedMu.Unlock()
+	if !was || old.flags != r.flags {
+		p.log.Warn("Service port does not fit in the BPF maps: refused it alone, every other Service is still served; it is programmed once room is made",
+			zap.Stringer("servicePort", name), zap.Error(r.err))
+	}
+}
+
+// programmed records that name is no longer refused: its desired state is
+// in the maps (exists) or it was deleted.
+func (p *Plane) programmed(name dataplane.ServicePortName, exists bool) {
+	p.refusedMu.Lock()
+	_, was := p.refused[name]
+	delete(p.refused, name)
+	p.refusedMu.Unlock()
+	if was && exists {
+		p.log.Info("Service port refused earlier for lack of map room now fits and is programmed", zap.Stringer("servicePort", name))
+	}
 }
