@@ -29,6 +29,13 @@ type Plane struct {
 	// ServicePorts are never modified once handed over, so an unchanged
 	// pointer means an unchanged ServicePort.
 	applied map[dataplane.ServicePortName]*dataplane.ServicePort
+	// contested are the entries a claim was refused (or taken over) for
+	// since the last Reconcile. handover is set when one of them lost its
+	// owner: only a Reconcile hands it to the waiting ServicePort, so until
+	// one runs, Reconcile takes its slow path and a drift check reports the
+	// maps as not held.
+	contested map[maps.ServiceKey]bool
+	handover  bool
 	// term destroys connected UDP sockets of removed backends; nil when
 	// the kernel cannot (see SetSocketTerminator).
 	term SocketTerminator
@@ -85,8 +92,9 @@ func New(lb *maps.LB, log *zap.Logger) *Plane {
 		log = zap.NewNop()
 	}
 	return &Plane{lb: lb, log: log,
-		owned: map[dataplane.ServicePortName][]maps.ServiceKey{},
-		owner: map[maps.ServiceKey]claimant{}}
+		owned:     map[dataplane.ServicePortName][]maps.ServiceKey{},
+		owner:     map[maps.ServiceKey]claimant{},
+		contested: map[maps.ServiceKey]bool{}}
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -193,7 +201,7 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	if err != nil {
 		return fmt.Errorf("read BPF maps for reconcile: %w", err)
 	}
-	if inSync && p.holds(all) {
+	if inSync && !p.handover && p.holds(all) {
 		return nil // the common case: nothing changed anywhere
 	}
 	if !inSync {
@@ -204,6 +212,8 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	}
 	p.owned = map[dataplane.ServicePortName][]maps.ServiceKey{}
 	p.owner = map[maps.ServiceKey]claimant{}
+	p.contested = map[maps.ServiceKey]bool{}
+	p.handover = false
 	want := p.claimAll(all)
 	var errs []error
 	// Anything in the maps that nobody claimed is stale.
@@ -263,6 +273,7 @@ func (p *Plane) claim(name dataplane.ServicePortName, svcs []maps.Service) []map
 	kept := svcs[:0]
 	for _, svc := range svcs {
 		if other, ok := p.owner[svc.ServiceKey]; ok && other.name != name {
+			p.contested[svc.ServiceKey] = true
 			if svc.Kind != dataplane.ClusterIP || other.kind == dataplane.ClusterIP {
 				p.log.Warn("frontend claimed by two Services; keeping the first, fix the conflicting Services",
 					zap.Stringer("frontend", svc.ServiceKey.Frontend), zap.Stringer("servedBy", other.name),
@@ -310,6 +321,7 @@ func (p *Plane) write(want map[dataplane.ServicePortName][]maps.Service) error {
 	}
 	for _, key := range stale {
 		delete(p.owner, key)
+		p.handover = p.handover || p.contested[key]
 	}
 	// A refused entry stays owned: the maps hold its old content or
 	// nothing, the error makes the sync retry, and a later delete of the
