@@ -112,6 +112,9 @@ type LB struct {
 	// written during its current stage.
 	scan    *DriftScan
 	touched touchedKeys
+	// seen are the sets a DriftScan notes reported keys in, kept from one
+	// scan to the next (see reuse).
+	seen touchedKeys
 }
 
 // New opens the LB over loaded or pinned maps and adopts their contents.

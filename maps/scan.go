@@ -44,8 +44,9 @@ type DriftScan struct {
 	matchSeen   map[bpf.KprAffinityMatchKey]struct{}
 }
 
-// touchedKeys are the keys the LB wrote or deleted during the current
-// stage of a scan; nil maps when no scan is running.
+// touchedKeys is a set of keys per table: those the LB wrote or deleted
+// during the current stage of a scan (nil maps when no scan runs), or
+// those a scan saw.
 type touchedKeys struct {
 	services map[bpf.KprSvcKey]struct{}
 	backends map[uint32]struct{}
@@ -140,7 +141,7 @@ func (s *DriftScan) startStage() {
 	switch s.stage {
 	case scanServices:
 		lb.touched.services = map[bpf.KprSvcKey]struct{}{}
-		s.svcSeen = make(map[bpf.KprSvcKey]struct{}, lb.svcEntries)
+		s.svcSeen = reuse(&lb.seen.services, lb.svcEntries)
 		s.cursor = lb.services.scan(func(k bpf.KprSvcKey, v bpf.KprSvcValue) {
 			if _, ok := lb.touched.services[k]; ok || s.drifted {
 				return
@@ -151,7 +152,7 @@ func (s *DriftScan) startStage() {
 	case scanBackends:
 		s.svcSeen = nil
 		lb.touched.backends = map[uint32]struct{}{}
-		s.backendSeen = make(map[uint32]struct{}, len(lb.backendOf))
+		s.backendSeen = reuse(&lb.seen.backends, len(lb.backendOf))
 		s.cursor = lb.backends.scan(func(id uint32, b bpf.KprBackend) {
 			if _, ok := lb.touched.backends[id]; ok || s.drifted {
 				return
@@ -162,7 +163,7 @@ func (s *DriftScan) startStage() {
 	case scanRevNat:
 		s.backendSeen = nil
 		lb.touched.revNat = map[uint32]struct{}{}
-		s.revNatSeen = make(map[uint32]struct{}, len(lb.revNatRefs))
+		s.revNatSeen = reuse(&lb.seen.revNat, len(lb.revNatRefs))
 		s.cursor = lb.revNat.scan(func(id uint32, _ bpf.KprRevNatValue) {
 			if _, ok := lb.touched.revNat[id]; ok || s.drifted {
 				return
@@ -174,7 +175,7 @@ func (s *DriftScan) startStage() {
 	case scanMatches:
 		s.revNatSeen = nil
 		lb.touched.matches = map[bpf.KprAffinityMatchKey]struct{}{}
-		s.matchSeen = make(map[bpf.KprAffinityMatchKey]struct{}, len(lb.matches))
+		s.matchSeen = reuse(&lb.seen.matches, len(lb.matches))
 		s.cursor = lb.affinityMatch.scan(func(k bpf.KprAffinityMatchKey, _ uint8) {
 			if _, ok := lb.touched.matches[k]; ok || s.drifted {
 				return
@@ -184,6 +185,18 @@ func (s *DriftScan) startStage() {
 			s.drifted = !ok
 		})
 	}
+}
+
+// reuse empties the set *m for a new stage, keeping its memory: a scan
+// every sync period would otherwise leave one key per map entry as garbage
+// each time, and a collection cycle during a scan slows its steps.
+func reuse[K comparable](m *map[K]struct{}, size int) map[K]struct{} {
+	if *m == nil {
+		*m = make(map[K]struct{}, size)
+	} else {
+		clear(*m)
+	}
+	return *m
 }
 
 // countsMatch is the end of a stage: every entry of the LB's view that was

@@ -160,6 +160,8 @@ func (r *runner) passStep(p *pass) (SyncResult, bool) {
 	done, held, err := r.syncer.step(p)
 	end := r.now()
 	p.busy += end.Sub(start)
+	p.longest = max(p.longest, end.Sub(start))
+	p.steps++
 	if !done {
 		return SyncResult{}, false
 	}
@@ -174,6 +176,8 @@ func (r *runner) passStep(p *pass) (SyncResult, bool) {
 		r.mu.Unlock()
 	}
 	if res.Full {
+		r.log.Debug("Periodic full reconcile done in steps", zap.Int("steps", p.steps),
+			zap.Duration("longestStep", p.longest), zap.Duration("busy", p.busy))
 		r.synced(changeSet{}, res)
 	}
 	if (res.Full || err != nil) && r.onSync != nil {

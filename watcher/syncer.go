@@ -151,7 +151,7 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 	}
 	node := s.node()
 	s.useNode(node)
-	next := map[serviceKey]computed{}
+	next := make(map[serviceKey]computed, len(keys))
 	changes := servicePorts{}
 	for key := range keys {
 		c := s.compute(key, node)
@@ -233,18 +233,18 @@ type pass struct {
 	// one the dataplane had: a Service deleted without an event (or whose
 	// event was lost) is deleted by the pass. Services created during the
 	// pass come with their own events.
-	keys  []serviceKey
-	next  int
-	inAPI map[serviceKey]bool
+	keys []serviceKey
+	next int
 	// ports counts the ServicePorts the pass applied; busy is the time
-	// its steps took.
-	ports int
-	busy  time.Duration
+	// its steps took, longest the longest of them.
+	ports         int
+	steps         int
+	busy, longest time.Duration
 }
 
 // passServicesPerStep is how many Services one step of a pass recomputes:
 // mostly translation-cache hits, a few hundred microseconds.
-const passServicesPerStep = 500
+const passServicesPerStep = 200
 
 // startPass begins a stepwise full reconcile, or returns nil if the
 // dataplane cannot check for drift in steps (then only full does it).
@@ -263,7 +263,7 @@ func (s *syncer) startPass(now time.Time) *pass {
 			keys = append(keys, key)
 		}
 	}
-	return &pass{start: now, check: dc.StartDriftCheck(), keys: keys, inAPI: inAPI}
+	return &pass{start: now, check: dc.StartDriftCheck(), keys: keys}
 }
 
 // step does one bounded part of p. Once done, held false means the
@@ -294,17 +294,10 @@ func (s *syncer) step(p *pass) (done, held bool, err error) {
 		}
 		return false, false, nil
 	}
-	// What full prunes: the state of Services that are gone.
-	for key := range s.problems {
-		if _, ok := s.applied[key]; !ok && !p.inAPI[key] {
-			delete(s.problems, key)
-		}
-	}
-	for key := range s.translated {
-		if _, ok := s.applied[key]; !ok && !p.inAPI[key] {
-			delete(s.translated, key)
-		}
-	}
+	// Unlike full, nothing to prune: compute drops the cached state of a
+	// Service it finds gone, and the pass computed every Service the API
+	// or the dataplane had when it began (a Service deleted since comes
+	// with its own event).
 	return true, true, nil
 }
 

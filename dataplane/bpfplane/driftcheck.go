@@ -10,7 +10,7 @@ var _ dataplane.DriftChecker = (*Plane)(nil)
 // driftCheckEntries is how many map entries one step of a drift check
 // reads and compares: on the order of a millisecond of work, so that an
 // update arriving during a check waits at most that long.
-const driftCheckEntries = 2048
+const driftCheckEntries = 1024
 
 // StartDriftCheck starts a stepwise check of the maps (maps.DriftScan). It
 // runs on the sync loop's goroutine like every other call on the Plane, so

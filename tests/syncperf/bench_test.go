@@ -135,6 +135,7 @@ func benchChurn(ctx context.Context, b *testing.B, f *fixture, binary string) {
 			fromSend = append(fromSend, u.FromSend)
 			if u.FromReturn > 5*time.Millisecond {
 				slow++
+				b.Logf("update %d took %v after the API's answer (done at %s)", k, u.FromReturn, time.Now().UTC().Format("15:04:05.000000"))
 			}
 			if err := pause(ctx, run.proc, churnPause); err != nil {
 				b.Fatal(err)
