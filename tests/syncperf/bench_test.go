@@ -104,8 +104,10 @@ const churnPause = 300 * time.Millisecond
 
 // benchChurn switches one Service's EndpointSlice -syncperf.churn-updates
 // times, churnPause apart, against a kpr (binary, or this tree's if empty)
-// with --sync-period=5s, and reports the latency percentiles and how many
-// updates took over 5 ms (slow).
+// with --sync-period=5s, and reports the latency percentiles, how many
+// updates took over 5 ms (over-5ms) and, for a kpr that reconciles in
+// steps, the longest step of all its periodic reconciles
+// (longest-step-ms, from its debug log).
 func benchChurn(ctx context.Context, b *testing.B, f *fixture, binary string) {
 	cg, err := harness.NewCgroup(b)
 	if err != nil {
@@ -160,6 +162,11 @@ func benchChurn(ctx context.Context, b *testing.B, f *fixture, binary string) {
 	b.ReportMetric(ms(send.Max), "send-max-ms")
 	b.ReportMetric(float64(slow), "over-5ms")
 	b.ReportMetric(ms(Summarize(resyncs[1:]).P50), "resync-ms")
+	if steps := LongestReconcileSteps(run.proc.Log()); len(steps) > 0 {
+		l := Summarize(steps)
+		b.Logf("longest step of each periodic reconcile: %v", l)
+		b.ReportMetric(ms(l.Max), "longest-step-ms")
+	}
 }
 
 // benchUpdates times -syncperf.updates EndpointSlice updates per iteration
