@@ -169,3 +169,25 @@ type Refuser interface {
 	// Reconcile. It is safe to call from any goroutine.
 	Refused() map[ServicePortName]Refusal
 }
+
+// DriftChecker is implemented by a dataplane that can check for drift in
+// small steps. The periodic full reconcile then does not hold up other
+// changes: the sync loop runs the steps between its Apply calls, and calls
+// Reconcile only when a check finds something to repair.
+type DriftChecker interface {
+	// StartDriftCheck begins a check of whether the dataplane holds
+	// exactly what the Apply and Reconcile calls so far handed it. Apply
+	// may be called between its steps; a check started earlier is
+	// abandoned.
+	StartDriftCheck() DriftCheck
+}
+
+// DriftCheck is one check begun by StartDriftCheck.
+type DriftCheck interface {
+	// Step checks a bounded part of the dataplane, quickly enough to run
+	// between two Apply calls. Once done, held is true if the dataplane
+	// holds exactly what it was handed; false means a Reconcile with the
+	// complete state is needed (drift, an earlier failed call, or a
+	// conflict only a Reconcile resolves).
+	Step() (done, held bool, err error)
+}

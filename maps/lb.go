@@ -107,6 +107,14 @@ type LB struct {
 	// UDP frontends (see RecordRemovedUDPBackends).
 	recordRemoved bool
 	removed       []RemovedBackend
+
+	// scan is the DriftScan in progress, if any, and touched the keys
+	// written during its current stage.
+	scan    *DriftScan
+	touched touchedKeys
+	// seen are the sets a DriftScan notes reported keys in, kept from one
+	// scan to the next (see reuse).
+	seen touchedKeys
 }
 
 // New opens the LB over loaded or pinned maps and adopts their contents.
@@ -138,7 +146,8 @@ func bpfTables(m *bpf.KprMaps) tables {
 }
 
 func newLB(t tables, readOnly bool) (*LB, error) {
-	lb := &LB{tables: t, readOnly: readOnly}
+	lb := &LB{readOnly: readOnly}
+	lb.tables = lb.tracked(t)
 	if err := lb.Resync(); err != nil {
 		return nil, err
 	}
@@ -150,6 +159,9 @@ func newLB(t tables, readOnly bool) (*LB, error) {
 // entries no lookup can reach: slots without a master, slots past a
 // master's count, and unreferenced backends and reverse-NAT entries.
 func (lb *LB) Resync() error {
+	if lb.scan != nil {
+		lb.scan.abandon() // it compares with the view rebuilt here
+	}
 	lb.svcs = map[ServiceKey]*svcState{}
 	lb.svcEntries = 0
 	lb.backendIDs = map[backendAddr]uint32{}

@@ -83,3 +83,31 @@ func (t *memTable[K, V]) dump(fn func(K, V)) error {
 }
 
 func (t *memTable[K, V]) maxEntries() int { return t.max }
+
+// scan reports the entries present at its start that are still there when
+// their turn comes, with their value then: like the kernel's bucket-wise
+// batch reads, an entry nobody writes is reported exactly once.
+func (t *memTable[K, V]) scan(fn func(K, V)) scanCursor {
+	keys := make([]K, 0, len(t.data))
+	for k := range t.data {
+		keys = append(keys, k)
+	}
+	return &memScan[K, V]{t: t, fn: fn, keys: keys}
+}
+
+type memScan[K comparable, V any] struct {
+	t    *memTable[K, V]
+	fn   func(K, V)
+	keys []K
+}
+
+func (c *memScan[K, V]) next(max int) (bool, error) {
+	n := min(max, len(c.keys))
+	for _, k := range c.keys[:n] {
+		if v, ok := c.t.data[k]; ok {
+			c.fn(k, v)
+		}
+	}
+	c.keys = c.keys[n:]
+	return len(c.keys) == 0, nil
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // table is the slice of a BPF hash map that the LB needs. The interface
@@ -16,6 +17,10 @@ type table[K comparable, V any] interface {
 	delete(keys []K) error
 	// dump calls fn for every entry.
 	dump(fn func(K, V)) error
+	// scan is dump a chunk at a time, with writes allowed between
+	// chunks: an entry nobody writes during the scan is reported exactly
+	// once, a written one at most once (see DriftScan).
+	scan(fn func(K, V)) scanCursor
 	maxEntries() int
 }
 
@@ -95,6 +100,46 @@ func (t *bpfTable[K, V]) dumpBatch(fn func(K, V)) error {
 		if err != nil {
 			return err
 		}
+	}
+}
+
+func (t *bpfTable[K, V]) scan(fn func(K, V)) scanCursor { return &bpfScan[K, V]{t: t, fn: fn} }
+
+// bpfScan reads a hash map with one batch lookup per step. The kernel's
+// cursor is a bucket index, so it stays valid across writes.
+type bpfScan[K comparable, V any] struct {
+	t      *bpfTable[K, V]
+	fn     func(K, V)
+	cursor ebpf.MapBatchCursor
+	keys   []K
+	values []V
+}
+
+func (c *bpfScan[K, V]) next(max int) (bool, error) {
+	if c.t.noBatch {
+		// Without batch reads the kernel's iteration restarts when the
+		// current key is deleted, so read the whole map in one step.
+		return true, c.t.dump(c.fn)
+	}
+	for {
+		if len(c.keys) < max {
+			c.keys, c.values = make([]K, max), make([]V, max)
+		}
+		n, err := c.t.m.BatchLookup(&c.cursor, c.keys[:max], c.values[:max], nil)
+		for i := 0; i < n; i++ {
+			c.fn(c.keys[i], c.values[i])
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return true, nil
+		case errors.Is(err, ebpf.ErrNotSupported):
+			c.t.noBatch = true
+			return true, c.t.dump(c.fn)
+		case errors.Is(err, unix.ENOSPC) && n == 0:
+			max *= 2 // one hash bucket holds more entries than max
+			continue
+		}
+		return false, c.t.wrap("read", err)
 	}
 }
 

@@ -17,16 +17,7 @@ func (lb *LB) InSync() (bool, error) {
 		if !inSync {
 			return
 		}
-		st := lb.svcs[serviceKeyFromBPF(k)]
-		switch {
-		case st == nil:
-			inSync = false
-		case k.Slot == 0:
-			inSync = int(v.Count) == len(st.slots) && v.RevNatId == st.revNat && st.revNat != 0 &&
-				v.AffinityTimeout == st.affinityTimeout && dataplane.FrontendKind(v.Kind) == st.kind
-		default:
-			inSync = int(k.Slot) <= len(st.slots) && st.slots[k.Slot-1] == v.BackendId && v.BackendId != 0
-		}
+		inSync = lb.holdsServiceEntry(k, v)
 	})
 	if err != nil || !inSync || entries != lb.svcEntries {
 		return false, err
@@ -37,8 +28,7 @@ func (lb *LB) InSync() (bool, error) {
 		if !inSync {
 			return
 		}
-		want, ok := lb.backendOf[id]
-		inSync = ok && want == backendAddr{addrFromBPF(b.Addr), portFromBPF(b.Port), dataplane.Protocol(b.Proto)}
+		inSync = lb.holdsBackend(id, b)
 	})
 	if err != nil || !inSync || backends != len(lb.backendOf) {
 		return false, err
@@ -61,4 +51,26 @@ func (lb *LB) InSync() (bool, error) {
 		}
 	})
 	return err == nil && inSync && matches == len(lb.matches), err
+}
+
+// holdsServiceEntry reports whether a service map entry is what the LB's
+// view says it is.
+func (lb *LB) holdsServiceEntry(k bpf.KprSvcKey, v bpf.KprSvcValue) bool {
+	st := lb.svcs[serviceKeyFromBPF(k)]
+	switch {
+	case st == nil:
+		return false
+	case k.Slot == 0:
+		return int(v.Count) == len(st.slots) && v.RevNatId == st.revNat && st.revNat != 0 &&
+			v.AffinityTimeout == st.affinityTimeout && dataplane.FrontendKind(v.Kind) == st.kind
+	default:
+		return int(k.Slot) <= len(st.slots) && st.slots[k.Slot-1] == v.BackendId && v.BackendId != 0
+	}
+}
+
+// holdsBackend reports whether a backend map entry is what the LB's view
+// says it is.
+func (lb *LB) holdsBackend(id uint32, b bpf.KprBackend) bool {
+	want, ok := lb.backendOf[id]
+	return ok && want == backendAddr{addrFromBPF(b.Addr), portFromBPF(b.Port), dataplane.Protocol(b.Proto)}
 }

@@ -71,8 +71,8 @@ var (
 // every object of a large cluster sits in the informer caches for kpr's
 // lifetime. Dropped: managed fields, owner references, finalizers, labels
 // and annotations kpr does not read, a Service's selector and status
-// conditions, and per endpoint the pod reference, hostname and deprecated
-// topology.
+// conditions, and per endpoint the pod reference, hostname, zone and
+// deprecated topology.
 func trimForCache(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Service:
@@ -85,6 +85,9 @@ func trimForCache(obj any) (any, error) {
 			o.Endpoints[i].TargetRef = nil
 			o.Endpoints[i].Hostname = nil
 			o.Endpoints[i].DeprecatedTopology = nil
+			// Topology routing reads the hints and the node's zone, not
+			// the endpoint's own zone.
+			o.Endpoints[i].Zone = nil
 		}
 	default:
 		return stripManagedFields(obj)

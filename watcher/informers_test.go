@@ -72,7 +72,7 @@ func TestTrimForCacheKeepsWhatKprReads(t *testing.T) {
 		t.Errorf("Service keeps what kpr never reads: %+v", trimmedSvc.ObjectMeta)
 	}
 	if len(slim.Labels) != 1 || len(slim.Annotations) != 1 || slim.OwnerReferences != nil ||
-		slim.Endpoints[0].TargetRef != nil || slim.Endpoints[0].Hostname != nil {
+		slim.Endpoints[0].TargetRef != nil || slim.Endpoints[0].Hostname != nil || slim.Endpoints[0].Zone != nil {
 		t.Errorf("EndpointSlice keeps what kpr never reads: %+v %+v", slim.ObjectMeta, slim.Endpoints[0])
 	}
 }

@@ -22,6 +22,10 @@ type SyncResult struct {
 	ServicePorts int
 	// Err is nil when the dataplane now holds the desired state.
 	Err error
+	// Busy is the time the sync loop spent on this sync. It is End-Start,
+	// except for a periodic full reconcile, which runs in steps with
+	// partial syncs in between.
+	Busy time.Duration
 
 	// upTo is the number of changes queued before this sync read the
 	// caches (see changeTracker.queuedSoFar).
@@ -65,6 +69,14 @@ const (
 // run syncs until ctx is done. The caller must have waited for the caches to
 // be complete: the first sync is a full reconcile, and an incomplete cache
 // would make it delete Services that do exist.
+//
+// The periodic full reconcile does not hold up changes: when the dataplane
+// can check for drift in steps (dataplane.DriftChecker), it runs as a pass
+// of small steps, and a change queued meanwhile is synced before the next
+// step. Only a pass that finds drift (or a dataplane that failed a call)
+// falls back to the blocking full reconcile, which repairs it. The loop
+// stays on one goroutine, so the syncer and the dataplane are never used
+// concurrently.
 func (r *runner) run(ctx context.Context) {
 	var (
 		needFull  = true // the first sync after start-up is a full reconcile
@@ -72,22 +84,28 @@ func (r *runner) run(ctx context.Context) {
 		lastEnd   time.Time
 		lastFull  time.Time     // start of the last successful full reconcile
 		backoff   time.Duration // zero while syncs succeed
+		current   *pass         // the periodic full reconcile under way
 	)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for ctx.Err() == nil { // checked here too: back-to-back syncs never reach the select
 		now := r.now()
-		if !needFull && now.Sub(lastFull) >= r.syncPeriod {
-			needFull = true
+		if !needFull && current == nil && now.Sub(lastFull) >= r.syncPeriod {
+			if current = r.syncer.startPass(now); current == nil {
+				needFull = true // the dataplane cannot check in steps
+			}
 		}
+		// due is when the next sync may run; without one to run, it is
+		// when the next periodic reconcile begins.
 		due := lastFull.Add(r.syncPeriod)
-		if needFull || r.tracker.hasPending() {
+		mustSync := needFull || r.tracker.hasPending()
+		if mustSync {
 			due = lastStart.Add(r.minSyncPeriod)
 			if retryAt := lastEnd.Add(backoff); retryAt.After(due) {
 				due = retryAt
 			}
 		}
-		if !due.After(now) {
+		if mustSync && !due.After(now) {
 			res := r.syncOnce(needFull)
 			lastStart, lastEnd = res.Start, res.End
 			if res.Err != nil {
@@ -103,6 +121,26 @@ func (r *runner) run(ctx context.Context) {
 			}
 			continue
 		}
+		if current != nil {
+			switch res, done := r.passStep(current); {
+			case !done:
+			case res.Err != nil:
+				current = nil
+				needFull = true
+				lastEnd = res.End
+				backoff = r.nextBackoff(backoff)
+				r.log.Error("The periodic full reconcile failed; running a complete one instead",
+					zap.Duration("retryIn", backoff), zap.Error(res.Err))
+			case res.Full:
+				current = nil
+				lastFull = res.Start
+			default: // the dataplane cannot vouch for its state
+				current = nil
+				needFull = true
+				r.log.Info("The dataplane drifted from what kpr wrote (or a call failed); running a complete reconcile to repair it")
+			}
+			continue
+		}
 		timer.Reset(due.Sub(now))
 		select {
 		case <-ctx.Done():
@@ -111,6 +149,41 @@ func (r *runner) run(ctx context.Context) {
 		case <-timer.C:
 		}
 	}
+}
+
+// passStep runs one step of a periodic full reconcile. When the pass is
+// done it returns its result: Full if it completed and the dataplane holds
+// the desired state, Err if a step failed, neither if a blocking full
+// reconcile must follow.
+func (r *runner) passStep(p *pass) (SyncResult, bool) {
+	start := r.now()
+	done, held, err := r.syncer.step(p)
+	end := r.now()
+	p.busy += end.Sub(start)
+	p.longest = max(p.longest, end.Sub(start))
+	p.steps++
+	if !done {
+		return SyncResult{}, false
+	}
+	res := SyncResult{Full: held && err == nil, Start: p.start, End: end, ServicePorts: p.ports, Busy: p.busy, Err: err}
+	if err != nil {
+		r.metrics.SyncFailuresTotal.Inc()
+	}
+	if res.Full || err != nil {
+		r.metrics.SyncProxyRulesDuration.Observe(p.busy.Seconds())
+		r.mu.Lock()
+		r.last = res
+		r.mu.Unlock()
+	}
+	if res.Full {
+		r.log.Debug("Periodic full reconcile done in steps", zap.Int("steps", p.steps),
+			zap.Duration("longestStep", p.longest), zap.Duration("busy", p.busy))
+		r.synced(changeSet{}, res)
+	}
+	if (res.Full || err != nil) && r.onSync != nil {
+		r.onSync(res)
+	}
+	return res, true
 }
 
 func (r *runner) nextBackoff(b time.Duration) time.Duration {
@@ -131,7 +204,8 @@ func (r *runner) syncOnce(full bool) SyncResult {
 		res.ServicePorts, res.Err = r.syncer.partial(cs)
 	}
 	res.End = r.now()
-	r.metrics.SyncProxyRulesDuration.Observe(res.End.Sub(res.Start).Seconds())
+	res.Busy = res.End.Sub(res.Start)
+	r.metrics.SyncProxyRulesDuration.Observe(res.Busy.Seconds())
 
 	r.mu.Lock()
 	r.last = res
@@ -176,7 +250,7 @@ func (r *runner) synced(cs changeSet, res SyncResult) {
 		})
 	}
 	r.log.Debug("Synced the dataplane", zap.Bool("full", res.Full),
-		zap.Int("servicePorts", res.ServicePorts), zap.Duration("took", res.End.Sub(res.Start)))
+		zap.Int("servicePorts", res.ServicePorts), zap.Duration("took", res.End.Sub(res.Start)), zap.Duration("busy", res.Busy))
 }
 
 // lastSync returns the result of the most recent sync attempt.

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
@@ -150,7 +151,7 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 	}
 	node := s.node()
 	s.useNode(node)
-	next := map[serviceKey]computed{}
+	next := make(map[serviceKey]computed, len(keys))
 	changes := servicePorts{}
 	for key := range keys {
 		c := s.compute(key, node)
@@ -213,6 +214,91 @@ func (s *syncer) full() (int, error) {
 		}
 	}
 	return len(all), nil
+}
+
+// pass is a periodic full reconcile done in steps, so that changes keep
+// being applied while it runs (see runner.run): first the dataplane's own
+// stepwise drift check, then every Service recomputed a chunk at a time,
+// each chunk applied like a partial sync. Everything runs on the sync
+// loop's goroutine; a partial sync between two steps is applied against
+// the same s.applied, so the pass and the partial syncs never undo each
+// other, and a Service the pass reaches after a partial sync is compared
+// with that sync's result.
+type pass struct {
+	start time.Time
+	check dataplane.DriftCheck
+	// checked is set once the drift check found the dataplane as handed.
+	checked bool
+	// keys are every Service the API had when the pass started, and every
+	// one the dataplane had: a Service deleted without an event (or whose
+	// event was lost) is deleted by the pass. Services created during the
+	// pass come with their own events.
+	keys []serviceKey
+	next int
+	// ports counts the ServicePorts the pass applied; busy is the time
+	// its steps took, longest the longest of them.
+	ports         int
+	steps         int
+	busy, longest time.Duration
+}
+
+// passServicesPerStep is how many Services one step of a pass recomputes:
+// mostly translation-cache hits, a few hundred microseconds.
+const passServicesPerStep = 200
+
+// startPass begins a stepwise full reconcile, or returns nil if the
+// dataplane cannot check for drift in steps (then only full does it).
+func (s *syncer) startPass(now time.Time) *pass {
+	dc, ok := s.dp.(dataplane.DriftChecker)
+	if !ok {
+		return nil
+	}
+	keys := s.src.ServiceKeys()
+	inAPI := make(map[serviceKey]bool, len(keys))
+	for _, key := range keys {
+		inAPI[key] = true
+	}
+	for key := range s.applied {
+		if !inAPI[key] {
+			keys = append(keys, key)
+		}
+	}
+	return &pass{start: now, check: dc.StartDriftCheck(), keys: keys}
+}
+
+// step does one bounded part of p. Once done, held false means the
+// dataplane drifted or cannot vouch for its state: full must run.
+func (s *syncer) step(p *pass) (done, held bool, err error) {
+	if !p.checked {
+		done, held, err := p.check.Step()
+		if err != nil {
+			return true, false, fmt.Errorf("check the dataplane for drift: %w", err)
+		}
+		if done && !held {
+			return true, false, nil
+		}
+		p.checked = done
+		return false, false, nil
+	}
+	if p.next < len(p.keys) {
+		chunk := p.keys[p.next:min(len(p.keys), p.next+passServicesPerStep)]
+		p.next += len(chunk)
+		cs := changeSet{services: make(map[serviceKey]*pendingChange, len(chunk))}
+		for _, key := range chunk {
+			cs.services[key] = nil
+		}
+		n, err := s.partial(cs)
+		p.ports += n
+		if err != nil {
+			return true, false, err
+		}
+		return false, false, nil
+	}
+	// Unlike full, nothing to prune: compute drops the cached state of a
+	// Service it finds gone, and the pass computed every Service the API
+	// or the dataplane had when it began (a Service deleted since comes
+	// with its own event).
+	return true, true, nil
 }
 
 // commit records c as what the dataplane now holds for key.

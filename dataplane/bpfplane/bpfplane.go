@@ -37,6 +37,13 @@ type Plane struct {
 	// Reconcile, tries them again. refusedMu guards it for Refused.
 	refusedMu sync.Mutex
 	refused   map[dataplane.ServicePortName]refusal
+	// contested are the entries a claim was refused (or taken over) for
+	// since the last Reconcile. handover is set when one of them lost its
+	// owner: only a Reconcile hands it to the waiting ServicePort, so until
+	// one runs, Reconcile takes its slow path and a drift check reports the
+	// maps as not held.
+	contested map[maps.ServiceKey]bool
+	handover  bool
 	// term destroys connected UDP sockets of removed backends; nil when
 	// the kernel cannot (see SetSocketTerminator).
 	term SocketTerminator
@@ -102,9 +109,10 @@ func New(lb *maps.LB, log *zap.Logger) *Plane {
 		log = zap.NewNop()
 	}
 	return &Plane{lb: lb, log: log,
-		owned:   map[dataplane.ServicePortName][]maps.ServiceKey{},
-		owner:   map[maps.ServiceKey]claimant{},
-		refused: map[dataplane.ServicePortName]refusal{}}
+		owned:     map[dataplane.ServicePortName][]maps.ServiceKey{},
+		owner:     map[maps.ServiceKey]claimant{},
+		refused:   map[dataplane.ServicePortName]refusal{},
+		contested: map[maps.ServiceKey]bool{}}
 }
 
 var (
@@ -260,7 +268,7 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	if err != nil {
 		return fmt.Errorf("read BPF maps for reconcile: %w", err)
 	}
-	if inSync && p.holds(all) {
+	if inSync && !p.handover && p.holds(all) {
 		// The common case: nothing changed anywhere, except that room
 		// may have been made for what was refused.
 		err := p.retryRefused()
@@ -278,6 +286,8 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	}
 	p.owned = map[dataplane.ServicePortName][]maps.ServiceKey{}
 	p.owner = map[maps.ServiceKey]claimant{}
+	p.contested = map[maps.ServiceKey]bool{}
+	p.handover = false
 	p.refusedMu.Lock()
 	for name := range p.refused {
 		if all[name] == nil {
@@ -344,6 +354,7 @@ func (p *Plane) claim(name dataplane.ServicePortName, svcs []maps.Service) []map
 	kept := svcs[:0]
 	for _, svc := range svcs {
 		if other, ok := p.owner[svc.ServiceKey]; ok && other.name != name {
+			p.contested[svc.ServiceKey] = true
 			if svc.Kind != dataplane.ClusterIP || other.kind == dataplane.ClusterIP {
 				p.log.Warn("frontend claimed by two Services; keeping the first, fix the conflicting Services",
 					zap.Stringer("frontend", svc.ServiceKey.Frontend), zap.Stringer("servedBy", other.name),
@@ -417,6 +428,7 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort,
 	}
 	for _, key := range stale {
 		delete(p.owner, key)
+		p.handover = p.handover || p.contested[key]
 	}
 	// A refused entry stays owned: the maps hold its old content or
 	// nothing, it is retried (a failed write makes the sync retry), and a

@@ -179,3 +179,56 @@ func TestReconcileOfUnchangedStateWritesNothingButStillRepairs(t *testing.T) {
 		t.Fatal("a new ServicePort in a reconcile was not written")
 	}
 }
+
+// runDriftCheck steps a drift check of p to its end.
+func runDriftCheck(t *testing.T, p *Plane) bool {
+	t.Helper()
+	c := p.StartDriftCheck()
+	for range 1000 {
+		done, held, err := c.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			return held
+		}
+	}
+	t.Fatal("drift check does not end")
+	return false
+}
+
+// A frontend refused to one Service goes to it once its owner leaves, at
+// the next Reconcile, even though every ServicePort is as it was handed
+// over (the fast path); a drift check asks for that Reconcile.
+func TestOwnerLeavingHandsTheContestedFrontendOver(t *testing.T) {
+	lb := maps.NewInMemory(1000, 1000, 1000)
+	p := New(lb, nil)
+	a, b := be("10.244.0.2:8080"), be("10.244.0.3:8080")
+	all := map[dataplane.ServicePortName]*dataplane.ServicePort{
+		name("a"): clusterIP("10.96.0.1", a),
+		name("b"): clusterIP("10.96.0.1", b),
+	}
+	if err := p.Reconcile(all); err != nil {
+		t.Fatal(err)
+	}
+	if !runDriftCheck(t, p) {
+		t.Fatal("a conflict whose owner is still there made the drift check ask for a Reconcile")
+	}
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("a"): nil}); err != nil {
+		t.Fatal(err)
+	}
+	delete(all, name("a"))
+	if runDriftCheck(t, p) {
+		t.Fatal("the owner of a contested frontend left, but the drift check holds the maps as they are")
+	}
+	if err := p.Reconcile(all); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := lb.Get(key("10.96.0.1", maps.ScopeInternal))
+	if len(got.Backends) != 1 || got.Backends[0] != b {
+		t.Fatalf("after the owner left and a Reconcile, the frontend serves %v, want b's backend", got.Backends)
+	}
+	if !runDriftCheck(t, p) {
+		t.Fatal("drift check after the handover does not hold the maps")
+	}
+}

@@ -109,8 +109,11 @@ func (w *Workload) createConcurrently(ctx context.Context, from, to int) error {
 // create writes Service i and its slice of the main backends.
 func (w *Workload) create(ctx context.Context, i int) error {
 	name := kubeobj.Name("svc", i)
-	svc, err := w.client.CreateService(ctx, kubeobj.Service(benchNamespace, name,
-		kubeobj.Port{Name: "tcp", Port: servicePort, TargetPort: targetPort}))
+	// Objects as a real cluster has them (Helm's and kubectl's metadata,
+	// the EndpointSlice controller's): what every proxy caches and decodes.
+	want := kubeobj.Released(kubeobj.Service(benchNamespace, name,
+		kubeobj.Port{Name: "tcp", Port: servicePort, TargetPort: targetPort}), kubeobj.Name("release", i/10))
+	svc, err := w.client.CreateService(ctx, want)
 	if err != nil {
 		return err
 	}
@@ -119,6 +122,7 @@ func (w *Workload) create(ctx context.Context, i int) error {
 	}
 	slice := kubeobj.Slice(svc, name, discoveryv1.AddressTypeIPv4)
 	slice.Endpoints = endpoints(mainPrefix)
+	kubeobj.Controlled(slice, svc, nodeName, "zone-a")
 	out, err := w.client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, slice, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create EndpointSlice %s/%s: %w", benchNamespace, name, err)

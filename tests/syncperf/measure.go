@@ -209,6 +209,24 @@ func FullSyncDurations(log string) []time.Duration {
 	return out
 }
 
+// msgPassDone is kpr's debug-level line after a periodic full reconcile
+// that ran in steps between other syncs.
+const msgPassDone = "Periodic full reconcile done in steps"
+
+// LongestReconcileSteps returns, per periodic full reconcile that ran in
+// steps, its longest step: the longest an update arriving during it can
+// wait for the sync loop. Empty for a kpr that reconciles in one piece.
+func LongestReconcileSteps(log string) []time.Duration {
+	var out []time.Duration
+	for _, line := range parseLogLines(log) {
+		longest, ok := line.Fields["longestStep"].(float64)
+		if line.Fields["msg"] == msgPassDone && ok {
+			out = append(out, time.Duration(longest*float64(time.Second)))
+		}
+	}
+	return out
+}
+
 // logLine is one JSON log line of kpr.
 type logLine struct {
 	At     time.Time

@@ -42,6 +42,11 @@ type Population struct {
 	Namespace           string
 	Services            int
 	EndpointsPerService int
+	// Minimal leaves out the metadata real clusters put on the objects
+	// (kubeobj.Released and kubeobj.Controlled): labels and annotations
+	// of Helm and kubectl, selectors, owner references, pod references.
+	// The managed fields the API server records are there either way.
+	Minimal bool
 	// Workers is how many API writes run at once; 0 means 16.
 	Workers int
 	// Progress, if set, is called with the number of Services written so
@@ -154,8 +159,11 @@ func Populate(ctx context.Context, client kubernetes.Interface, p Population) ([
 // createService writes Service i and its slice.
 func createService(ctx context.Context, c kubeobj.Client, p Population, i int) (*Service, error) {
 	name := kubeobj.Name("svc", i)
-	svc, err := c.CreateService(ctx, kubeobj.Service(p.Namespace, name,
-		kubeobj.Port{Name: "http", Port: ServicePort, TargetPort: TargetPort}))
+	want := kubeobj.Service(p.Namespace, name, kubeobj.Port{Name: "http", Port: ServicePort, TargetPort: TargetPort})
+	if !p.Minimal {
+		kubeobj.Released(want, kubeobj.Name("release", i/10)) // ten Services per release
+	}
+	svc, err := c.CreateService(ctx, want)
 	if err != nil {
 		return nil, err
 	}
@@ -170,6 +178,9 @@ func createService(ctx context.Context, c kubeobj.Client, p Population, i int) (
 		eps[j] = kubeobj.Endpoint{Addr: s.Endpoints[j]}
 	}
 	slice := kubeobj.Slice(svc, name, discoveryv1.AddressTypeIPv4, eps...)
+	if !p.Minimal {
+		kubeobj.Controlled(slice, svc, kubeobj.Name("node", i%100), "zone-"+string(rune('a'+i%3)))
+	}
 	if s.slice, err = c.DiscoveryV1().EndpointSlices(p.Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create EndpointSlice %s/%s: %w", p.Namespace, name, err)
 	}
