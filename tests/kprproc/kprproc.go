@@ -62,6 +62,18 @@ type Options struct {
 	Args []string
 	// LogPath receives kpr's output; default a file under os.TempDir.
 	LogPath string
+	// Binary is the kpr executable to run; empty means the one Binary
+	// builds from this tree. Benchmarks set it to compare two builds
+	// against the same API server.
+	Binary string
+}
+
+// binary returns the kpr executable these options run.
+func (o Options) binary() (string, error) {
+	if o.Binary != "" {
+		return o.Binary, nil
+	}
+	return Binary()
 }
 
 // Process is a running (or stopped) `kpr run`.
@@ -80,7 +92,7 @@ type Process struct {
 // Start runs `kpr run`. Stop it with Stop or Kill; Cleanup removes the
 // pinned dataplane afterwards.
 func Start(opts Options) (*Process, error) {
-	bin, err := Binary()
+	bin, err := opts.binary()
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +149,7 @@ func (p *Process) PID() int { return p.cmd.Process.Pid }
 
 // Restart starts a new `kpr run` with the same options after a Stop or Kill.
 func (p *Process) Restart() error {
-	bin, err := Binary()
+	bin, err := p.binary()
 	if err != nil {
 		return err
 	}
@@ -183,7 +195,7 @@ func (p *Process) Exited() bool {
 // Cleanup stops kpr if needed and removes its pinned dataplane.
 func (p *Process) Cleanup() error {
 	_ = p.Kill()
-	bin, err := Binary()
+	bin, err := p.binary()
 	if err != nil {
 		return err
 	}

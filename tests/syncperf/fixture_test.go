@@ -92,7 +92,15 @@ type kprRun struct {
 // args are extra `kpr run` flags.
 func (f *fixture) startKpr(tb testing.TB, cgroup *harness.Cgroup, args ...string) *kprRun {
 	tb.Helper()
+	return f.startKprBinary(tb, cgroup, "", args...)
+}
+
+// startKprBinary is startKpr with another kpr binary; empty means this
+// tree's.
+func (f *fixture) startKprBinary(tb testing.TB, cgroup *harness.Cgroup, binary string, args ...string) *kprRun {
+	tb.Helper()
 	opts := kprproc.Options{
+		Binary:     binary,
 		Kubeconfig: f.cluster.KubeconfigPath,
 		NodeName:   nodeName,
 		CgroupRoot: cgroup.Path,
