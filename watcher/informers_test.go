@@ -3,6 +3,8 @@ package watcher
 import (
 	"net/netip"
 	"reflect"
+	"runtime"
+	"strconv"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -85,5 +87,101 @@ func TestTrimForCacheKeepsTheProxyNameLabel(t *testing.T) {
 	}
 	if skip, _ := desired.SkipService(svc); !skip {
 		t.Fatal("a Service of another proxy is no longer skipped after trimming")
+	}
+}
+
+// dressedSlice is an EndpointSlice of 10 endpoints as the EndpointSlice
+// controller writes it for a Helm-installed Service, encoded as the API
+// server sends it.
+func dressedSlice(tb testing.TB, i int) []byte {
+	tb.Helper()
+	svc := kubeobj.DressService(kubeobj.Service("shop", kubeobj.Name("web", i), kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080}), i)
+	svc.UID = "0d8b1c3e-2a4f-4b8e-9c1d-3f5e6a7b8c9d"
+	svc.CreationTimestamp = metav1.Now()
+	var eps []kubeobj.Endpoint
+	for j := range 10 {
+		eps = append(eps, kubeobj.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i), byte(j)}), NodeName: "node-" + strconv.Itoa(j%3)})
+	}
+	slice := kubeobj.DressSlice(kubeobj.Slice(svc, svc.Name+"-x7k2p", discoveryv1.AddressTypeIPv4, eps...), svc)
+	slice.UID = "5e6a7b8c-2a4f-4b8e-9c1d-0d8b1c3e9c1d"
+	slice.ResourceVersion = strconv.Itoa(100000 + i)
+	slice.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: kubeobj.FieldManagerController, Operation: metav1.ManagedFieldsOperationUpdate,
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: make([]byte, 1500)}}}
+	b, err := slice.Marshal()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+func TestPackedSliceTranslatesTheSame(t *testing.T) {
+	var slice discoveryv1.EndpointSlice
+	if err := slice.Unmarshal(dressedSlice(t, 3)); err != nil {
+		t.Fatal(err)
+	}
+	// Every condition state, a second address, hints and an app protocol,
+	// so that sharing cannot mix values up.
+	slice.Endpoints[1].Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+	slice.Endpoints[2].Conditions = discoveryv1.EndpointConditions{}
+	slice.Endpoints[3].Addresses = append(slice.Endpoints[3].Addresses, "10.244.9.9")
+	slice.Endpoints[4].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-b"}}}
+	slice.Ports[0].AppProtocol = ptr.To("kubernetes.io/h2c")
+	svc := kubeobj.Service("shop", "web-3", kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080})
+	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "10.96.0.3", []string{"10.96.0.3"}
+	node := desired.Node{Name: "node-1", Zone: "zone-b"}
+
+	want, wantProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{&slice}, node)
+	packed := slice.DeepCopy()
+	if _, err := trimForCache(packed); err != nil {
+		t.Fatal(err)
+	}
+	got, gotProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{packed}, node)
+	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotProblems, wantProblems) {
+		t.Fatalf("packing changed the translation:\n got %+v %v\nwant %+v %v", got, gotProblems, want, wantProblems)
+	}
+	// Apart from what trimming drops, every value is as decoded.
+	kept := slice.DeepCopy()
+	kept.ManagedFields, kept.OwnerReferences, kept.UID = nil, nil, ""
+	kept.Labels = map[string]string{discoveryv1.LabelServiceName: "web-3"}
+	for i := range kept.Endpoints {
+		kept.Endpoints[i].TargetRef = nil
+	}
+	if !reflect.DeepEqual(packed, kept) {
+		t.Fatalf("packing changed a value kpr may read:\n got %+v\nwant %+v", packed, kept)
+	}
+}
+
+// TestTrimmedSliceIsSmall holds the cache's cost per EndpointSlice: at
+// 10,000 Services the slices are the largest part of kpr's memory. The
+// limit is between the in-place trim's 3.9 KB and the packed 2.5 KB per
+// slice of 10 endpoints.
+func TestTrimmedSliceIsSmall(t *testing.T) {
+	const n = 2000
+	encoded := make([][]byte, n)
+	for i := range encoded {
+		encoded[i] = dressedSlice(t, i)
+	}
+	kept := make([]any, n)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range kept {
+		slice := &discoveryv1.EndpointSlice{}
+		if err := slice.Unmarshal(encoded[i]); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if kept[i], err = trimForCache(slice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(encoded) // freeing them in between would make kept look smaller
+	runtime.KeepAlive(kept)
+	perSlice := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	t.Logf("%d bytes of heap per cached slice of 10 endpoints", perSlice)
+	if perSlice > 3000 {
+		t.Fatalf("a cached EndpointSlice of 10 endpoints keeps %d bytes of heap, want at most 3000", perSlice)
 	}
 }
