@@ -1,6 +1,8 @@
 package watcher
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,17 +22,63 @@ import (
 	"github.com/kpr-io/kpr/desired"
 )
 
-// sliceByService indexes EndpointSlices by the namespace/name of their
-// Service, so that a sync finds all slices of a Service without a scan.
-const sliceByService = "service"
-
 // apiObjects owns the informers and implements objectSource on their caches.
 type apiObjects struct {
 	factory     informers.SharedInformerFactory // Services and EndpointSlices
 	nodeFactory informers.SharedInformerFactory // this node only
 	services    corelisters.ServiceLister
-	slices      cache.Indexer
+	slices      *sliceIndex
 	synced      []cache.InformerSynced
+}
+
+// sliceIndex finds the EndpointSlices of a Service without a scan. The
+// slice handler keeps it, instead of an indexer on the informer's store:
+// client-go's index keeps a set (a Go map) per Service, which at 10,000
+// Services of one slice each costs several MiB for one key per set.
+type sliceIndex struct {
+	mu     sync.RWMutex
+	byName map[serviceKey][]*discoveryv1.EndpointSlice // slices sorted by name
+}
+
+func newSliceIndex() *sliceIndex {
+	return &sliceIndex{byName: map[serviceKey][]*discoveryv1.EndpointSlice{}}
+}
+
+// slices returns a copy of the Service's slices.
+func (x *sliceIndex) slices(key serviceKey) []*discoveryv1.EndpointSlice {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return slices.Clone(x.byName[key])
+}
+
+// update records that old (nil for an add) is now cur (nil for a delete).
+// Either may have no Service label; a label edit moves the slice.
+func (x *sliceIndex) update(old, cur *discoveryv1.EndpointSlice) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if key, ok := desired.ServiceKey(old); ok {
+		x.remove(key, old.Name)
+	}
+	if key, ok := desired.ServiceKey(cur); ok {
+		x.remove(key, cur.Name)
+		list := x.byName[key]
+		i, _ := slices.BinarySearchFunc(list, cur.Name, func(s *discoveryv1.EndpointSlice, name string) int {
+			return strings.Compare(s.Name, name)
+		})
+		x.byName[key] = slices.Insert(list, i, cur)
+	}
+}
+
+func (x *sliceIndex) remove(key serviceKey, name string) {
+	list := x.byName[key]
+	i := slices.IndexFunc(list, func(s *discoveryv1.EndpointSlice) bool { return s.Name == name })
+	switch {
+	case i < 0:
+	case len(list) == 1:
+		delete(x.byName, key)
+	default:
+		x.byName[key] = slices.Delete(list, i, i+1)
+	}
 }
 
 // proxiedSelector is kube-proxy's selector for both Services and
@@ -272,14 +320,11 @@ func newAPIObjects(client kubernetes.Interface, nodeName string, tracker *change
 	sliceInformer := factory.Discovery().V1().EndpointSlices()
 	nodeInformer := nodeFactory.Core().V1().Nodes()
 
-	if err := sliceInformer.Informer().AddIndexers(cache.Indexers{sliceByService: indexSliceByService}); err != nil {
-		return nil, err
-	}
 	a := &apiObjects{
 		factory:     factory,
 		nodeFactory: nodeFactory,
 		services:    svcInformer.Lister(),
-		slices:      sliceInformer.Informer().GetIndexer(),
+		slices:      newSliceIndex(),
 	}
 
 	handlers := []struct {
@@ -287,7 +332,7 @@ func newAPIObjects(client kubernetes.Interface, nodeName string, tracker *change
 		handler  cache.ResourceEventHandler
 	}{
 		{svcInformer.Informer(), serviceHandler(tracker)},
-		{sliceInformer.Informer(), sliceHandler(tracker, started, log)},
+		{sliceInformer.Informer(), sliceHandler(a.slices, tracker, started, log)},
 		{nodeInformer.Informer(), nodeHandler(tracker, node)},
 	}
 	for _, h := range handlers {
@@ -300,18 +345,6 @@ func newAPIObjects(client kubernetes.Interface, nodeName string, tracker *change
 		a.synced = append(a.synced, reg.HasSynced)
 	}
 	return a, nil
-}
-
-func indexSliceByService(obj any) ([]string, error) {
-	slice, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
-		return nil, nil
-	}
-	key, ok := desired.ServiceKey(slice)
-	if !ok {
-		return nil, nil
-	}
-	return []string{key.String()}, nil
 }
 
 // start runs the informers until stop is closed.
@@ -334,17 +367,7 @@ func (a *apiObjects) Service(key serviceKey) (*v1.Service, bool) {
 
 // Slices implements objectSource.
 func (a *apiObjects) Slices(key serviceKey) []*discoveryv1.EndpointSlice {
-	objs, err := a.slices.ByIndex(sliceByService, key.String())
-	if err != nil {
-		return nil // only fails for an unknown index name, which is a constant
-	}
-	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
-	for _, obj := range objs {
-		if slice, ok := obj.(*discoveryv1.EndpointSlice); ok {
-			out = append(out, slice)
-		}
-	}
-	return out
+	return a.slices.slices(key)
 }
 
 // ServiceKeys implements objectSource.
@@ -379,9 +402,17 @@ func serviceHandler(tracker *changeTracker) cache.ResourceEventHandler {
 	}
 }
 
-func sliceHandler(tracker *changeTracker, started time.Time, log *zap.Logger) cache.ResourceEventHandler {
+// sliceHandler keeps index current and tells tracker, in that order, so
+// that a sync the tracker starts finds the slice in the index.
+func sliceHandler(index *sliceIndex, tracker *changeTracker, started time.Time, log *zap.Logger) cache.ResourceEventHandler {
 	changed := func(old, cur *discoveryv1.EndpointSlice) {
+		index.update(old, cur)
 		key, ok := desired.ServiceKey(cur)
+		// A slice moved to another Service or out of every Service (label
+		// edit) leaves the old Service changed too.
+		if oldKey, oldOK := desired.ServiceKey(old); oldOK && (!ok || oldKey != key) {
+			tracker.endpointsChanged(oldKey, time.Time{})
+		}
 		if !ok {
 			return
 		}
@@ -392,11 +423,6 @@ func sliceHandler(tracker *changeTracker, started time.Time, log *zap.Logger) ca
 			trigger = time.Time{}
 		}
 		tracker.endpointsChanged(key, trigger)
-		// A slice moved to another Service (label edit) leaves the old
-		// Service changed too.
-		if oldKey, ok := desired.ServiceKey(old); ok && oldKey != key {
-			tracker.endpointsChanged(oldKey, time.Time{})
-		}
 	}
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
@@ -412,6 +438,7 @@ func sliceHandler(tracker *changeTracker, started time.Time, log *zap.Logger) ca
 		},
 		DeleteFunc: func(obj any) {
 			if slice, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
+				index.update(slice, nil)
 				if key, ok := desired.ServiceKey(slice); ok {
 					tracker.endpointsChanged(key, time.Time{})
 				}
