@@ -141,6 +141,23 @@ func trimForCache(obj any) (any, error) {
 	return obj, nil
 }
 
+// cacheTransform is trimForCache for informers started at started. It also
+// drops a slice's last-change-trigger-time when that is not after started:
+// the slice handler times only changes after started (triggerTime), so an
+// older one is never read, and most slices of a cluster have one. That is
+// a map per slice less. A malformed one is kept for the handler to log.
+func cacheTransform(started time.Time) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		out, err := trimForCache(obj)
+		if slice, ok := out.(*discoveryv1.EndpointSlice); ok && slice.Annotations != nil {
+			if t, err := time.Parse(time.RFC3339Nano, slice.Annotations[v1.EndpointsLastChangeTriggerTime]); err == nil && !t.After(started) {
+				slice.Annotations = nil
+			}
+		}
+		return out, err
+	}
+}
+
 // packSlice shares what a slice's fields have in common with other slices
 // instead of keeping the decoder's separate allocation of each: the
 // namespace, each endpoint's node and zone, the condition flags, the port
@@ -308,7 +325,7 @@ func newAPIObjects(client kubernetes.Interface, nodeName string, tracker *change
 	// resync would mark every Service dirty for nothing.
 	selector := proxiedSelector()
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTransform(trimForCache),
+		informers.WithTransform(cacheTransform(started)),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTransform(stripManagedFields),

@@ -255,3 +255,32 @@ func TestSliceHandlerSyncsTheServiceASliceLeft(t *testing.T) {
 		t.Fatalf("the Service still has slices %v", got)
 	}
 }
+
+func TestCacheTransformKeepsOnlyTriggerTimesAfterStart(t *testing.T) {
+	started := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	transform := cacheTransform(started)
+	svc := kubeobj.Service("shop", "web", kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080})
+	for _, tc := range []struct {
+		trigger string
+		kept    bool
+	}{
+		{started.Add(-time.Hour).Format(time.RFC3339Nano), false},
+		{started.Format(time.RFC3339Nano), false},
+		{started.Add(time.Millisecond).Format(time.RFC3339Nano), true},
+		{"not a time", true}, // for the handler to log
+	} {
+		slice := kubeobj.Slice(svc, "web-1", discoveryv1.AddressTypeIPv4)
+		slice.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: tc.trigger, "other": "x"}
+		out, err := transform(slice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := out.(*discoveryv1.EndpointSlice).Annotations
+		if want := map[string]string{v1.EndpointsLastChangeTriggerTime: tc.trigger}; tc.kept && !reflect.DeepEqual(got, want) {
+			t.Errorf("trigger time %s: cached annotations %v, want %v", tc.trigger, got, want)
+		}
+		if !tc.kept && got != nil {
+			t.Errorf("trigger time %s, not after kpr started: cached annotations %v, want none", tc.trigger, got)
+		}
+	}
+}
