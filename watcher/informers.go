@@ -161,8 +161,7 @@ func cacheTransform(started time.Time) cache.TransformFunc {
 // packSlice shares what a slice's fields have in common with other slices
 // instead of keeping the decoder's separate allocation of each: the
 // namespace, each endpoint's node and zone, the condition flags, the port
-// names, protocols and numbers, and one backing array for all addresses;
-// and it trims the decoder's spare capacity.
+// names, protocols and numbers; and it trims the decoder's spare capacity.
 // At 10,000 slices of 10 endpoints that is 100,000 node names, zones and
 // pointers to them, and 300,000 condition flags, fewer. The values are
 // unchanged; cached objects are never written to, so sharing is safe.
@@ -176,19 +175,11 @@ func packSlice(o *discoveryv1.EndpointSlice) {
 	if cap(o.Ports) > len(o.Ports) {
 		o.Ports = append([]discoveryv1.EndpointPort(nil), o.Ports...)
 	}
-	n := 0
-	for i := range o.Endpoints {
-		n += len(o.Endpoints[i].Addresses)
-	}
-	addrs := make([]string, 0, n)
 	for i := range o.Endpoints {
 		e := &o.Endpoints[i]
 		e.TargetRef = nil
 		e.Hostname = nil
 		e.DeprecatedTopology = nil
-		from := len(addrs)
-		addrs = append(addrs, e.Addresses...)
-		e.Addresses = addrs[from:len(addrs):len(addrs)]
 		e.NodeName = cacheStrings.pointer(e.NodeName)
 		e.Zone = cacheStrings.pointer(e.Zone)
 		e.Conditions.Ready = sharedBool(e.Conditions.Ready)
@@ -263,13 +254,14 @@ var cacheStrings = newInterner(1 << 14)
 // to limit distinct values; past that it returns its input, so that a
 // cluster with an unusual variety of them costs no more than without it.
 type interner struct {
+	pointers sync.Map // string -> *string; read without a lock
 	mu       sync.Mutex
+	size     int // guarded by mu
 	limit    int
-	pointers map[string]*string
 }
 
 func newInterner(limit int) *interner {
-	return &interner{limit: limit, pointers: map[string]*string{}}
+	return &interner{limit: limit}
 }
 
 // pointer returns a shared pointer to *s's value (nil for nil).
@@ -277,16 +269,19 @@ func (in *interner) pointer(s *string) *string {
 	if s == nil {
 		return nil
 	}
+	if p, ok := in.pointers.Load(*s); ok {
+		return p.(*string)
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if p, ok := in.pointers[*s]; ok {
-		return p
-	}
-	if len(in.pointers) >= in.limit {
+	if in.size >= in.limit {
 		return s
 	}
-	in.pointers[*s] = s
-	return s
+	p, loaded := in.pointers.LoadOrStore(*s, s)
+	if !loaded {
+		in.size++
+	}
+	return p.(*string)
 }
 
 // value returns the shared copy of s.
