@@ -14,21 +14,22 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/desired"
 )
 
 // apiObjects owns the informers and implements objectSource on their caches.
 type apiObjects struct {
-	factory     informers.SharedInformerFactory // Services and EndpointSlices
-	nodeFactory informers.SharedInformerFactory // this node only
-	services    corelisters.ServiceLister
-	slices      *sliceIndex
-	synced      []cache.InformerSynced
+	// informers are the Service, EndpointSlice and Node (this node only)
+	// informers; running counts their goroutines.
+	informers []cache.SharedIndexInformer
+	running   sync.WaitGroup
+	services  corelisters.ServiceLister
+	slices    *sliceIndex
+	synced    []cache.InformerSynced
 }
 
 // sliceIndex finds the EndpointSlices of a Service without a scan. The
@@ -315,37 +316,45 @@ func keepOnly(m map[string]string, keys []string) map[string]string {
 // newAPIObjects creates (but does not start) the informers and connects
 // their events to the tracker and the node tracker. Events of slices whose
 // last-change-trigger-time is before started are not timed.
-func newAPIObjects(client kubernetes.Interface, nodeName string, tracker *changeTracker, node *nodeTracker, started time.Time, log *zap.Logger) (*apiObjects, error) {
-	// No informer resync: the periodic full reconcile covers drift, and a
-	// resync would mark every Service dirty for nothing.
+func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTracker, node *nodeTracker, started time.Time, log *zap.Logger) (*apiObjects, error) {
+	// No informer resync (0): the periodic full reconcile covers drift,
+	// and a resync would mark every Service dirty for nothing.
 	selector := proxiedSelector()
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTransform(cacheTransform(started)),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTransform(stripManagedFields),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	proxied := func(o *metav1.ListOptions) { o.LabelSelector = selector }
+	svcInformer := cache.NewSharedIndexInformer(
+		cache.NewFilteredListWatchFromClient(client.Core, "services", metav1.NamespaceAll, proxied),
+		&v1.Service{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	sliceInformer := cache.NewSharedIndexInformer(
+		cache.NewFilteredListWatchFromClient(client.Discovery, "endpointslices", metav1.NamespaceAll, proxied),
+		&discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
+	nodeInformer := cache.NewSharedIndexInformer(
+		cache.NewFilteredListWatchFromClient(client.Core, "nodes", metav1.NamespaceAll, func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		}))
-
-	svcInformer := factory.Core().V1().Services()
-	sliceInformer := factory.Discovery().V1().EndpointSlices()
-	nodeInformer := nodeFactory.Core().V1().Nodes()
+		}),
+		&v1.Node{}, 0, cache.Indexers{})
+	transform := cacheTransform(started)
+	for _, t := range []struct {
+		informer  cache.SharedIndexInformer
+		transform cache.TransformFunc
+	}{{svcInformer, transform}, {sliceInformer, transform}, {nodeInformer, stripManagedFields}} {
+		if err := t.informer.SetTransform(t.transform); err != nil {
+			return nil, err
+		}
+	}
 
 	a := &apiObjects{
-		factory:     factory,
-		nodeFactory: nodeFactory,
-		services:    svcInformer.Lister(),
-		slices:      newSliceIndex(),
+		informers: []cache.SharedIndexInformer{svcInformer, sliceInformer, nodeInformer},
+		services:  corelisters.NewServiceLister(svcInformer.GetIndexer()),
+		slices:    newSliceIndex(),
 	}
 
 	handlers := []struct {
 		informer cache.SharedIndexInformer
 		handler  cache.ResourceEventHandler
 	}{
-		{svcInformer.Informer(), serviceHandler(tracker)},
-		{sliceInformer.Informer(), sliceHandler(a.slices, tracker, started, log)},
-		{nodeInformer.Informer(), nodeHandler(tracker, node)},
+		{svcInformer, serviceHandler(tracker)},
+		{sliceInformer, sliceHandler(a.slices, tracker, started, log)},
+		{nodeInformer, nodeHandler(tracker, node)},
 	}
 	for _, h := range handlers {
 		reg, err := h.informer.AddEventHandler(h.handler)
@@ -359,16 +368,16 @@ func newAPIObjects(client kubernetes.Interface, nodeName string, tracker *change
 	return a, nil
 }
 
-// start runs the informers until stop is closed.
+// start runs the informers, each in its own goroutine, until stop is closed.
 func (a *apiObjects) start(stop <-chan struct{}) {
-	a.factory.Start(stop)
-	a.nodeFactory.Start(stop)
+	for _, informer := range a.informers {
+		a.running.Go(func() { informer.Run(stop) })
+	}
 }
 
 // shutdown waits for the informer goroutines after their stop channel closed.
 func (a *apiObjects) shutdown() {
-	a.factory.Shutdown()
-	a.nodeFactory.Shutdown()
+	a.running.Wait()
 }
 
 // Service implements objectSource.
