@@ -1,4 +1,11 @@
-// Package apiclient builds kpr's Kubernetes client.
+// Package apiclient builds kpr's Kubernetes clients.
+//
+// They are REST clients on a scheme of the few API types kpr reads, not
+// client-go's clientset: the clientset's typed clients register every API
+// group's types in client-go's global scheme, which links all of them into
+// the binary (5.6 MB of its 18 MB of code and read-only data; the memory
+// this saves is in docs/control-plane-performance.md). kpr reads
+// Services, EndpointSlices and its Node.
 package apiclient
 
 import (
@@ -9,8 +16,12 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -18,17 +29,43 @@ import (
 // New returns a client for kubeconfig, or for the in-cluster config when
 // kubeconfig is empty. Its reads wait out a short API server outage (see
 // reconnectTransport).
-func New(kubeconfig string) (kubernetes.Interface, error) {
+// Scheme holds the API types kpr's clients decode: core/v1 (Services,
+// Nodes, Events) and discovery/v1 (EndpointSlices).
+var Scheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(corev1.AddToScheme(s))
+	utilruntime.Must(discoveryv1.AddToScheme(s))
+	return s
+}()
+
+// Clients are REST clients for the two API groups kpr reads.
+type Clients struct {
+	Core      rest.Interface // core/v1, under /api
+	Discovery rest.Interface // discovery.k8s.io/v1, under /apis
+}
+
+// New returns the clients for kubeconfig, or for the in-cluster config
+// when kubeconfig is empty.
+func New(kubeconfig string) (*Clients, error) {
 	var cfg *rest.Config
 	var err error
-	if kubeconfig == "" {
-		cfg, err = rest.InClusterConfig()
-		if err != nil {
+	switch {
+	case kubeconfig == "":
+		if cfg, err = rest.InClusterConfig(); err != nil {
 			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
 		}
-	} else if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
-		return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+	default:
+		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
+			return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+		}
 	}
+	return ForConfig(cfg)
+}
+
+// ForConfig returns the clients for cfg (which it does not modify). Their
+// reads wait out a short API server outage (see reconnectTransport).
+func ForConfig(cfg *rest.Config) (*Clients, error) {
+	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "kpr"
 	// Protobuf, asked for explicitly as kube-proxy does, rather than left
 	// to client-go's default: it is the cheaper encoding to decode for
@@ -39,11 +76,27 @@ func New(kubeconfig string) (kubernetes.Interface, error) {
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return &reconnectTransport{next: rt, interval: 500 * time.Millisecond, max: 30 * time.Second}
 	})
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("build Kubernetes client: %w", err)
+	codecs := serializer.NewCodecFactory(Scheme)
+	forGroup := func(gv schema.GroupVersion, apiPath string) (rest.Interface, error) {
+		c := rest.CopyConfig(cfg)
+		c.GroupVersion = &gv
+		c.APIPath = apiPath
+		c.NegotiatedSerializer = codecs.WithoutConversion()
+		client, err := rest.RESTClientFor(c)
+		if err != nil {
+			return nil, fmt.Errorf("build the Kubernetes client for %s: %w", gv, err)
+		}
+		return client, nil
 	}
-	return client, nil
+	core, err := forGroup(corev1.SchemeGroupVersion, "/api")
+	if err != nil {
+		return nil, err
+	}
+	discovery, err := forGroup(discoveryv1.SchemeGroupVersion, "/apis")
+	if err != nil {
+		return nil, err
+	}
+	return &Clients{Core: core, Discovery: discovery}, nil
 }
 
 // reconnectTransport retries a GET whose connection was refused, every

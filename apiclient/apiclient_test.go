@@ -4,6 +4,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 )
@@ -64,5 +66,31 @@ func TestWritesAreNotRetried(t *testing.T) {
 	}
 	if time.Since(start) > 2*time.Second {
 		t.Fatal("a POST was retried")
+	}
+}
+
+// kpr's binary links only the API groups it reads. client-go's clientset,
+// typed clients and kubernetes/scheme register every group, which adds
+// their types to the binary and to its resident memory (see the package
+// comment); an events recorder, for one, can use Scheme and Clients.Core.
+func TestKprLinksOnlyTheAPIGroupsItReads(t *testing.T) {
+	allowed := map[string]bool{
+		"k8s.io/api/core/v1":      true, // Services, Nodes, Events
+		"k8s.io/api/discovery/v1": true, // EndpointSlices
+		"k8s.io/api/events/v1":    true, // events.k8s.io Events, should kpr post those
+	}
+	out, err := exec.Command("go", "list", "-deps", "github.com/kpr-io/kpr/cmd/kpr").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps ./cmd/kpr: %v\n%s", err, out)
+	}
+	var extra []string
+	for _, pkg := range strings.Fields(string(out)) {
+		if (strings.HasPrefix(pkg, "k8s.io/api/") && !allowed[pkg]) || pkg == "k8s.io/client-go/kubernetes/scheme" {
+			extra = append(extra, pkg)
+		}
+	}
+	if len(extra) > 0 {
+		t.Fatalf("kpr links %d packages of API groups it does not read, or client-go's all-groups scheme: %v\n"+
+			"build clients on apiclient.Scheme instead of client-go's clientset or typed clients", len(extra), extra)
 	}
 }

@@ -3,14 +3,19 @@ package watcher
 import (
 	"net/netip"
 	"reflect"
+	"runtime"
+	"strconv"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/tests/kubeobj"
 )
 
@@ -85,5 +90,197 @@ func TestTrimForCacheKeepsTheProxyNameLabel(t *testing.T) {
 	}
 	if skip, _ := desired.SkipService(svc); !skip {
 		t.Fatal("a Service of another proxy is no longer skipped after trimming")
+	}
+}
+
+// dressedSlice is an EndpointSlice of 10 endpoints as the EndpointSlice
+// controller writes it for a Helm-installed Service, encoded as the API
+// server sends it.
+func dressedSlice(tb testing.TB, i int) []byte {
+	tb.Helper()
+	svc := kubeobj.DressService(kubeobj.Service("shop", kubeobj.Name("web", i), kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080}), i)
+	svc.UID = "0d8b1c3e-2a4f-4b8e-9c1d-3f5e6a7b8c9d"
+	svc.CreationTimestamp = metav1.Now()
+	var eps []kubeobj.Endpoint
+	for j := range 10 {
+		eps = append(eps, kubeobj.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i), byte(j)}), NodeName: "node-" + strconv.Itoa(j%3)})
+	}
+	slice := kubeobj.DressSlice(kubeobj.Slice(svc, svc.Name+"-x7k2p", discoveryv1.AddressTypeIPv4, eps...), svc)
+	slice.UID = "5e6a7b8c-2a4f-4b8e-9c1d-0d8b1c3e9c1d"
+	slice.ResourceVersion = strconv.Itoa(100000 + i)
+	slice.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: kubeobj.FieldManagerController, Operation: metav1.ManagedFieldsOperationUpdate,
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: make([]byte, 1500)}}}
+	b, err := slice.Marshal()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+func TestPackedSliceTranslatesTheSame(t *testing.T) {
+	var slice discoveryv1.EndpointSlice
+	if err := slice.Unmarshal(dressedSlice(t, 3)); err != nil {
+		t.Fatal(err)
+	}
+	// Every condition state, a second address, hints and an app protocol,
+	// so that sharing cannot mix values up.
+	slice.Endpoints[1].Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+	slice.Endpoints[2].Conditions = discoveryv1.EndpointConditions{}
+	slice.Endpoints[3].Addresses = append(slice.Endpoints[3].Addresses, "10.244.9.9")
+	slice.Endpoints[4].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-b"}}}
+	slice.Ports[0].AppProtocol = ptr.To("kubernetes.io/h2c")
+	svc := kubeobj.Service("shop", "web-3", kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080})
+	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "10.96.0.3", []string{"10.96.0.3"}
+	node := desired.Node{Name: "node-1", Zone: "zone-b"}
+
+	want, wantProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{&slice}, node)
+	packed := slice.DeepCopy()
+	if _, err := trimForCache(packed); err != nil {
+		t.Fatal(err)
+	}
+	got, gotProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{packed}, node)
+	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotProblems, wantProblems) {
+		t.Fatalf("packing changed the translation:\n got %+v %v\nwant %+v %v", got, gotProblems, want, wantProblems)
+	}
+	// Apart from what trimming drops, every value is as decoded.
+	kept := slice.DeepCopy()
+	kept.ManagedFields, kept.OwnerReferences, kept.UID = nil, nil, ""
+	kept.Labels = map[string]string{discoveryv1.LabelServiceName: "web-3"}
+	for i := range kept.Endpoints {
+		kept.Endpoints[i].TargetRef = nil
+	}
+	if !reflect.DeepEqual(packed, kept) {
+		t.Fatalf("packing changed a value kpr may read:\n got %+v\nwant %+v", packed, kept)
+	}
+}
+
+// TestTrimmedSliceIsSmall holds the cache's cost per EndpointSlice: at
+// 10,000 Services the slices are the largest part of kpr's memory. The
+// limit is between the in-place trim's 3.9 KB and the packed 2.5 KB per
+// slice of 10 endpoints.
+func TestTrimmedSliceIsSmall(t *testing.T) {
+	const n = 2000
+	encoded := make([][]byte, n)
+	for i := range encoded {
+		encoded[i] = dressedSlice(t, i)
+	}
+	kept := make([]any, n)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range kept {
+		slice := &discoveryv1.EndpointSlice{}
+		if err := slice.Unmarshal(encoded[i]); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if kept[i], err = trimForCache(slice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(encoded) // freeing them in between would make kept look smaller
+	runtime.KeepAlive(kept)
+	perSlice := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	t.Logf("%d bytes of heap per cached slice of 10 endpoints", perSlice)
+	if perSlice > 3000 {
+		t.Fatalf("a cached EndpointSlice of 10 endpoints keeps %d bytes of heap, want at most 3000", perSlice)
+	}
+}
+
+func TestSliceIndexFollowsEvents(t *testing.T) {
+	svcA := kubeobj.Service("shop", "a", kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080})
+	keyA, keyB := serviceKey{Namespace: "shop", Name: "a"}, serviceKey{Namespace: "shop", Name: "b"}
+	a2 := kubeobj.Slice(svcA, "a-2", discoveryv1.AddressTypeIPv4)
+	a1 := kubeobj.Slice(svcA, "a-1", discoveryv1.AddressTypeIPv4)
+	a3 := kubeobj.Slice(svcA, "a-3", discoveryv1.AddressTypeIPv4)
+	names := func(key serviceKey, x *sliceIndex) []string {
+		var out []string
+		for _, s := range x.slices(key) {
+			out = append(out, s.Name)
+		}
+		return out
+	}
+	x := newSliceIndex()
+	x.update(nil, a2)
+	x.update(nil, a1)
+	x.update(nil, a3)
+	if got := names(keyA, x); !reflect.DeepEqual(got, []string{"a-1", "a-2", "a-3"}) {
+		t.Fatalf("after three adds the index holds %v", got)
+	}
+	// An update replaces the slice, it does not add a second one.
+	a2v2 := a2.DeepCopy()
+	a2v2.ResourceVersion = "2"
+	x.update(a2, a2v2)
+	if got := x.slices(keyA); len(got) != 3 || got[1] != a2v2 {
+		t.Fatalf("after an update the index holds %v", got)
+	}
+	// A label edit moves the slice to another Service.
+	moved := a2v2.DeepCopy()
+	moved.Labels[discoveryv1.LabelServiceName] = "b"
+	x.update(a2v2, moved)
+	if got, gotB := names(keyA, x), names(keyB, x); !reflect.DeepEqual(got, []string{"a-1", "a-3"}) || !reflect.DeepEqual(gotB, []string{"a-2"}) {
+		t.Fatalf("after a move the index holds %v for a, %v for b", got, gotB)
+	}
+	// A slice that loses its label leaves the index.
+	unlabelled := moved.DeepCopy()
+	delete(unlabelled.Labels, discoveryv1.LabelServiceName)
+	x.update(moved, unlabelled)
+	x.update(a1, nil)
+	x.update(a3, nil)
+	if len(x.byName) != 0 {
+		t.Fatalf("after every slice left, the index holds %v", x.byName)
+	}
+}
+
+// A slice whose Service label is removed no longer belongs to that
+// Service, so the Service must be synced again, or its backends stay.
+func TestSliceHandlerSyncsTheServiceASliceLeft(t *testing.T) {
+	svc := kubeobj.Service("shop", "a", kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080})
+	slice := kubeobj.Slice(svc, "a-1", discoveryv1.AddressTypeIPv4)
+	index := newSliceIndex()
+	tracker := newChangeTracker(metrics.New(), &fakeHealth{}, time.Now)
+	h := sliceHandler(index, tracker, time.Now(), zap.NewNop())
+	h.OnAdd(slice, true)
+	tracker.take()
+	unlabelled := slice.DeepCopy()
+	delete(unlabelled.Labels, discoveryv1.LabelServiceName)
+	h.OnUpdate(slice, unlabelled)
+	cs := tracker.take()
+	if _, ok := cs.services[serviceKey{Namespace: "shop", Name: "a"}]; !ok {
+		t.Fatalf("removing the Service label from its slice queued %v, want the Service", cs.services)
+	}
+	if got := index.slices(serviceKey{Namespace: "shop", Name: "a"}); len(got) != 0 {
+		t.Fatalf("the Service still has slices %v", got)
+	}
+}
+
+func TestCacheTransformKeepsOnlyTriggerTimesAfterStart(t *testing.T) {
+	started := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	transform := cacheTransform(started)
+	svc := kubeobj.Service("shop", "web", kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080})
+	for _, tc := range []struct {
+		trigger string
+		kept    bool
+	}{
+		{started.Add(-time.Hour).Format(time.RFC3339Nano), false},
+		{started.Format(time.RFC3339Nano), false},
+		{started.Add(time.Millisecond).Format(time.RFC3339Nano), true},
+		{"not a time", true}, // for the handler to log
+	} {
+		slice := kubeobj.Slice(svc, "web-1", discoveryv1.AddressTypeIPv4)
+		slice.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: tc.trigger, "other": "x"}
+		out, err := transform(slice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := out.(*discoveryv1.EndpointSlice).Annotations
+		if want := map[string]string{v1.EndpointsLastChangeTriggerTime: tc.trigger}; tc.kept && !reflect.DeepEqual(got, want) {
+			t.Errorf("trigger time %s: cached annotations %v, want %v", tc.trigger, got, want)
+		}
+		if !tc.kept && got != nil {
+			t.Errorf("trigger time %s, not after kpr started: cached annotations %v, want none", tc.trigger, got)
+		}
 	}
 }

@@ -24,9 +24,9 @@ import (
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/metrics"
@@ -107,7 +107,7 @@ type Watcher struct {
 }
 
 // New builds a Watcher. Nothing talks to the API server before Run.
-func New(cfg Config, client kubernetes.Interface, dp dataplane.Dataplane, log *zap.Logger) (*Watcher, error) {
+func New(cfg Config, client *apiclient.Clients, dp dataplane.Dataplane, log *zap.Logger) (*Watcher, error) {
 	switch {
 	case cfg.NodeName == "":
 		return nil, errors.New("watcher: NodeName is required: pass this node's name (e.g. --hostname-override or $NODE_NAME)")

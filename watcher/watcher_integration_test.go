@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/health"
@@ -170,12 +171,16 @@ func TestWatcherAgainstAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	kprClients, err := apiclient.ForConfig(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
 	w, err := New(Config{
 		NodeName:          "node-a",
 		NodePortAddresses: npa,
 		Metrics:           m,
 		Health:            hs,
-	}, client, dp, zaptest.NewLogger(t))
+	}, kprClients, dp, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,10 +18,6 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
-	v1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane/bpfplane"
@@ -146,10 +142,8 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	cfg.ServiceHealth = svcHealth
 	// Events tell a Service's owner that this node refuses it, as
 	// kube-proxy's recorder does for its own complaints.
-	broadcaster := record.NewBroadcaster()
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	cfg.Events = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "kpr", Host: cfg.NodeName})
+	events := apiclient.NewEventRecorder(client, "kpr", cfg.NodeName, log.Named("events"))
+	cfg.Events = events
 	// The LB is only safe to read from the sync loop, which is where
 	// OnSync runs.
 	publishMapUsage(m, lb)
@@ -179,6 +173,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, handler) })
 	}
 	group.Go(func() error { return svcHealth.Run(ctx) })
+	group.Go(func() error { events.Run(ctx); return nil })
 	group.Go(func() error { return w.Run(ctx) })
 	err = group.Wait()
 	if errors.Is(err, context.Canceled) {

@@ -32,8 +32,9 @@ type Workload struct {
 	client   kubeobj.Client
 	services []netip.Addr // ClusterIPs by index
 
-	probe      *discoveryv1.EndpointSlice // svc-0's slice as last written
-	probeGroup string                     // mainPrefix or altPrefix
+	probe        *discoveryv1.EndpointSlice // svc-0's slice as last written
+	probeService *v1.Service                // svc-0 as created, for DressEndpoints
+	probeGroup   string                     // mainPrefix or altPrefix
 }
 
 // NewWorkload creates the namespace. Its client is not throttled (QPS
@@ -109,11 +110,10 @@ func (w *Workload) createConcurrently(ctx context.Context, from, to int) error {
 // create writes Service i and its slice of the main backends.
 func (w *Workload) create(ctx context.Context, i int) error {
 	name := kubeobj.Name("svc", i)
-	// Objects as a real cluster has them (Helm's and kubectl's metadata,
-	// the EndpointSlice controller's): what every proxy caches and decodes.
-	want := kubeobj.Released(kubeobj.Service(benchNamespace, name,
-		kubeobj.Port{Name: "tcp", Port: servicePort, TargetPort: targetPort}), kubeobj.Name("release", i/10))
-	svc, err := w.client.CreateService(ctx, want)
+	// Dressed as Helm, kubectl apply and the EndpointSlice controller
+	// write them: proxies' memory depends on the size of what they list.
+	svc, err := w.client.CreateDressedService(ctx, kubeobj.DressService(kubeobj.Service(benchNamespace, name,
+		kubeobj.Port{Name: "tcp", Port: servicePort, TargetPort: targetPort}), i), i)
 	if err != nil {
 		return err
 	}
@@ -122,13 +122,12 @@ func (w *Workload) create(ctx context.Context, i int) error {
 	}
 	slice := kubeobj.Slice(svc, name, discoveryv1.AddressTypeIPv4)
 	slice.Endpoints = endpoints(mainPrefix)
-	kubeobj.Controlled(slice, svc, nodeName, "zone-a")
-	out, err := w.client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, slice, metav1.CreateOptions{})
+	out, err := w.client.CreateControllerSlice(ctx, kubeobj.DressSlice(slice, svc))
 	if err != nil {
-		return fmt.Errorf("create EndpointSlice %s/%s: %w", benchNamespace, name, err)
+		return err
 	}
 	if i == 0 {
-		w.probe = out
+		w.probe, w.probeService = out, svc
 	}
 	return nil
 }
@@ -156,6 +155,7 @@ func (w *Workload) SwitchProbe(ctx context.Context) (string, error) {
 	}
 	slice := w.probe.DeepCopy()
 	slice.Endpoints = endpoints(next)
+	kubeobj.DressEndpoints(w.probeService, slice.Endpoints)
 	out, err := w.client.DiscoveryV1().EndpointSlices(benchNamespace).Update(ctx, slice, metav1.UpdateOptions{})
 	if err != nil {
 		return "", fmt.Errorf("update EndpointSlice %s/%s: %w", benchNamespace, slice.Name, err)

@@ -6,7 +6,6 @@ package kubeobj
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -14,7 +13,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -162,73 +160,3 @@ func Bool(b bool) *bool { return &b }
 
 // Name formats numbered object names, e.g. Name("svc", 7) = "svc-7".
 func Name(prefix string, i int) string { return prefix + "-" + strconv.Itoa(i) }
-
-// Released gives svc the metadata a Service of a Helm release applied with
-// kubectl carries in a real cluster, so that benchmarks cache objects of
-// realistic size: Helm's labels and annotations, a selector, and kubectl's
-// last-applied-configuration annotation (the whole object as applied). The
-// API server adds the managed fields of the writer on its own.
-func Released(svc *v1.Service, release string) *v1.Service {
-	svc.Labels = map[string]string{
-		"app.kubernetes.io/name":       svc.Name,
-		"app.kubernetes.io/instance":   release,
-		"app.kubernetes.io/version":    "1.27.3",
-		"app.kubernetes.io/component":  "server",
-		"app.kubernetes.io/part-of":    release,
-		"app.kubernetes.io/managed-by": "Helm",
-		"helm.sh/chart":                svc.Name + "-4.11.2",
-	}
-	svc.Annotations = map[string]string{
-		"meta.helm.sh/release-name":      release,
-		"meta.helm.sh/release-namespace": svc.Namespace,
-	}
-	svc.Spec.Selector = map[string]string{
-		"app.kubernetes.io/name":     svc.Name,
-		"app.kubernetes.io/instance": release,
-	}
-	applied := svc.DeepCopy()
-	applied.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
-	if b, err := json.Marshal(applied); err == nil {
-		svc.Annotations["kubectl.kubernetes.io/last-applied-configuration"] = string(b) + "\n"
-	}
-	return svc
-}
-
-// Controlled gives slice what the EndpointSlice controller writes on the
-// slices of svc: the Service's labels, the managed-by label and owner
-// reference, the trigger-time annotation, and per endpoint the pod it
-// belongs to, its node and zone.
-func Controlled(slice *discoveryv1.EndpointSlice, svc *v1.Service, node, zone string) *discoveryv1.EndpointSlice {
-	labels := map[string]string{}
-	for k, v := range svc.Labels {
-		labels[k] = v
-	}
-	for k, v := range slice.Labels {
-		labels[k] = v
-	}
-	labels[discoveryv1.LabelManagedBy] = "endpointslice-controller.k8s.io"
-	slice.Labels = labels
-	slice.Annotations = map[string]string{
-		v1.EndpointsLastChangeTriggerTime: "2026-11-30T09:12:44Z",
-	}
-	slice.OwnerReferences = []metav1.OwnerReference{{
-		APIVersion: "v1", Kind: "Service", Name: svc.Name, UID: svc.UID,
-		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
-	}}
-	for i := range slice.Endpoints {
-		ep := &slice.Endpoints[i]
-		pod := fmt.Sprintf("%s-7d9f8c6b5-%05d", svc.Name, i)
-		ep.TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: svc.Namespace, Name: pod,
-			UID: types.UID(fmt.Sprintf("3f1c6a52-8d4e-4b7a-9c2f-%012d", i))}
-		if ep.NodeName == nil {
-			ep.NodeName = ptr.To(node)
-		}
-		if ep.Zone == nil {
-			ep.Zone = ptr.To(zone)
-		}
-		if ep.Conditions.Ready == nil {
-			ep.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}
-		}
-	}
-	return slice
-}

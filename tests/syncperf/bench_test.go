@@ -16,10 +16,8 @@ var (
 	flagServices  = flag.Int("syncperf.services", 10000, "Services in the API server")
 	flagEndpoints = flag.Int("syncperf.endpoints", 10, "endpoints per Service (one EndpointSlice each)")
 	flagUpdates   = flag.Int("syncperf.updates", 200, "EndpointSlice updates timed per benchmark iteration")
-	flagMinimal   = flag.Bool("syncperf.minimal-objects", false,
-		"write Services and slices without the labels, annotations and references real clusters have (the workload before issue 7)")
-	flagChurn    = flag.Int("syncperf.churn-updates", 150, "updates of one EndpointSlice in update-churn-resync-5s")
-	flagBaseline = flag.String("syncperf.baseline-kpr", "",
+	flagChurn     = flag.Int("syncperf.churn-updates", 150, "updates of one EndpointSlice in update-churn-resync-5s")
+	flagBaseline  = flag.String("syncperf.baseline-kpr", "",
 		"a kpr binary (e.g. built from an older commit) to run update-churn-resync-5s with as well, against the same API server")
 )
 
@@ -48,8 +46,7 @@ var (
 func BenchmarkControlPlane(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
 	defer cancel()
-	f := newFixture(b, ctx, Population{Namespace: "syncperf", Services: *flagServices, EndpointsPerService: *flagEndpoints,
-		Minimal: *flagMinimal})
+	f := newFixture(b, ctx, Population{Namespace: "syncperf", Services: *flagServices, EndpointsPerService: *flagEndpoints})
 
 	b.Run("startup", func(b *testing.B) {
 		cg, err := harness.NewCgroup(b)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kpr-io/kpr/tests/cluster"
@@ -60,6 +61,7 @@ func newFixture(tb testing.TB, ctx context.Context, pop Population) *fixture {
 	}
 	tb.Logf("created %d Services with %d endpoints each (%d objects) in %v",
 		pop.Services, pop.EndpointsPerService, 2*pop.Services, time.Since(began).Round(time.Millisecond))
+	logObjectSizes(tb, ctx, client, pop.Namespace)
 	// Build kpr now, so that no measurement includes the build.
 	if _, err := kprproc.Binary(); err != nil {
 		tb.Fatal(err)
@@ -172,4 +174,21 @@ func (f *fixture) update(tb testing.TB, ctx context.Context, run *kprRun, reader
 		tb.Fatalf("update %d: %v", k, err)
 	}
 	return u
+}
+
+// logObjectSizes logs how large the first Service and its slice are as the
+// API server sends them (protobuf, as kpr lists them), so that runs with
+// different objects can be told apart.
+func logObjectSizes(tb testing.TB, ctx context.Context, client kubernetes.Interface, namespace string) {
+	tb.Helper()
+	svc, err := client.CoreV1().Services(namespace).Get(ctx, "svc-0", metav1.GetOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	slice, err := client.DiscoveryV1().EndpointSlices(namespace).Get(ctx, "svc-0", metav1.GetOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Logf("svc-0 is %d bytes in protobuf (%d managedFields entries, %d annotations), its slice %d bytes (%d managedFields entries)",
+		svc.Size(), len(svc.ManagedFields), len(svc.Annotations), slice.Size(), len(slice.ManagedFields))
 }

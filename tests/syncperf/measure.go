@@ -57,9 +57,9 @@ func (s Startup) String() string {
 	r := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	return fmt.Sprintf("start->watching %v, ->caches synced %v, caches synced->all programmed %v "+
 		"(kpr on CPU %v of it; first full sync logged at +%v, reconcile took %v), "+
-		"start->all programmed %v, kpr CPU %v, peak RSS %.1f MiB",
+		"start->all programmed %v, kpr CPU %v, peak RSS %.1f MiB (file-backed now %.1f MiB)",
 		r(s.Watching), r(s.CachesSynced), r(s.SyncedToProgrammed()), s.SyncCPU, r(s.FirstSyncLogged-s.CachesSynced),
-		r(s.FirstSyncTook), r(s.Programmed), s.Proc.CPU, float64(s.Proc.PeakRSS)/(1<<20))
+		r(s.FirstSyncTook), r(s.Programmed), s.Proc.CPU, float64(s.Proc.PeakRSS)/(1<<20), float64(s.Proc.RSSFile)/(1<<20))
 }
 
 // programmedPoll is how often the start-up measurement looks at the maps.

@@ -42,13 +42,13 @@ type Population struct {
 	Namespace           string
 	Services            int
 	EndpointsPerService int
-	// Minimal leaves out the metadata real clusters put on the objects
-	// (kubeobj.Released and kubeobj.Controlled): labels and annotations
-	// of Helm and kubectl, selectors, owner references, pod references.
-	// The managed fields the API server records are there either way.
-	Minimal bool
 	// Workers is how many API writes run at once; 0 means 16.
 	Workers int
+	// Bare writes the objects with only the fields kpr reads, as this
+	// benchmark did before issue 7. By default they carry what Helm,
+	// kubectl apply and the EndpointSlice controller put on them
+	// (kubeobj.DressService, kubeobj.DressSlice).
+	Bare bool
 	// Progress, if set, is called with the number of Services written so
 	// far after every tenth of them (populating 10,000 takes minutes).
 	Progress func(done int)
@@ -159,11 +159,13 @@ func Populate(ctx context.Context, client kubernetes.Interface, p Population) ([
 // createService writes Service i and its slice.
 func createService(ctx context.Context, c kubeobj.Client, p Population, i int) (*Service, error) {
 	name := kubeobj.Name("svc", i)
-	want := kubeobj.Service(p.Namespace, name, kubeobj.Port{Name: "http", Port: ServicePort, TargetPort: TargetPort})
-	if !p.Minimal {
-		kubeobj.Released(want, kubeobj.Name("release", i/10)) // ten Services per release
+	svc := kubeobj.Service(p.Namespace, name, kubeobj.Port{Name: "http", Port: ServicePort, TargetPort: TargetPort})
+	var err error
+	if p.Bare {
+		svc, err = c.CreateService(ctx, svc)
+	} else {
+		svc, err = c.CreateDressedService(ctx, kubeobj.DressService(svc, i), i)
 	}
-	svc, err := c.CreateService(ctx, want)
 	if err != nil {
 		return nil, err
 	}
@@ -178,11 +180,14 @@ func createService(ctx context.Context, c kubeobj.Client, p Population, i int) (
 		eps[j] = kubeobj.Endpoint{Addr: s.Endpoints[j]}
 	}
 	slice := kubeobj.Slice(svc, name, discoveryv1.AddressTypeIPv4, eps...)
-	if !p.Minimal {
-		kubeobj.Controlled(slice, svc, kubeobj.Name("node", i%100), "zone-"+string(rune('a'+i%3)))
+	if p.Bare {
+		if s.slice, err = c.DiscoveryV1().EndpointSlices(p.Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("create EndpointSlice %s/%s: %w", p.Namespace, name, err)
+		}
+		return s, nil
 	}
-	if s.slice, err = c.DiscoveryV1().EndpointSlices(p.Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("create EndpointSlice %s/%s: %w", p.Namespace, name, err)
+	if s.slice, err = c.CreateControllerSlice(ctx, kubeobj.DressSlice(slice, svc)); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

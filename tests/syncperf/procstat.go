@@ -14,6 +14,10 @@ type ProcStats struct {
 	CPU time.Duration
 	// PeakRSS is the resident set high-water mark (VmHWM).
 	PeakRSS uint64
+	// RSSFile is the resident part mapped from files, mostly the kpr
+	// binary (RssFile), at the time of reading: part of PeakRSS that no
+	// change to kpr's heap reduces.
+	RSSFile uint64
 }
 
 // clockTicks is USER_HZ, the unit of the CPU times in /proc/PID/stat. It is
@@ -27,7 +31,10 @@ func ReadProcStats(pid int) (ProcStats, error) {
 	if st.CPU, err = readCPU(pid); err != nil {
 		return st, err
 	}
-	if st.PeakRSS, err = readPeakRSS(pid); err != nil {
+	if st.PeakRSS, err = readStatusKB(pid, "VmHWM:"); err != nil {
+		return st, err
+	}
+	if st.RSSFile, err = readStatusKB(pid, "RssFile:"); err != nil {
 		return st, err
 	}
 	return st, nil
@@ -57,20 +64,21 @@ func readCPU(pid int) (time.Duration, error) {
 	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
 
-// readPeakRSS returns the resident set high-water mark of a process.
-func readPeakRSS(pid int) (uint64, error) {
+// readStatusKB returns a size line of /proc/PID/status, e.g. "VmHWM:", in
+// bytes.
+func readStatusKB(pid int, field string) (uint64, error) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, fmt.Errorf("read memory use of pid %d: %w", pid, err)
 	}
 	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field); ok {
 			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("/proc/%d/status: VmHWM %q: %w", pid, v, err)
+				return 0, fmt.Errorf("/proc/%d/status: %s %q: %w", pid, field, v, err)
 			}
 			return kb * 1024, nil
 		}
 	}
-	return 0, fmt.Errorf("/proc/%d/status has no VmHWM line", pid)
+	return 0, fmt.Errorf("/proc/%d/status has no %s line", pid, field)
 }
