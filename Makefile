@@ -20,7 +20,7 @@ deps:
 
 ## generate: rebuild the BPF objects and their Go bindings with bpf2go
 generate: deps
-	cd bpf && $(GO) generate ./...
+	cd bpf && KPR_BPF_MULTIARCH=$$(../hack/multiarch.sh) $(GO) generate ./...
 
 ## generate-check: fail if the committed BPF objects differ from a fresh build
 generate-check: deps

@@ -16,7 +16,7 @@ command -v flock >/dev/null || need+=(util-linux)
 command -v iptables-restore >/dev/null || need+=(iptables)
 command -v nft >/dev/null || need+=(nftables)
 command -v conntrack >/dev/null || need+=(conntrack)
-[[ -d /usr/include/x86_64-linux-gnu/asm || -d /usr/include/asm ]] || need+=(linux-libc-dev)
+[[ -d /usr/include/$("$(dirname "$0")/multiarch.sh")/asm || -d /usr/include/asm ]] || need+=(linux-libc-dev)
 
 if [[ ${#need[@]} -eq 0 ]]; then
 	exit 0

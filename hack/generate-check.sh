@@ -8,7 +8,7 @@ repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 copy="$repo_root/.generate-check.$$"
 trap 'rm -rf "$copy"' EXIT
 cp -r "$repo_root/bpf" "$copy"
-(cd "$copy" && go generate ./... >/dev/null)
+(cd "$copy" && KPR_BPF_MULTIARCH=$("$repo_root/hack/multiarch.sh") go generate ./... >/dev/null)
 status=0
 for f in "$repo_root"/bpf/*_bpfel.o "$repo_root"/bpf/*_bpfel.go; do
 	if ! cmp -s "$f" "$copy/$(basename "$f")"; then

@@ -95,7 +95,8 @@ func (r Report) RequireSocketLB() error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("kernel %s lacks %s, which kpr's eBPF mode needs; use --mode iptables or a Linux 5.8+ kernel",
+		return fmt.Errorf("kernel %s lacks %s, which kpr's eBPF mode needs: run kpr on Linux 5.8 or later, "+
+			"or keep kube-proxy on this node (this build of kpr has no iptables or IPVS mode)",
 			r.Kernel, strings.Join(missing, ", "))
 	}
 	return nil
