@@ -31,9 +31,10 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-## unit: tests that need neither root nor the API server
+## unit: every test that needs neither root nor the API server (-short
+## skips the others, see harness.RequireRoot and cluster.StartForTest)
 unit:
-	$(GO) test $(GOFLAGS_TEST) ./maps/... ./dataplane/... ./desired/... ./metrics/... ./health/... ./servicehealth/...
+	$(GO) test -short $(GOFLAGS_TEST) ./...
 
 ## test: everything CI runs: generated-code check, lint, all tests (root tests need root)
 test: deps generate-check lint tools

@@ -21,8 +21,8 @@ func netnsIno(t *testing.T, path string) uint64 {
 // fn runs in the namespace it is given, and the caller's thread stays in
 // its own.
 func TestInRunsInTheNamespaceAndLeavesTheCallerAlone(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace")
+	if testing.Short() || os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace (and does not run under -short)")
 	}
 	// A second namespace to enter: unshare one on a thread that is then
 	// thrown away, keeping a descriptor of it.

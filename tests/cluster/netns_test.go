@@ -29,8 +29,8 @@ import (
 // advertises Options.AdvertiseAddress, and a client inside the namespace
 // reaches the API server on that address, also after an API server restart.
 func TestClusterInNetNS(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
+	if testing.Short() || os.Geteuid() != 0 {
+		t.Skip("needs root to create a network namespace (and does not run under -short)")
 	}
 	const advertise = "192.0.2.1"
 	nsName := makeTestNetNS(t, advertise+"/24")

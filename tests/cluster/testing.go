@@ -11,8 +11,12 @@ import (
 // the test (rather than skipping) when the cluster cannot start: missing
 // tools are built by hack/tools.sh, and any other failure is a real one.
 // Progress is logged through t unless opts.Logger is set.
+// Under -short (`make unit`) it skips the test: a cluster is no unit.
 func StartForTest(t testing.TB, opts Options) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping under -short: needs a real kube-apiserver and etcd")
+	}
 	if opts.Logger == nil {
 		opts.Logger = zaptest.NewLogger(t)
 	}

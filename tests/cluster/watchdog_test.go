@@ -22,6 +22,9 @@ func TestServersDieWithTheirStarter(t *testing.T) {
 		startAndHang(t)
 		return
 	}
+	if testing.Short() {
+		t.Skip("skipping under -short: starts a real kube-apiserver and etcd in a child")
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServersDieWithTheirStarter$", "-test.v")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
 	cmd.Stderr = os.Stderr
