@@ -3,8 +3,8 @@
 // They are REST clients on a scheme of the few API types kpr reads, not
 // client-go's clientset: the clientset's typed clients register every API
 // group's types in client-go's global scheme, which links all of them into
-// the binary (5.6 MB of its 18 MB of code and read-only data; the memory
-// this saves is in docs/control-plane-performance.md). kpr reads
+// the binary (the size and memory this saves are in
+// docs/control-plane-performance.md). kpr reads
 // Services, EndpointSlices and its Node.
 package apiclient
 

@@ -97,9 +97,9 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 
 // gcPercent trades CPU for memory, which a per-node agent is charged for on
 // every node: kpr's heap is mostly the informer caches, and Go's default of
-// 100 lets it grow to twice that before collecting. Measured at 10,000
-// Services (docs/control-plane-performance.md): peak RSS 165 MiB at 50,
-// 148 MiB at 25, for about 0.4 s more CPU at start-up; the steady state
+// 100 lets it grow to twice that before collecting. The lower setting costs
+// some start-up CPU and saves a measurable part of the peak
+// (docs/control-plane-performance.md has the runs); the steady state
 // allocates little, so the extra collections cost little there. GOGC in the
 // environment still wins.
 const gcPercent = 25
@@ -268,8 +268,8 @@ func (c countingTerminator) Terminate(removed []maps.RemovedBackend) (int, error
 // the first full reconcile is done. Translating and writing every Service
 // at once is kpr's largest burst of allocation; Go would return the freed
 // pages only slowly, so the node would see kpr's start-up peak as its
-// resident size for minutes. Measured at 10,000 Services: 182 MiB → 123 MiB,
-// for one collection's worth of CPU.
+// resident size for minutes. It costs one collection's worth of CPU; the
+// measured effect is in docs/control-plane-performance.md.
 func releaseStartupMemory(ctx context.Context, firstSync <-chan struct{}) {
 	select {
 	case <-firstSync:
