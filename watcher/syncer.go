@@ -2,7 +2,6 @@ package watcher
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -47,13 +46,32 @@ var desiredTranslator = translator{
 
 type servicePorts = map[dataplane.ServicePortName]*dataplane.ServicePort
 
+// portList is one Service's ServicePorts as translate returned them, each
+// name once (desired drops duplicate ports). The dataplane is handed
+// pointers into it, which stay the same as long as the translation is
+// cached. A slice rather than a map by name because nearly every Service
+// has one port: a Go map of one entry still allocates a group of eight
+// slots, over 500 bytes per Service here, while the names are already in
+// the ServicePorts.
+type portList []dataplane.ServicePort
+
+// get returns the ServicePort called name, or nil.
+func (l portList) get(name dataplane.ServicePortName) *dataplane.ServicePort {
+	for i := range l {
+		if l[i].Name == name {
+			return &l[i]
+		}
+	}
+	return nil
+}
+
 // noLocalCount is one Service's contribution to
 // sync_proxy_rules_no_local_endpoints_total.
 type noLocalCount struct{ internal, external int }
 
 // computed is the desired state of one Service.
 type computed struct {
-	ports   servicePorts
+	ports   portList
 	noLocal noLocalCount
 	// healthCheck is set for Services with externalTrafficPolicy: Local
 	// and a healthCheckNodePort.
@@ -72,7 +90,7 @@ type syncer struct {
 
 	// applied is what the dataplane holds per Service, as of the last
 	// successful Apply or Reconcile. A failed call leaves it untouched.
-	applied map[serviceKey]servicePorts
+	applied map[serviceKey]portList
 	noLocal map[serviceKey]noLocalCount
 	// healthChecks is the healthCheckNodePort state per Service, as of the
 	// last successful sync.
@@ -101,7 +119,7 @@ type translation struct {
 func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, tr translator, log *zap.Logger) *syncer {
 	return &syncer{
 		src: src, node: node, dp: dp, tr: tr, log: log,
-		applied:      map[serviceKey]servicePorts{},
+		applied:      map[serviceKey]portList{},
 		noLocal:      map[serviceKey]noLocalCount{},
 		healthChecks: map[serviceKey]servicehealth.Service{},
 		problems:     map[serviceKey]map[desired.Problem]bool{},
@@ -157,13 +175,13 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 		c := s.compute(key, node)
 		next[key] = c
 		old := s.applied[key]
-		for name, sp := range c.ports {
-			if !s.tr.equal(old[name], sp) {
-				changes[name] = sp
+		for i := range c.ports {
+			if sp := &c.ports[i]; !s.tr.equal(old.get(sp.Name), sp) {
+				changes[sp.Name] = sp
 			}
 		}
-		for name := range old {
-			if _, ok := c.ports[name]; !ok {
+		for i := range old {
+			if name := old[i].Name; c.ports.get(name) == nil {
 				changes[name] = nil
 			}
 		}
@@ -190,7 +208,9 @@ func (s *syncer) full() (int, error) {
 	for _, key := range s.src.ServiceKeys() {
 		c := s.compute(key, node)
 		next[key] = c
-		maps.Copy(all, c.ports)
+		for i := range c.ports {
+			all[c.ports[i].Name] = &c.ports[i]
+		}
 	}
 	if err := s.dp.Reconcile(all); err != nil {
 		return 0, fmt.Errorf("reconcile all %d service ports: %w", len(all), err)
@@ -349,10 +369,7 @@ func (s *syncer) compute(key serviceKey, node desired.Node) computed {
 	ports, problems := s.tr.translate(svc, eps, node)
 	s.logProblems(key, problems)
 
-	c := computed{ports: make(servicePorts, len(ports))}
-	for i := range ports {
-		c.ports[ports[i].Name] = &ports[i]
-	}
+	c := computed{ports: ports}
 	c.noLocal = s.countNoLocal(svc, eps, node, ports)
 	c.healthCheck = healthCheckOf(svc, ports)
 	s.translated[key] = translation{versions: versions, c: c}
