@@ -90,12 +90,14 @@ type syncer struct {
 
 	// applied is what the dataplane holds per Service, as of the last
 	// successful Apply or Reconcile. A failed call leaves it untouched.
-	applied map[serviceKey]portList
-	noLocal map[serviceKey]noLocalCount
+	// The no-local counts are kept beside the ports, in one map: a second
+	// map keyed by Service would repeat the 10,000s of keys.
+	applied map[serviceKey]appliedState
 	// healthChecks is the healthCheckNodePort state per Service, as of the
 	// last successful sync.
 	healthChecks map[serviceKey]servicehealth.Service
-	// noLocalTotal is the sum over noLocal, kept current on every commit.
+	// noLocalTotal is the sum of applied's noLocal, kept current on every
+	// commit.
 	noLocalTotal noLocalCount
 	// problems are the translation problems last logged per Service, so
 	// that a bad object is logged when it turns bad, not on every sync.
@@ -110,6 +112,12 @@ type syncer struct {
 	translatedWith desired.Node
 }
 
+// appliedState is what the dataplane holds for one Service.
+type appliedState struct {
+	ports   portList
+	noLocal noLocalCount
+}
+
 // translation is a cached compute result and what it was computed from.
 type translation struct {
 	versions string
@@ -119,8 +127,7 @@ type translation struct {
 func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, tr translator, log *zap.Logger) *syncer {
 	return &syncer{
 		src: src, node: node, dp: dp, tr: tr, log: log,
-		applied:      map[serviceKey]portList{},
-		noLocal:      map[serviceKey]noLocalCount{},
+		applied:      map[serviceKey]appliedState{},
 		healthChecks: map[serviceKey]servicehealth.Service{},
 		problems:     map[serviceKey]map[desired.Problem]bool{},
 		translated:   map[serviceKey]translation{},
@@ -138,7 +145,14 @@ func (s *syncer) useNode(node desired.Node) {
 // objectVersions identifies the exact objects a translation reads. eps
 // must be sorted by name.
 func objectVersions(svc *v1.Service, eps []*discoveryv1.EndpointSlice) string {
+	// Grown to the exact length once: the string is kept per Service, and
+	// a builder growing by doubling would keep up to twice its length.
+	n := len(svc.UID) + len(svc.ResourceVersion)
+	for _, slice := range eps {
+		n += 2 + len(slice.Name) + len(slice.ResourceVersion)
+	}
 	var b strings.Builder
+	b.Grow(n)
 	b.WriteString(string(svc.UID))
 	b.WriteString(svc.ResourceVersion)
 	for _, slice := range eps {
@@ -174,7 +188,7 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 	for key := range keys {
 		c := s.compute(key, node)
 		next[key] = c
-		old := s.applied[key]
+		old := s.applied[key].ports
 		for i := range c.ports {
 			if sp := &c.ports[i]; !s.tr.equal(old.get(sp.Name), sp) {
 				changes[sp.Name] = sp
@@ -323,7 +337,7 @@ func (s *syncer) step(p *pass) (done, held bool, err error) {
 
 // commit records c as what the dataplane now holds for key.
 func (s *syncer) commit(key serviceKey, c computed) {
-	old := s.noLocal[key]
+	old := s.applied[key].noLocal
 	s.noLocalTotal.internal += c.noLocal.internal - old.internal
 	s.noLocalTotal.external += c.noLocal.external - old.external
 	if c.healthCheck != nil {
@@ -333,11 +347,9 @@ func (s *syncer) commit(key serviceKey, c computed) {
 	}
 	if len(c.ports) == 0 {
 		delete(s.applied, key)
-		delete(s.noLocal, key)
 		return
 	}
-	s.applied[key] = c.ports
-	s.noLocal[key] = c.noLocal
+	s.applied[key] = appliedState{ports: c.ports, noLocal: c.noLocal}
 }
 
 // compute returns the desired state of one Service; nothing if it does not
