@@ -63,11 +63,37 @@ type Service struct {
 // left. Nothing of the refused Service was written.
 var ErrMapFull = errors.New("BPF map full")
 
-// backendAddr is what makes two backends the same backend.
+// backendAddr is what makes two backends the same backend. It holds the
+// address as 16 bytes rather than as a netip.Addr (24 bytes, one of them a
+// pointer the collector scans) because the LB keeps one per backend twice,
+// as a key and as a value, for every backend of the cluster: 20 bytes
+// without pointers instead of 32 with one. Zoned addresses are refused by
+// validate, so nothing is lost.
 type backendAddr struct {
-	Addr  netip.Addr
-	Port  uint16
-	Proto dataplane.Protocol
+	addr  [16]byte
+	port  uint16
+	proto dataplane.Protocol
+	is4   bool
+}
+
+func newBackendAddr(a netip.Addr, port uint16, proto dataplane.Protocol) backendAddr {
+	return backendAddr{addr: a.As16(), port: port, proto: proto, is4: a.Is4()}
+}
+
+// Addr returns the address as it was given.
+func (b backendAddr) Addr() netip.Addr {
+	a := netip.AddrFrom16(b.addr)
+	if b.is4 {
+		return a.Unmap()
+	}
+	return a
+}
+
+// backendEntry is what the LB knows of one backend id.
+type backendEntry struct {
+	addr backendAddr
+	// refs counts the slots pointing at the backend.
+	refs int32
 }
 
 // svcState mirrors what the maps hold for one ServiceKey.
@@ -86,13 +112,15 @@ type svcState struct {
 type LB struct {
 	tables
 
-	svcs        map[ServiceKey]*svcState
-	svcEntries  int // masters plus slots, as in the service map
-	backendIDs  map[backendAddr]uint32
-	backendOf   map[uint32]backendAddr
-	backendRefs map[uint32]int // slots pointing at each backend
-	revNatIDs   map[Frontend]uint32
-	revNatRefs  map[uint32]int // scopes using each reverse-NAT id
+	svcs       map[ServiceKey]*svcState
+	svcEntries int // masters plus slots, as in the service map
+	backendIDs map[backendAddr]uint32
+	// backendOf holds every backend id in the backend map. Its keys are
+	// also the backend ids in use: backendAlloc asks it rather than
+	// keeping a set of its own.
+	backendOf  map[uint32]backendEntry
+	revNatIDs  map[Frontend]uint32
+	revNatRefs map[uint32]int // scopes using each reverse-NAT id
 	// matches mirrors the affinity match map: the backends each Service
 	// with ClientIP affinity has now.
 	matches map[bpf.KprAffinityMatchKey]struct{}
@@ -165,11 +193,10 @@ func (lb *LB) Resync() error {
 	lb.svcs = map[ServiceKey]*svcState{}
 	lb.svcEntries = 0
 	lb.backendIDs = map[backendAddr]uint32{}
-	lb.backendOf = map[uint32]backendAddr{}
-	lb.backendRefs = map[uint32]int{}
+	lb.backendOf = map[uint32]backendEntry{}
 	lb.revNatIDs = map[Frontend]uint32{}
 	lb.revNatRefs = map[uint32]int{}
-	lb.backendAlloc = newIDAllocator("backend", 1, 1<<32-1)
+	lb.backendAlloc = newIDAllocatorOver("backend", 1, 1<<32-1, backendIDSet{lb})
 	lb.revNatAlloc = newIDAllocator("reverse-NAT", 1, 1<<32-1)
 
 	type slotEntry struct {
@@ -203,8 +230,8 @@ func (lb *LB) Resync() error {
 	}
 
 	err = lb.backends.dump(func(id uint32, b bpf.KprBackend) {
-		addr := backendAddr{addrFromBPF(b.Addr), portFromBPF(b.Port), dataplane.Protocol(b.Proto)}
-		lb.backendOf[id] = addr
+		addr := newBackendAddr(addrFromBPF(b.Addr), portFromBPF(b.Port), dataplane.Protocol(b.Proto))
+		lb.backendOf[id] = backendEntry{addr: addr}
 		lb.backendIDs[addr] = id
 		lb.backendAlloc.reserve(id)
 	})
@@ -222,8 +249,9 @@ func (lb *LB) Resync() error {
 
 	for key, st := range lb.svcs {
 		for i, id := range st.slots {
-			if _, ok := lb.backendOf[id]; ok {
-				lb.backendRefs[id]++
+			if e, ok := lb.backendOf[id]; ok {
+				e.refs++
+				lb.backendOf[id] = e
 			} else {
 				st.slots[i] = 0 // drift: the slot points nowhere
 			}
@@ -238,8 +266,8 @@ func (lb *LB) Resync() error {
 	}
 
 	var orphanBackends []uint32
-	for id := range lb.backendOf {
-		if lb.backendRefs[id] == 0 {
+	for id, e := range lb.backendOf {
+		if e.refs == 0 {
 			orphanBackends = append(orphanBackends, id)
 		}
 	}
@@ -322,8 +350,11 @@ func (lb *LB) Get(key ServiceKey) (Service, bool) {
 	}
 	svc := Service{ServiceKey: key, Kind: st.kind, AffinityTimeout: st.affinityTimeout}
 	for _, id := range st.slots {
-		b := lb.backendOf[id]
-		svc.Backends = append(svc.Backends, dataplane.Backend{Addr: b.Addr, Port: b.Port})
+		var b dataplane.Backend
+		if e, ok := lb.backendOf[id]; ok {
+			b = dataplane.Backend{Addr: e.addr.Addr(), Port: e.addr.port}
+		}
+		svc.Backends = append(svc.Backends, b)
 	}
 	return svc, true
 }
@@ -356,8 +387,8 @@ func (lb *LB) Matches(svc Service) bool {
 		return false
 	}
 	for i, id := range st.slots {
-		b, ok := lb.backendOf[id]
-		if !ok || b != (backendAddr{svc.Backends[i].Addr, svc.Backends[i].Port, svc.Proto}) {
+		e, ok := lb.backendOf[id]
+		if !ok || e.addr != newBackendAddr(svc.Backends[i].Addr, svc.Backends[i].Port, svc.Proto) {
 			return false
 		}
 	}
@@ -400,9 +431,25 @@ func validate(svc Service) error {
 		return fmt.Errorf("service %s: %d backends exceed the limit of 65535", svc.Frontend, len(svc.Backends))
 	}
 	for _, b := range svc.Backends {
-		if !b.Addr.IsValid() || b.Addr.Is4() != svc.Addr.Unmap().Is4() || b.Port == 0 {
-			return fmt.Errorf("service %s: backend %s is invalid or of the wrong IP family", svc.Frontend, b)
+		if !b.Addr.IsValid() || b.Addr.Zone() != "" || b.Addr.Is4() != svc.Addr.Unmap().Is4() || b.Port == 0 {
+			return fmt.Errorf("service %s: backend %s is invalid, zoned or of the wrong IP family", svc.Frontend, b)
 		}
 	}
 	return nil
 }
+
+// backendIDSet makes backendOf's keys the backend allocator's set of ids
+// in use.
+type backendIDSet struct{ lb *LB }
+
+func (s backendIDSet) has(id uint32) bool { _, ok := s.lb.backendOf[id]; return ok }
+
+// add holds id with an empty entry until the caller fills it in.
+func (s backendIDSet) add(id uint32) {
+	if _, ok := s.lb.backendOf[id]; !ok {
+		s.lb.backendOf[id] = backendEntry{}
+	}
+}
+
+func (s backendIDSet) remove(id uint32) { delete(s.lb.backendOf, id) }
+func (s backendIDSet) len() int         { return len(s.lb.backendOf) }

@@ -372,12 +372,18 @@ func TestInvalidServicesAreRefusedWithoutWriting(t *testing.T) {
 	sctp := svcFor("10.96.0.2", 80)
 	sctp.Proto = dataplane.SCTP
 	good := svcFor("10.96.0.3", 80, "10.244.0.2:80")
-	err := lb.Upsert(mixed, sctp, good)
+	// The maps hold no zone, so a zoned backend would come back as
+	// another one after a restart.
+	zoned := svcFor("fd00::10", 80, "[fe80::1%eth0]:80")
+	err := lb.Upsert(mixed, sctp, good, zoned)
 	if err == nil {
 		t.Fatal("invalid services accepted")
 	}
 	if _, ok := lb.Get(mixed.ServiceKey); ok {
 		t.Fatal("mixed-family service written")
+	}
+	if _, ok := lb.Get(zoned.ServiceKey); ok {
+		t.Fatal("service with a zoned backend written")
 	}
 	if !lb.Matches(good) {
 		t.Fatal("a valid service in the same batch was not written")

@@ -55,11 +55,11 @@ func (lb *LB) noteRemoved(key ServiceKey, old, next []uint32) {
 		if _, ok := stay[id]; ok || id == 0 {
 			continue
 		}
-		b, ok := lb.backendOf[id]
+		e, ok := lb.backendOf[id]
 		if !ok {
 			continue
 		}
 		stay[id] = struct{}{} // a backend in two slots is listed once
-		lb.removed = append(lb.removed, RemovedBackend{Frontend: fe, Backend: netip.AddrPortFrom(b.Addr, b.Port)})
+		lb.removed = append(lb.removed, RemovedBackend{Frontend: fe, Backend: netip.AddrPortFrom(e.addr.Addr(), e.addr.port)})
 	}
 }

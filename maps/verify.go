@@ -72,5 +72,5 @@ func (lb *LB) holdsServiceEntry(k bpf.KprSvcKey, v bpf.KprSvcValue) bool {
 // says it is.
 func (lb *LB) holdsBackend(id uint32, b bpf.KprBackend) bool {
 	want, ok := lb.backendOf[id]
-	return ok && want == backendAddr{addrFromBPF(b.Addr), portFromBPF(b.Port), dataplane.Protocol(b.Proto)}
+	return ok && want.addr == newBackendAddr(addrFromBPF(b.Addr), portFromBPF(b.Port), dataplane.Protocol(b.Proto))
 }

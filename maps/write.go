@@ -224,7 +224,7 @@ func (lb *LB) plan(svc Service) (*plan, error) {
 		p.newCount += n
 	}
 	for _, b := range svc.Backends {
-		addr := backendAddr{b.Addr, b.Port, svc.Proto}
+		addr := newBackendAddr(b.Addr, b.Port, svc.Proto)
 		id, ok := lb.backendIDs[addr]
 		if !ok {
 			var err error
@@ -232,7 +232,7 @@ func (lb *LB) plan(svc Service) (*plan, error) {
 				return p, err
 			}
 			lb.backendIDs[addr] = id
-			lb.backendOf[id] = addr
+			lb.backendOf[id] = backendEntry{addr: addr}
 			p.created = append(p.created, id)
 		}
 		p.slots = append(p.slots, id)
@@ -258,7 +258,7 @@ func (lb *LB) abandon(plans []*plan) {
 			continue
 		}
 		for _, id := range p.created {
-			delete(lb.backendIDs, lb.backendOf[id])
+			delete(lb.backendIDs, lb.backendOf[id].addr)
 			delete(lb.backendOf, id)
 			lb.backendAlloc.release(id)
 		}
@@ -280,9 +280,9 @@ func (lb *LB) commit(plans []*plan) error {
 	var rVals []bpf.KprRevNatValue
 	for _, p := range plans {
 		for _, id := range p.created {
-			a := lb.backendOf[id]
+			a := lb.backendOf[id].addr
 			bKeys = append(bKeys, id)
-			bVals = append(bVals, bpf.KprBackend{Addr: addrToBPF(a.Addr), Port: portToBPF(a.Port), Proto: uint8(a.Proto)})
+			bVals = append(bVals, bpf.KprBackend{Addr: addrToBPF(a.Addr()), Port: portToBPF(a.port), Proto: uint8(a.proto)})
 		}
 		for i, id := range p.slots {
 			sKeys = append(sKeys, p.svc.bpfKey(i+1))
@@ -344,7 +344,9 @@ func (lb *LB) commit(plans []*plan) error {
 			lb.revNatRefs[p.revNat]++
 		}
 		for _, id := range p.slots {
-			lb.backendRefs[id]++
+			e := lb.backendOf[id]
+			e.refs++
+			lb.backendOf[id] = e
 		}
 		lb.svcs[p.svc.ServiceKey] = st
 	}
@@ -389,9 +391,13 @@ func (lb *LB) release(ids []uint32) error {
 		if id == 0 {
 			continue
 		}
-		lb.backendRefs[id]--
-		if lb.backendRefs[id] <= 0 {
-			delete(lb.backendRefs, id)
+		e, ok := lb.backendOf[id]
+		if !ok {
+			continue // already gone
+		}
+		e.refs--
+		lb.backendOf[id] = e
+		if e.refs <= 0 {
 			orphans = append(orphans, id)
 		}
 	}
@@ -401,7 +407,7 @@ func (lb *LB) release(ids []uint32) error {
 func (lb *LB) dropBackends(ids []uint32) error {
 	var gone []uint32
 	for _, id := range ids {
-		if _, ok := lb.backendOf[id]; !ok || lb.backendRefs[id] > 0 {
+		if e, ok := lb.backendOf[id]; !ok || e.refs > 0 {
 			continue // already gone, or claimed again by a later plan
 		}
 		gone = append(gone, id)
@@ -410,7 +416,7 @@ func (lb *LB) dropBackends(ids []uint32) error {
 		return fmt.Errorf("removing unused backends failed (a resync retries): %w", err)
 	}
 	for _, id := range gone {
-		delete(lb.backendIDs, lb.backendOf[id])
+		delete(lb.backendIDs, lb.backendOf[id].addr)
 		delete(lb.backendOf, id)
 		lb.backendAlloc.release(id)
 	}

@@ -2,7 +2,6 @@ package watcher
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -47,13 +46,32 @@ var desiredTranslator = translator{
 
 type servicePorts = map[dataplane.ServicePortName]*dataplane.ServicePort
 
+// portList is one Service's ServicePorts as translate returned them, each
+// name once (desired drops duplicate ports). The dataplane is handed
+// pointers into it, which stay the same as long as the translation is
+// cached. A slice rather than a map by name because nearly every Service
+// has one port: a Go map of one entry still allocates a group of eight
+// slots, over 500 bytes per Service here, while the names are already in
+// the ServicePorts.
+type portList []dataplane.ServicePort
+
+// get returns the ServicePort called name, or nil.
+func (l portList) get(name dataplane.ServicePortName) *dataplane.ServicePort {
+	for i := range l {
+		if l[i].Name == name {
+			return &l[i]
+		}
+	}
+	return nil
+}
+
 // noLocalCount is one Service's contribution to
 // sync_proxy_rules_no_local_endpoints_total.
 type noLocalCount struct{ internal, external int }
 
 // computed is the desired state of one Service.
 type computed struct {
-	ports   servicePorts
+	ports   portList
 	noLocal noLocalCount
 	// healthCheck is set for Services with externalTrafficPolicy: Local
 	// and a healthCheckNodePort.
@@ -72,12 +90,14 @@ type syncer struct {
 
 	// applied is what the dataplane holds per Service, as of the last
 	// successful Apply or Reconcile. A failed call leaves it untouched.
-	applied map[serviceKey]servicePorts
-	noLocal map[serviceKey]noLocalCount
+	// The no-local counts are kept beside the ports, in one map: a second
+	// map keyed by Service would repeat the 10,000s of keys.
+	applied map[serviceKey]appliedState
 	// healthChecks is the healthCheckNodePort state per Service, as of the
 	// last successful sync.
 	healthChecks map[serviceKey]servicehealth.Service
-	// noLocalTotal is the sum over noLocal, kept current on every commit.
+	// noLocalTotal is the sum of applied's noLocal, kept current on every
+	// commit.
 	noLocalTotal noLocalCount
 	// problems are the translation problems last logged per Service, so
 	// that a bad object is logged when it turns bad, not on every sync.
@@ -92,6 +112,12 @@ type syncer struct {
 	translatedWith desired.Node
 }
 
+// appliedState is what the dataplane holds for one Service.
+type appliedState struct {
+	ports   portList
+	noLocal noLocalCount
+}
+
 // translation is a cached compute result and what it was computed from.
 type translation struct {
 	versions string
@@ -101,8 +127,7 @@ type translation struct {
 func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, tr translator, log *zap.Logger) *syncer {
 	return &syncer{
 		src: src, node: node, dp: dp, tr: tr, log: log,
-		applied:      map[serviceKey]servicePorts{},
-		noLocal:      map[serviceKey]noLocalCount{},
+		applied:      map[serviceKey]appliedState{},
 		healthChecks: map[serviceKey]servicehealth.Service{},
 		problems:     map[serviceKey]map[desired.Problem]bool{},
 		translated:   map[serviceKey]translation{},
@@ -120,7 +145,14 @@ func (s *syncer) useNode(node desired.Node) {
 // objectVersions identifies the exact objects a translation reads. eps
 // must be sorted by name.
 func objectVersions(svc *v1.Service, eps []*discoveryv1.EndpointSlice) string {
+	// Grown to the exact length once: the string is kept per Service, and
+	// a builder growing by doubling would keep up to twice its length.
+	n := len(svc.UID) + len(svc.ResourceVersion)
+	for _, slice := range eps {
+		n += 2 + len(slice.Name) + len(slice.ResourceVersion)
+	}
 	var b strings.Builder
+	b.Grow(n)
 	b.WriteString(string(svc.UID))
 	b.WriteString(svc.ResourceVersion)
 	for _, slice := range eps {
@@ -156,14 +188,14 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 	for key := range keys {
 		c := s.compute(key, node)
 		next[key] = c
-		old := s.applied[key]
-		for name, sp := range c.ports {
-			if !s.tr.equal(old[name], sp) {
-				changes[name] = sp
+		old := s.applied[key].ports
+		for i := range c.ports {
+			if sp := &c.ports[i]; !s.tr.equal(old.get(sp.Name), sp) {
+				changes[sp.Name] = sp
 			}
 		}
-		for name := range old {
-			if _, ok := c.ports[name]; !ok {
+		for i := range old {
+			if name := old[i].Name; c.ports.get(name) == nil {
 				changes[name] = nil
 			}
 		}
@@ -190,7 +222,9 @@ func (s *syncer) full() (int, error) {
 	for _, key := range s.src.ServiceKeys() {
 		c := s.compute(key, node)
 		next[key] = c
-		maps.Copy(all, c.ports)
+		for i := range c.ports {
+			all[c.ports[i].Name] = &c.ports[i]
+		}
 	}
 	if err := s.dp.Reconcile(all); err != nil {
 		return 0, fmt.Errorf("reconcile all %d service ports: %w", len(all), err)
@@ -303,7 +337,7 @@ func (s *syncer) step(p *pass) (done, held bool, err error) {
 
 // commit records c as what the dataplane now holds for key.
 func (s *syncer) commit(key serviceKey, c computed) {
-	old := s.noLocal[key]
+	old := s.applied[key].noLocal
 	s.noLocalTotal.internal += c.noLocal.internal - old.internal
 	s.noLocalTotal.external += c.noLocal.external - old.external
 	if c.healthCheck != nil {
@@ -313,11 +347,9 @@ func (s *syncer) commit(key serviceKey, c computed) {
 	}
 	if len(c.ports) == 0 {
 		delete(s.applied, key)
-		delete(s.noLocal, key)
 		return
 	}
-	s.applied[key] = c.ports
-	s.noLocal[key] = c.noLocal
+	s.applied[key] = appliedState{ports: c.ports, noLocal: c.noLocal}
 }
 
 // compute returns the desired state of one Service; nothing if it does not
@@ -349,10 +381,7 @@ func (s *syncer) compute(key serviceKey, node desired.Node) computed {
 	ports, problems := s.tr.translate(svc, eps, node)
 	s.logProblems(key, problems)
 
-	c := computed{ports: make(servicePorts, len(ports))}
-	for i := range ports {
-		c.ports[ports[i].Name] = &ports[i]
-	}
+	c := computed{ports: ports}
 	c.noLocal = s.countNoLocal(svc, eps, node, ports)
 	c.healthCheck = healthCheckOf(svc, ports)
 	s.translated[key] = translation{versions: versions, c: c}
