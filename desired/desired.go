@@ -86,7 +86,7 @@ func SkipSlice(slice *discoveryv1.EndpointSlice) (skip bool, reason string) {
 	if _, ok := slice.Labels[v1.IsHeadlessService]; ok {
 		return true, "labelled " + v1.IsHeadlessService
 	}
-	if _, ok := ServiceKey(slice); !ok {
+	if _, ok := SliceServiceName(slice); !ok {
 		return true, "no " + discoveryv1.LabelServiceName + " label"
 	}
 	switch slice.AddressType {
@@ -98,11 +98,11 @@ func SkipSlice(slice *discoveryv1.EndpointSlice) (skip bool, reason string) {
 	return true, "unknown addressType " + string(slice.AddressType)
 }
 
-// ServiceKey returns the namespace/name of the Service an EndpointSlice
+// SliceServiceName returns the namespace/name of the Service an EndpointSlice
 // belongs to, from its kubernetes.io/service-name label. ok is false when the
 // slice is nil or the label is missing or empty. Watchers use it to group
 // slices by Service.
-func ServiceKey(slice *discoveryv1.EndpointSlice) (key types.NamespacedName, ok bool) {
+func SliceServiceName(slice *discoveryv1.EndpointSlice) (key types.NamespacedName, ok bool) {
 	if slice == nil {
 		return types.NamespacedName{}, false
 	}

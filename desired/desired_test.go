@@ -87,17 +87,17 @@ func TestSkipSlice(t *testing.T) {
 	}
 }
 
-func TestServiceKey(t *testing.T) {
-	key, ok := ServiceKey(slice("web-abcde", discoveryv1.AddressTypeIPv4, nil))
+func TestSliceServiceName(t *testing.T) {
+	key, ok := SliceServiceName(slice("web-abcde", discoveryv1.AddressTypeIPv4, nil))
 	if want := (types.NamespacedName{Namespace: "ns", Name: "web"}); !ok || key != want {
 		t.Errorf("ServiceKey = %v, %v; want %v, true", key, ok, want)
 	}
-	if _, ok := ServiceKey(nil); ok {
-		t.Error("ServiceKey(nil) reported ok")
+	if _, ok := SliceServiceName(nil); ok {
+		t.Error("SliceServiceName(nil) reported ok")
 	}
 	unlabelled := slice("x", discoveryv1.AddressTypeIPv4, nil)
 	unlabelled.Labels = nil
-	if _, ok := ServiceKey(unlabelled); ok {
+	if _, ok := SliceServiceName(unlabelled); ok {
 		t.Error("ServiceKey of a slice without service-name label reported ok")
 	}
 }

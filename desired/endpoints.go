@@ -57,7 +57,7 @@ func (t *translation) parseSlices(in []*discoveryv1.EndpointSlice) []parsedSlice
 		if skip, _ := SkipSlice(s); skip {
 			continue
 		}
-		key, _ := ServiceKey(s)
+		key, _ := SliceServiceName(s)
 		if key.Namespace != t.svc.Namespace || key.Name != t.svc.Name {
 			t.problem(sliceObject(s), "belongs to Service "+key.String()+", not "+t.svcObject+"; ignored")
 			continue

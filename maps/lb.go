@@ -32,26 +32,26 @@ func (s Scope) String() string {
 	return "internal"
 }
 
-// Frontend is one address:port:protocol clients connect to.
-type Frontend struct {
+// VIP is one address:port:protocol clients connect to.
+type VIP struct {
 	Addr  netip.Addr
 	Port  uint16
 	Proto dataplane.Protocol
 }
 
-func (f Frontend) String() string {
+func (f VIP) String() string {
 	return netip.AddrPortFrom(f.Addr, f.Port).String() + "/" + f.Proto.String()
 }
 
-// ServiceKey names one entry set in the service map.
-type ServiceKey struct {
-	Frontend
+// VIPKey names one entry set in the service map.
+type VIPKey struct {
+	VIP
 	Scope Scope
 }
 
 // Service is a frontend and scope with the backends that serve it.
 type Service struct {
-	ServiceKey
+	VIPKey
 	Kind dataplane.FrontendKind
 	// AffinityTimeout is the ClientIP affinity timeout in seconds; 0 is off.
 	AffinityTimeout uint32
@@ -96,7 +96,7 @@ type backendEntry struct {
 	refs int32
 }
 
-// svcState mirrors what the maps hold for one ServiceKey.
+// svcState mirrors what the maps hold for one VIPKey.
 type svcState struct {
 	revNat          uint32
 	kind            dataplane.FrontendKind
@@ -112,14 +112,14 @@ type svcState struct {
 type LB struct {
 	tables
 
-	svcs       map[ServiceKey]*svcState
+	svcs       map[VIPKey]*svcState
 	svcEntries int // masters plus slots, as in the service map
 	backendIDs map[backendAddr]uint32
 	// backendOf holds every backend id in the backend map. Its keys are
 	// also the backend ids in use: backendAlloc asks it rather than
 	// keeping a set of its own.
 	backendOf  map[uint32]backendEntry
-	revNatIDs  map[Frontend]uint32
+	revNatIDs  map[VIP]uint32
 	revNatRefs map[uint32]int // scopes using each reverse-NAT id
 	// matches mirrors the affinity match map: the backends each Service
 	// with ClientIP affinity has now.
@@ -190,23 +190,23 @@ func (lb *LB) Resync() error {
 	if lb.scan != nil {
 		lb.scan.abandon() // it compares with the view rebuilt here
 	}
-	lb.svcs = map[ServiceKey]*svcState{}
+	lb.svcs = map[VIPKey]*svcState{}
 	lb.svcEntries = 0
 	lb.backendIDs = map[backendAddr]uint32{}
 	lb.backendOf = map[uint32]backendEntry{}
-	lb.revNatIDs = map[Frontend]uint32{}
+	lb.revNatIDs = map[VIP]uint32{}
 	lb.revNatRefs = map[uint32]int{}
 	lb.backendAlloc = newIDAllocatorOver("backend", 1, 1<<32-1, backendIDSet{lb})
 	lb.revNatAlloc = newIDAllocator("reverse-NAT", 1, 1<<32-1)
 
 	type slotEntry struct {
-		key ServiceKey
+		key VIPKey
 		raw bpf.KprSvcKey
 		id  uint32
 	}
 	var slots []slotEntry
 	err := lb.services.dump(func(k bpf.KprSvcKey, v bpf.KprSvcValue) {
-		key := serviceKeyFromBPF(k)
+		key := vipKeyFromBPF(k)
 		if k.Slot != 0 {
 			slots = append(slots, slotEntry{key, k, v.BackendId})
 			return
@@ -238,9 +238,9 @@ func (lb *LB) Resync() error {
 	if err != nil {
 		return err
 	}
-	revNats := map[uint32]Frontend{}
+	revNats := map[uint32]VIP{}
 	err = lb.revNat.dump(func(id uint32, v bpf.KprRevNatValue) {
-		revNats[id] = Frontend{Addr: addrFromBPF(v.Addr), Port: portFromBPF(v.Port)}
+		revNats[id] = VIP{Addr: addrFromBPF(v.Addr), Port: portFromBPF(v.Port)}
 		lb.revNatAlloc.reserve(id)
 	})
 	if err != nil {
@@ -258,7 +258,7 @@ func (lb *LB) Resync() error {
 		}
 		fe, ok := revNats[st.revNat]
 		if ok && fe.Addr == key.Addr && fe.Port == key.Port {
-			lb.revNatIDs[key.Frontend] = st.revNat
+			lb.revNatIDs[key.VIP] = st.revNat
 			lb.revNatRefs[st.revNat]++
 		} else {
 			st.revNat = 0 // drift: rewritten on the next upsert
@@ -328,7 +328,7 @@ func (lb *LB) resyncAffinityMatches() error {
 
 // matchKeys are the affinity match entries st needs: one per backend while
 // ClientIP affinity is on, none otherwise.
-func matchKeys(key ServiceKey, st *svcState) []bpf.KprAffinityMatchKey {
+func matchKeys(key VIPKey, st *svcState) []bpf.KprAffinityMatchKey {
 	if st == nil || st.affinityTimeout == 0 || st.revNat == 0 {
 		return nil
 	}
@@ -343,12 +343,12 @@ func matchKeys(key ServiceKey, st *svcState) []bpf.KprAffinityMatchKey {
 
 // Get returns what the maps hold for key, resolved to addresses.
 // Missing slots or backends show up as the zero Backend.
-func (lb *LB) Get(key ServiceKey) (Service, bool) {
+func (lb *LB) Get(key VIPKey) (Service, bool) {
 	st, ok := lb.svcs[key]
 	if !ok {
 		return Service{}, false
 	}
-	svc := Service{ServiceKey: key, Kind: st.kind, AffinityTimeout: st.affinityTimeout}
+	svc := Service{VIPKey: key, Kind: st.kind, AffinityTimeout: st.affinityTimeout}
 	for _, id := range st.slots {
 		var b dataplane.Backend
 		if e, ok := lb.backendOf[id]; ok {
@@ -366,13 +366,13 @@ func (lb *LB) List() []Service {
 		svc, _ := lb.Get(key)
 		out = append(out, svc)
 	}
-	sort.Slice(out, func(i, j int) bool { return keyLess(out[i].ServiceKey, out[j].ServiceKey) })
+	sort.Slice(out, func(i, j int) bool { return keyLess(out[i].VIPKey, out[j].VIPKey) })
 	return out
 }
 
-// Keys returns every ServiceKey in the maps.
-func (lb *LB) Keys() []ServiceKey {
-	out := make([]ServiceKey, 0, len(lb.svcs))
+// Keys returns every VIPKey in the maps.
+func (lb *LB) Keys() []VIPKey {
+	out := make([]VIPKey, 0, len(lb.svcs))
 	for key := range lb.svcs {
 		out = append(out, key)
 	}
@@ -381,7 +381,7 @@ func (lb *LB) Keys() []ServiceKey {
 
 // Matches reports whether the maps already hold exactly svc, intact.
 func (lb *LB) Matches(svc Service) bool {
-	st, ok := lb.svcs[svc.ServiceKey]
+	st, ok := lb.svcs[svc.VIPKey]
 	if !ok || st.revNat == 0 || st.kind != svc.Kind || st.affinityTimeout != svc.AffinityTimeout ||
 		len(st.slots) != len(svc.Backends) {
 		return false
@@ -395,7 +395,7 @@ func (lb *LB) Matches(svc Service) bool {
 	return true
 }
 
-func keyLess(a, b ServiceKey) bool {
+func keyLess(a, b VIPKey) bool {
 	if c := a.Addr.Compare(b.Addr); c != 0 {
 		return c < 0
 	}
@@ -408,31 +408,31 @@ func keyLess(a, b ServiceKey) bool {
 	return a.Scope < b.Scope
 }
 
-func serviceKeyFromBPF(k bpf.KprSvcKey) ServiceKey {
-	return ServiceKey{
-		Frontend: Frontend{Addr: addrFromBPF(k.Addr), Port: portFromBPF(k.Port), Proto: dataplane.Protocol(k.Proto)},
-		Scope:    Scope(k.Scope),
+func vipKeyFromBPF(k bpf.KprSvcKey) VIPKey {
+	return VIPKey{
+		VIP:   VIP{Addr: addrFromBPF(k.Addr), Port: portFromBPF(k.Port), Proto: dataplane.Protocol(k.Proto)},
+		Scope: Scope(k.Scope),
 	}
 }
 
-func (k ServiceKey) bpfKey(slot int) bpf.KprSvcKey {
+func (k VIPKey) bpfKey(slot int) bpf.KprSvcKey {
 	return bpf.KprSvcKey{Addr: addrToBPF(k.Addr), Port: portToBPF(k.Port), Proto: uint8(k.Proto),
 		Scope: uint8(k.Scope), Slot: uint16(slot)}
 }
 
 func validate(svc Service) error {
 	if !svc.Addr.IsValid() {
-		return fmt.Errorf("service %s: invalid frontend address", svc.Frontend)
+		return fmt.Errorf("service %s: invalid frontend address", svc.VIP)
 	}
 	if svc.Proto != dataplane.TCP && svc.Proto != dataplane.UDP {
-		return fmt.Errorf("service %s: protocol %s is not supported by the eBPF dataplane", svc.Frontend, svc.Proto)
+		return fmt.Errorf("service %s: protocol %s is not supported by the eBPF dataplane", svc.VIP, svc.Proto)
 	}
 	if len(svc.Backends) > 1<<16-1 {
-		return fmt.Errorf("service %s: %d backends exceed the limit of 65535", svc.Frontend, len(svc.Backends))
+		return fmt.Errorf("service %s: %d backends exceed the limit of 65535", svc.VIP, len(svc.Backends))
 	}
 	for _, b := range svc.Backends {
 		if !b.Addr.IsValid() || b.Addr.Zone() != "" || b.Addr.Is4() != svc.Addr.Unmap().Is4() || b.Port == 0 {
-			return fmt.Errorf("service %s: backend %s is invalid, zoned or of the wrong IP family", svc.Frontend, b)
+			return fmt.Errorf("service %s: backend %s is invalid, zoned or of the wrong IP family", svc.VIP, b)
 		}
 	}
 	return nil

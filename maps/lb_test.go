@@ -114,7 +114,7 @@ func (f *fakeMaps) snapshot() snapshot {
 }
 
 func svcFor(vip string, port uint16, backends ...string) Service {
-	s := Service{ServiceKey: ServiceKey{Frontend: Frontend{Addr: netip.MustParseAddr(vip), Port: port, Proto: dataplane.TCP}}}
+	s := Service{VIPKey: VIPKey{VIP: VIP{Addr: netip.MustParseAddr(vip), Port: port, Proto: dataplane.TCP}}}
 	for _, b := range backends {
 		ap := netip.MustParseAddrPort(b)
 		s.Backends = append(s.Backends, dataplane.Backend{Addr: ap.Addr(), Port: ap.Port()})
@@ -136,7 +136,7 @@ func TestUpsertGrowShrinkDeleteKeepsLookupsSafe(t *testing.T) {
 		if err := lb.Upsert(s); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
-		got, ok := lb.Get(s.ServiceKey)
+		got, ok := lb.Get(s.VIPKey)
 		if !ok || !reflect.DeepEqual(got.Backends, s.Backends) {
 			t.Fatalf("step %d: maps hold %+v, want %+v", i, got.Backends, s.Backends)
 		}
@@ -144,7 +144,7 @@ func TestUpsertGrowShrinkDeleteKeepsLookupsSafe(t *testing.T) {
 			t.Fatalf("step %d: %d backends in the map, want %d (orphans must go)", i, len(f.backends.data), len(s.Backends))
 		}
 	}
-	if err := lb.Delete(steps[0].ServiceKey); err != nil {
+	if err := lb.Delete(steps[0].VIPKey); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(f.services.data) + len(f.backends.data) + len(f.revNat.data); n != 0 {
@@ -165,13 +165,13 @@ func TestSharedBackendsAndRevNatAreRefcounted(t *testing.T) {
 	if len(f.backends.data) != 1 || len(f.revNat.data) != 2 {
 		t.Fatalf("want 1 shared backend and 2 reverse-NAT entries, got %d and %d", len(f.backends.data), len(f.revNat.data))
 	}
-	if err := lb.Delete(a.ServiceKey); err != nil {
+	if err := lb.Delete(a.VIPKey); err != nil {
 		t.Fatal(err)
 	}
 	if len(f.backends.data) != 1 || len(f.revNat.data) != 2 {
 		t.Fatal("deleting one user removed a shared backend or reverse-NAT entry")
 	}
-	if err := lb.Delete(b.ServiceKey, ext.ServiceKey); err != nil {
+	if err := lb.Delete(b.VIPKey, ext.VIPKey); err != nil {
 		t.Fatal(err)
 	}
 	if len(f.backends.data)+len(f.revNat.data)+len(f.services.data) != 0 {
@@ -196,7 +196,7 @@ func TestMapFullLeavesServiceFullyOld(t *testing.T) {
 	if !reflect.DeepEqual(before, f.snapshot()) {
 		t.Fatal("a refused upsert changed the maps")
 	}
-	if got, _ := lb.Get(old.ServiceKey); !reflect.DeepEqual(got.Backends, old.Backends) {
+	if got, _ := lb.Get(old.VIPKey); !reflect.DeepEqual(got.Backends, old.Backends) {
 		t.Fatalf("in-memory view changed to %v", got.Backends)
 	}
 	// A batch where only part fits applies what fits and names the rest.
@@ -205,7 +205,7 @@ func TestMapFullLeavesServiceFullyOld(t *testing.T) {
 	if !errors.Is(err, ErrMapFull) {
 		t.Fatalf("want ErrMapFull for the batch, got %v", err)
 	}
-	if _, ok := lb.Get(small.ServiceKey); !ok {
+	if _, ok := lb.Get(small.VIPKey); !ok {
 		t.Fatal("the service that fits was not applied")
 	}
 }
@@ -232,7 +232,7 @@ func TestFailedWriteIsRolledBack(t *testing.T) {
 			err := lb.Upsert(newSvc)
 			if err == nil {
 				// The failure landed after the switch-over: fully new.
-				if got, _ := lb.Get(old.ServiceKey); !reflect.DeepEqual(got.Backends, newSvc.Backends) {
+				if got, _ := lb.Get(old.VIPKey); !reflect.DeepEqual(got.Backends, newSvc.Backends) {
 					t.Fatalf("upsert succeeded but maps hold %v", got.Backends)
 				}
 				return
@@ -322,10 +322,10 @@ func TestRandomChangesKeepLookupsSafe(t *testing.T) {
 	f := newFakeMaps(t, 100000, 100000, 100000)
 	lb := f.lb()
 	rng := rand.New(rand.NewPCG(1, 2))
-	want := map[ServiceKey]Service{}
+	want := map[VIPKey]Service{}
 	for i := 0; i < 2000; i++ {
 		vip := netip.AddrFrom4([4]byte{10, 96, 0, byte(rng.IntN(20))})
-		key := ServiceKey{Frontend: Frontend{Addr: vip, Port: 80, Proto: dataplane.TCP}, Scope: Scope(rng.IntN(2))}
+		key := VIPKey{VIP: VIP{Addr: vip, Port: 80, Proto: dataplane.TCP}, Scope: Scope(rng.IntN(2))}
 		if rng.IntN(4) == 0 {
 			if err := lb.Delete(key); err != nil {
 				t.Fatal(err)
@@ -333,7 +333,7 @@ func TestRandomChangesKeepLookupsSafe(t *testing.T) {
 			delete(want, key)
 			continue
 		}
-		svc := Service{ServiceKey: key, AffinityTimeout: uint32(rng.IntN(2))}
+		svc := Service{VIPKey: key, AffinityTimeout: uint32(rng.IntN(2))}
 		for n := rng.IntN(6); n > 0; n-- {
 			svc.Backends = append(svc.Backends, dataplane.Backend{
 				Addr: netip.AddrFrom4([4]byte{10, 244, 0, byte(rng.IntN(10))}), Port: 8080})
@@ -349,7 +349,7 @@ func TestRandomChangesKeepLookupsSafe(t *testing.T) {
 	}
 	for _, svc := range want {
 		if !lb.Matches(svc) {
-			t.Fatalf("maps differ for %v", svc.ServiceKey)
+			t.Fatalf("maps differ for %v", svc.VIPKey)
 		}
 	}
 	restarted := f.lb()
@@ -379,10 +379,10 @@ func TestInvalidServicesAreRefusedWithoutWriting(t *testing.T) {
 	if err == nil {
 		t.Fatal("invalid services accepted")
 	}
-	if _, ok := lb.Get(mixed.ServiceKey); ok {
+	if _, ok := lb.Get(mixed.VIPKey); ok {
 		t.Fatal("mixed-family service written")
 	}
-	if _, ok := lb.Get(zoned.ServiceKey); ok {
+	if _, ok := lb.Get(zoned.VIPKey); ok {
 		t.Fatal("service with a zoned backend written")
 	}
 	if !lb.Matches(good) {
@@ -488,7 +488,7 @@ func TestAffinityMatchesFollowTheBackendSet(t *testing.T) {
 	if err := lb.Upsert(sticky); err != nil {
 		t.Fatal(err)
 	}
-	if err := lb.Delete(sticky.ServiceKey); err != nil {
+	if err := lb.Delete(sticky.VIPKey); err != nil {
 		t.Fatal(err)
 	}
 	if len(f.affinityMatch.data) != 0 {
@@ -512,7 +512,7 @@ func TestLargeUpsertIsWrittenWhole(t *testing.T) {
 	}
 	for _, svc := range svcs {
 		if !lb.Matches(svc) {
-			t.Fatalf("%s missing after a chunked upsert", svc.Frontend)
+			t.Fatalf("%s missing after a chunked upsert", svc.VIP)
 		}
 	}
 	if entries := lb.Usage()[0].Entries; entries != len(f.services.data) || entries != 3*len(svcs) {

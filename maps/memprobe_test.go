@@ -39,7 +39,7 @@ func mirrorBytes(tb testing.TB, services, perService int) uint64 {
 		lb := NewInMemory(2*services*(perService+1), 2*services*perService, 2*services)
 		base := netip.MustParseAddr("100.64.0.0").As4()
 		for i := range services {
-			svc := Service{ServiceKey: ServiceKey{Frontend: Frontend{
+			svc := Service{VIPKey: VIPKey{VIP: VIP{
 				Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Proto: dataplane.TCP}}}
 			for j := range perService {
 				n := i*perService + j

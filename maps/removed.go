@@ -42,7 +42,7 @@ func (lb *LB) TakeRemovedUDPBackends() []RemovedBackend {
 // noteRemoved records the backends of old that are not in next, for a UDP
 // frontend in the internal scope. It runs before release, while the
 // removed ids still resolve to addresses.
-func (lb *LB) noteRemoved(key ServiceKey, old, next []uint32) {
+func (lb *LB) noteRemoved(key VIPKey, old, next []uint32) {
 	if !lb.recordRemoved || key.Proto != dataplane.UDP || key.Scope != ScopeInternal || len(old) == 0 {
 		return
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 func udpSvc(vip string, scope Scope, backends ...string) Service {
-	svc := Service{ServiceKey: ServiceKey{Frontend: Frontend{Addr: netip.MustParseAddr(vip), Port: 53, Proto: dataplane.UDP}, Scope: scope}}
+	svc := Service{VIPKey: VIPKey{VIP: VIP{Addr: netip.MustParseAddr(vip), Port: 53, Proto: dataplane.UDP}, Scope: scope}}
 	for _, b := range backends {
 		ap := netip.MustParseAddrPort(b)
 		svc.Backends = append(svc.Backends, dataplane.Backend{Addr: ap.Addr(), Port: ap.Port()})
@@ -55,7 +55,7 @@ func TestRemovedUDPBackendsAreRecorded(t *testing.T) {
 			return lb.Upsert(tcp, udpSvc("10.96.0.10", ScopeExternal))
 		}, []string{}},
 		{"a deleted frontend removes all its backends once each", func() error {
-			return lb.Delete(udpSvc("10.96.0.10", ScopeInternal).ServiceKey)
+			return lb.Delete(udpSvc("10.96.0.10", ScopeInternal).VIPKey)
 		}, []string{"10.96.0.10:53->10.244.0.2:53", "10.96.0.10:53->10.244.0.3:53"}},
 	}
 	for _, s := range steps {

@@ -206,7 +206,7 @@ func (s *DriftScan) countsMatch() bool {
 	switch s.stage {
 	case scanServices:
 		return untouchedMatch(s.svcSeen, lb.touched.services, lb.svcEntries, func(k bpf.KprSvcKey) bool {
-			st := lb.svcs[serviceKeyFromBPF(k)]
+			st := lb.svcs[vipKeyFromBPF(k)]
 			return st != nil && int(k.Slot) <= len(st.slots)
 		})
 	case scanBackends:

@@ -35,7 +35,7 @@ func (c *churn) step() {
 	i := c.rnd.IntN(40)
 	var err error
 	if c.rnd.IntN(4) == 0 {
-		err = c.lb.Delete(c.svc(i).ServiceKey)
+		err = c.lb.Delete(c.svc(i).VIPKey)
 	} else {
 		s := c.svc(i)
 		// Distinct backends only: a Service lists each backend once.

@@ -56,7 +56,7 @@ func (lb *LB) InSync() (bool, error) {
 // holdsServiceEntry reports whether a service map entry is what the LB's
 // view says it is.
 func (lb *LB) holdsServiceEntry(k bpf.KprSvcKey, v bpf.KprSvcValue) bool {
-	st := lb.svcs[serviceKeyFromBPF(k)]
+	st := lb.svcs[vipKeyFromBPF(k)]
 	switch {
 	case st == nil:
 		return false

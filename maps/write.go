@@ -28,10 +28,10 @@ import (
 
 var errReadOnly = errors.New("maps opened read-only: only the control plane writes them")
 
-// plan is the change of one ServiceKey.
+// plan is the change of one VIPKey.
 type plan struct {
 	svc      Service
-	old      *svcState // nil for a new ServiceKey
+	old      *svcState // nil for a new VIPKey
 	slots    []uint32  // backend ids for slots 1..n
 	revNat   uint32
 	newRev   bool     // revNat was allocated for this plan
@@ -143,7 +143,7 @@ func (lb *LB) upsertChunk(groups [][]Service, errs []error) {
 // maps have left. Nothing of it was written.
 type MapFullError struct {
 	// Frontends are the frontends of the refused change.
-	Frontends []Frontend
+	Frontends []VIP
 	// Short are the maps that lacked room.
 	Short []MapShortage
 }
@@ -204,7 +204,7 @@ func (lb *LB) planAll(svcs []Service) ([]*plan, error) {
 		e := &MapFullError{Short: short}
 		if len(svcs) <= 16 {
 			for _, svc := range svcs {
-				e.Frontends = append(e.Frontends, svc.Frontend)
+				e.Frontends = append(e.Frontends, svc.VIP)
 			}
 		}
 		return nil, e
@@ -213,7 +213,7 @@ func (lb *LB) planAll(svcs []Service) ([]*plan, error) {
 }
 
 func (lb *LB) plan(svc Service) (*plan, error) {
-	p := &plan{svc: svc, old: lb.svcs[svc.ServiceKey]}
+	p := &plan{svc: svc, old: lb.svcs[svc.VIPKey]}
 	oldSlots := 0
 	if p.old == nil {
 		p.newCount = 1
@@ -237,7 +237,7 @@ func (lb *LB) plan(svc Service) (*plan, error) {
 		}
 		p.slots = append(p.slots, id)
 	}
-	if id, ok := lb.revNatIDs[svc.Frontend]; ok {
+	if id, ok := lb.revNatIDs[svc.VIP]; ok {
 		p.revNat = id
 	} else {
 		id, err := lb.revNatAlloc.allocate()
@@ -245,7 +245,7 @@ func (lb *LB) plan(svc Service) (*plan, error) {
 			return p, err
 		}
 		p.revNat, p.newRev = id, true
-		lb.revNatIDs[svc.Frontend] = id
+		lb.revNatIDs[svc.VIP] = id
 		lb.revNatRefs[id] = 0
 	}
 	return p, nil
@@ -263,7 +263,7 @@ func (lb *LB) abandon(plans []*plan) {
 			lb.backendAlloc.release(id)
 		}
 		if p.newRev {
-			delete(lb.revNatIDs, p.svc.Frontend)
+			delete(lb.revNatIDs, p.svc.VIP)
 			delete(lb.revNatRefs, p.revNat)
 			lb.revNatAlloc.release(p.revNat)
 		}
@@ -330,7 +330,7 @@ func (lb *LB) commit(plans []*plan) error {
 		st := &svcState{revNat: p.revNat, kind: p.svc.Kind, affinityTimeout: p.svc.AffinityTimeout, slots: p.slots}
 		lb.svcEntries += p.newCount
 		if p.old != nil {
-			lb.noteRemoved(p.svc.ServiceKey, p.old.slots, p.slots)
+			lb.noteRemoved(p.svc.VIPKey, p.old.slots, p.slots)
 			for i := len(p.slots); i < len(p.old.slots); i++ {
 				surplus = append(surplus, p.svc.bpfKey(i+1))
 				lb.svcEntries--
@@ -348,7 +348,7 @@ func (lb *LB) commit(plans []*plan) error {
 			e.refs++
 			lb.backendOf[id] = e
 		}
-		lb.svcs[p.svc.ServiceKey] = st
+		lb.svcs[p.svc.VIPKey] = st
 	}
 	for _, m := range gained {
 		lb.matches[m] = struct{}{}
@@ -366,7 +366,7 @@ func (lb *LB) commit(plans []*plan) error {
 // matchChanges lists the affinity match entries the plans add and remove.
 func (lb *LB) matchChanges(plans []*plan) (gained, lost []bpf.KprAffinityMatchKey) {
 	for _, p := range plans {
-		next := matchKeys(p.svc.ServiceKey, &svcState{revNat: p.revNat, affinityTimeout: p.svc.AffinityTimeout, slots: p.slots})
+		next := matchKeys(p.svc.VIPKey, &svcState{revNat: p.revNat, affinityTimeout: p.svc.AffinityTimeout, slots: p.slots})
 		keep := make(map[bpf.KprAffinityMatchKey]struct{}, len(next))
 		for _, m := range next {
 			keep[m] = struct{}{}
@@ -374,7 +374,7 @@ func (lb *LB) matchChanges(plans []*plan) (gained, lost []bpf.KprAffinityMatchKe
 				gained = append(gained, m)
 			}
 		}
-		for _, m := range matchKeys(p.svc.ServiceKey, p.old) {
+		for _, m := range matchKeys(p.svc.VIPKey, p.old) {
 			if _, ok := keep[m]; !ok {
 				lost = append(lost, m)
 			}
@@ -472,17 +472,17 @@ func (lb *LB) rollback(plans []*plan, cause error) error {
 	return fmt.Errorf("writing services failed and was rolled back: %w", errors.Join(errs...))
 }
 
-// Delete removes the given ServiceKeys: master first, so lookups stop at
+// Delete removes the given VIPKeys: master first, so lookups stop at
 // once, then slots, the reverse-NAT entry and orphaned backends.
-func (lb *LB) Delete(keys ...ServiceKey) error {
+func (lb *LB) Delete(keys ...VIPKey) error {
 	if lb.readOnly {
 		return errReadOnly
 	}
 	var masters, slots []bpf.KprSvcKey
 	var matches []bpf.KprAffinityMatchKey
 	var released []uint32
-	revNats := map[uint32]Frontend{}
-	var gone []ServiceKey
+	revNats := map[uint32]VIP{}
+	var gone []VIPKey
 	for _, key := range keys {
 		key.Addr = key.Addr.Unmap()
 		st, ok := lb.svcs[key]
@@ -499,7 +499,7 @@ func (lb *LB) Delete(keys ...ServiceKey) error {
 		if st.revNat != 0 {
 			lb.revNatRefs[st.revNat]--
 			if lb.revNatRefs[st.revNat] <= 0 {
-				revNats[st.revNat] = key.Frontend
+				revNats[st.revNat] = key.VIP
 			}
 		}
 	}

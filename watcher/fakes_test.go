@@ -36,24 +36,24 @@ const problemAnnotation = "test.kpr.io/problem"
 // fakeSource is an objectSource over plain maps.
 type fakeSource struct {
 	mu       sync.Mutex
-	services map[serviceKey]*v1.Service
-	slices   map[serviceKey][]*discoveryv1.EndpointSlice
+	services map[serviceName]*v1.Service
+	slices   map[serviceName][]*discoveryv1.EndpointSlice
 }
 
-func (f *fakeSource) Service(key serviceKey) (*v1.Service, bool) {
+func (f *fakeSource) Service(key serviceName) (*v1.Service, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	svc, ok := f.services[key]
 	return svc, ok
 }
 
-func (f *fakeSource) Slices(key serviceKey) []*discoveryv1.EndpointSlice {
+func (f *fakeSource) Slices(key serviceName) []*discoveryv1.EndpointSlice {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.slices[key])
 }
 
-func (f *fakeSource) ServiceKeys() []serviceKey {
+func (f *fakeSource) ServiceNames() []serviceName {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Collect(maps.Keys(f.services))
@@ -187,7 +187,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	core, logs := observer.New(zap.DebugLevel)
 	h := &harness{
 		t:       t,
-		src:     &fakeSource{services: map[serviceKey]*v1.Service{}, slices: map[serviceKey][]*discoveryv1.EndpointSlice{}},
+		src:     &fakeSource{services: map[serviceName]*v1.Service{}, slices: map[serviceName][]*discoveryv1.EndpointSlice{}},
 		dp:      &recordingDataplane{failNext: o.failFirstCalls, calls: make(chan dpCall, 1000)},
 		metrics: metrics.New(),
 		health:  &fakeHealth{},
@@ -228,7 +228,7 @@ func (h *harness) start() {
 	})
 }
 
-func key(name string) serviceKey { return serviceKey{Namespace: testNamespace, Name: name} }
+func key(name string) serviceName { return serviceName{Namespace: testNamespace, Name: name} }
 
 func portName(svc string) dataplane.ServicePortName {
 	return dataplane.ServicePortName{Namespace: testNamespace, Name: svc, Port: "http", Protocol: dataplane.TCP}

@@ -38,15 +38,15 @@ type apiObjects struct {
 // Services of one slice each costs several MiB for one key per set.
 type sliceIndex struct {
 	mu     sync.RWMutex
-	byName map[serviceKey][]*discoveryv1.EndpointSlice // slices sorted by name
+	byName map[serviceName][]*discoveryv1.EndpointSlice // slices sorted by name
 }
 
 func newSliceIndex() *sliceIndex {
-	return &sliceIndex{byName: map[serviceKey][]*discoveryv1.EndpointSlice{}}
+	return &sliceIndex{byName: map[serviceName][]*discoveryv1.EndpointSlice{}}
 }
 
 // slices returns a copy of the Service's slices.
-func (x *sliceIndex) slices(key serviceKey) []*discoveryv1.EndpointSlice {
+func (x *sliceIndex) slices(key serviceName) []*discoveryv1.EndpointSlice {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return slices.Clone(x.byName[key])
@@ -57,10 +57,10 @@ func (x *sliceIndex) slices(key serviceKey) []*discoveryv1.EndpointSlice {
 func (x *sliceIndex) update(old, cur *discoveryv1.EndpointSlice) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if key, ok := desired.ServiceKey(old); ok {
+	if key, ok := desired.SliceServiceName(old); ok {
 		x.remove(key, old.Name)
 	}
-	if key, ok := desired.ServiceKey(cur); ok {
+	if key, ok := desired.SliceServiceName(cur); ok {
 		x.remove(key, cur.Name)
 		list := x.byName[key]
 		i, _ := slices.BinarySearchFunc(list, cur.Name, func(s *discoveryv1.EndpointSlice, name string) int {
@@ -70,7 +70,7 @@ func (x *sliceIndex) update(old, cur *discoveryv1.EndpointSlice) {
 	}
 }
 
-func (x *sliceIndex) remove(key serviceKey, name string) {
+func (x *sliceIndex) remove(key serviceName, name string) {
 	list := x.byName[key]
 	i := slices.IndexFunc(list, func(s *discoveryv1.EndpointSlice) bool { return s.Name == name })
 	switch {
@@ -383,22 +383,22 @@ func (a *apiObjects) shutdown() {
 }
 
 // Service implements objectSource.
-func (a *apiObjects) Service(key serviceKey) (*v1.Service, bool) {
+func (a *apiObjects) Service(key serviceName) (*v1.Service, bool) {
 	svc, err := a.services.Services(key.Namespace).Get(key.Name)
 	return svc, err == nil
 }
 
 // Slices implements objectSource.
-func (a *apiObjects) Slices(key serviceKey) []*discoveryv1.EndpointSlice {
+func (a *apiObjects) Slices(key serviceName) []*discoveryv1.EndpointSlice {
 	return a.slices.slices(key)
 }
 
-// ServiceKeys implements objectSource.
-func (a *apiObjects) ServiceKeys() []serviceKey {
+// ServiceNames implements objectSource.
+func (a *apiObjects) ServiceNames() []serviceName {
 	svcs, _ := a.services.List(labels.Everything()) // a cache list cannot fail
-	keys := make([]serviceKey, len(svcs))
+	keys := make([]serviceName, len(svcs))
 	for i, svc := range svcs {
-		keys[i] = serviceKey{Namespace: svc.Namespace, Name: svc.Name}
+		keys[i] = serviceName{Namespace: svc.Namespace, Name: svc.Name}
 	}
 	return keys
 }
@@ -415,7 +415,7 @@ func tombstone(obj any) any {
 func serviceHandler(tracker *changeTracker) cache.ResourceEventHandler {
 	changed := func(obj any) {
 		if svc, ok := tombstone(obj).(*v1.Service); ok {
-			tracker.serviceChanged(serviceKey{Namespace: svc.Namespace, Name: svc.Name})
+			tracker.serviceChanged(serviceName{Namespace: svc.Namespace, Name: svc.Name})
 		}
 	}
 	return cache.ResourceEventHandlerFuncs{
@@ -430,10 +430,10 @@ func serviceHandler(tracker *changeTracker) cache.ResourceEventHandler {
 func sliceHandler(index *sliceIndex, tracker *changeTracker, started time.Time, log *zap.Logger) cache.ResourceEventHandler {
 	changed := func(old, cur *discoveryv1.EndpointSlice) {
 		index.update(old, cur)
-		key, ok := desired.ServiceKey(cur)
+		key, ok := desired.SliceServiceName(cur)
 		// A slice moved to another Service or out of every Service (label
 		// edit) leaves the old Service changed too.
-		if oldKey, oldOK := desired.ServiceKey(old); oldOK && (!ok || oldKey != key) {
+		if oldKey, oldOK := desired.SliceServiceName(old); oldOK && (!ok || oldKey != key) {
 			tracker.endpointsChanged(oldKey, time.Time{})
 		}
 		if !ok {
@@ -462,7 +462,7 @@ func sliceHandler(index *sliceIndex, tracker *changeTracker, started time.Time, 
 		DeleteFunc: func(obj any) {
 			if slice, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
 				index.update(slice, nil)
-				if key, ok := desired.ServiceKey(slice); ok {
+				if key, ok := desired.SliceServiceName(slice); ok {
 					tracker.endpointsChanged(key, time.Time{})
 				}
 			}

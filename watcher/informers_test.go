@@ -192,11 +192,11 @@ func TestTrimmedSliceIsSmall(t *testing.T) {
 
 func TestSliceIndexFollowsEvents(t *testing.T) {
 	svcA := kubeobj.Service("shop", "a", kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080})
-	keyA, keyB := serviceKey{Namespace: "shop", Name: "a"}, serviceKey{Namespace: "shop", Name: "b"}
+	keyA, keyB := serviceName{Namespace: "shop", Name: "a"}, serviceName{Namespace: "shop", Name: "b"}
 	a2 := kubeobj.Slice(svcA, "a-2", discoveryv1.AddressTypeIPv4)
 	a1 := kubeobj.Slice(svcA, "a-1", discoveryv1.AddressTypeIPv4)
 	a3 := kubeobj.Slice(svcA, "a-3", discoveryv1.AddressTypeIPv4)
-	names := func(key serviceKey, x *sliceIndex) []string {
+	names := func(key serviceName, x *sliceIndex) []string {
 		var out []string
 		for _, s := range x.slices(key) {
 			out = append(out, s.Name)
@@ -249,10 +249,10 @@ func TestSliceHandlerSyncsTheServiceASliceLeft(t *testing.T) {
 	delete(unlabelled.Labels, discoveryv1.LabelServiceName)
 	h.OnUpdate(slice, unlabelled)
 	cs := tracker.take()
-	if _, ok := cs.services[serviceKey{Namespace: "shop", Name: "a"}]; !ok {
+	if _, ok := cs.services[serviceName{Namespace: "shop", Name: "a"}]; !ok {
 		t.Fatalf("removing the Service label from its slice queued %v, want the Service", cs.services)
 	}
-	if got := index.slices(serviceKey{Namespace: "shop", Name: "a"}); len(got) != 0 {
+	if got := index.slices(serviceName{Namespace: "shop", Name: "a"}); len(got) != 0 {
 		t.Fatalf("the Service still has slices %v", got)
 	}
 }

@@ -50,7 +50,7 @@ func (nopDataplane) Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePo
 // with the real translator and returns the live heap of the syncer's
 // state, the informer objects not counted.
 func syncerStateBytes(tb testing.TB, services, perService int) uint64 {
-	src := &fakeSource{services: map[serviceKey]*v1.Service{}, slices: map[serviceKey][]*discoveryv1.EndpointSlice{}}
+	src := &fakeSource{services: map[serviceName]*v1.Service{}, slices: map[serviceName][]*discoveryv1.EndpointSlice{}}
 	for i := range services {
 		name := fmt.Sprintf("svc-%05d", i)
 		k := key(name)

@@ -74,7 +74,7 @@ func (r *refusalReporter) event(name dataplane.ServicePortName, eventType, reaso
 	if r.events == nil {
 		return
 	}
-	svc, ok := r.src.Service(serviceKey{Namespace: name.Namespace, Name: name.Name})
+	svc, ok := r.src.Service(serviceName{Namespace: name.Namespace, Name: name.Name})
 	if !ok {
 		return
 	}

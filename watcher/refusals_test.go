@@ -29,7 +29,7 @@ func (f *fakeRefuser) Refused() map[dataplane.ServicePortName]dataplane.Refusal 
 // refused, a Normal one once programmed, and the gauge follows.
 func TestRefusalsAreReportedOnceAsEventsAndGauge(t *testing.T) {
 	big := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "big", UID: "uid-big"}}
-	src := &fakeSource{services: map[serviceKey]*v1.Service{{Namespace: testNamespace, Name: "big"}: big}}
+	src := &fakeSource{services: map[serviceName]*v1.Service{{Namespace: testNamespace, Name: "big"}: big}}
 	dp := &fakeRefuser{}
 	events := record.NewFakeRecorder(10)
 	m := metrics.New()

@@ -20,11 +20,11 @@ import (
 type objectSource interface {
 	// Service returns the Service key, or false if it does not exist (or is
 	// filtered out by the label selectors).
-	Service(key serviceKey) (*v1.Service, bool)
+	Service(key serviceName) (*v1.Service, bool)
 	// Slices returns every EndpointSlice labelled with the Service's name.
-	Slices(key serviceKey) []*discoveryv1.EndpointSlice
-	// ServiceKeys lists every Service.
-	ServiceKeys() []serviceKey
+	Slices(key serviceName) []*discoveryv1.EndpointSlice
+	// ServiceNames lists every Service.
+	ServiceNames() []serviceName
 }
 
 // translator holds the desired-state functions. Production uses package
@@ -92,23 +92,23 @@ type syncer struct {
 	// successful Apply or Reconcile. A failed call leaves it untouched.
 	// The no-local counts are kept beside the ports, in one map: a second
 	// map keyed by Service would repeat the 10,000s of keys.
-	applied map[serviceKey]appliedState
+	applied map[serviceName]appliedState
 	// healthChecks is the healthCheckNodePort state per Service, as of the
 	// last successful sync.
-	healthChecks map[serviceKey]servicehealth.Service
+	healthChecks map[serviceName]servicehealth.Service
 	// noLocalTotal is the sum of applied's noLocal, kept current on every
 	// commit.
 	noLocalTotal noLocalCount
 	// problems are the translation problems last logged per Service, so
 	// that a bad object is logged when it turns bad, not on every sync.
-	problems map[serviceKey]map[desired.Problem]bool
+	problems map[serviceName]map[desired.Problem]bool
 
 	// translated caches each Service's last translation with the object
 	// versions it came from, for translatedWith's node. Translation is a
 	// pure function of those, so a periodic full reconcile reuses it for
 	// every Service that did not change instead of translating 10,000
 	// Services again while updates wait.
-	translated     map[serviceKey]translation
+	translated     map[serviceName]translation
 	translatedWith desired.Node
 }
 
@@ -127,10 +127,10 @@ type translation struct {
 func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, tr translator, log *zap.Logger) *syncer {
 	return &syncer{
 		src: src, node: node, dp: dp, tr: tr, log: log,
-		applied:      map[serviceKey]appliedState{},
-		healthChecks: map[serviceKey]servicehealth.Service{},
-		problems:     map[serviceKey]map[desired.Problem]bool{},
-		translated:   map[serviceKey]translation{},
+		applied:      map[serviceName]appliedState{},
+		healthChecks: map[serviceName]servicehealth.Service{},
+		problems:     map[serviceName]map[desired.Problem]bool{},
+		translated:   map[serviceName]translation{},
 	}
 }
 
@@ -173,17 +173,17 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 	if cs.all {
 		// Every Service the API has, plus the ones deleted since the last
 		// sync, which only applied still knows.
-		keys = make(map[serviceKey]*pendingChange, len(s.applied))
+		keys = make(map[serviceName]*pendingChange, len(s.applied))
 		for key := range s.applied {
 			keys[key] = nil
 		}
-		for _, key := range s.src.ServiceKeys() {
+		for _, key := range s.src.ServiceNames() {
 			keys[key] = nil
 		}
 	}
 	node := s.node()
 	s.useNode(node)
-	next := make(map[serviceKey]computed, len(keys))
+	next := make(map[serviceName]computed, len(keys))
 	changes := servicePorts{}
 	for key := range keys {
 		c := s.compute(key, node)
@@ -217,9 +217,9 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 func (s *syncer) full() (int, error) {
 	node := s.node()
 	s.useNode(node)
-	next := map[serviceKey]computed{}
+	next := map[serviceName]computed{}
 	all := servicePorts{}
-	for _, key := range s.src.ServiceKeys() {
+	for _, key := range s.src.ServiceNames() {
 		c := s.compute(key, node)
 		next[key] = c
 		for i := range c.ports {
@@ -267,7 +267,7 @@ type pass struct {
 	// one the dataplane had: a Service deleted without an event (or whose
 	// event was lost) is deleted by the pass. Services created during the
 	// pass come with their own events.
-	keys []serviceKey
+	keys []serviceName
 	next int
 	// ports counts the ServicePorts the pass applied; busy is the time
 	// its steps took, longest the longest of them.
@@ -287,8 +287,8 @@ func (s *syncer) startPass(now time.Time) *pass {
 	if !ok {
 		return nil
 	}
-	keys := s.src.ServiceKeys()
-	inAPI := make(map[serviceKey]bool, len(keys))
+	keys := s.src.ServiceNames()
+	inAPI := make(map[serviceName]bool, len(keys))
 	for _, key := range keys {
 		inAPI[key] = true
 	}
@@ -317,7 +317,7 @@ func (s *syncer) step(p *pass) (done, held bool, err error) {
 	if p.next < len(p.keys) {
 		chunk := p.keys[p.next:min(len(p.keys), p.next+passServicesPerStep)]
 		p.next += len(chunk)
-		cs := changeSet{services: make(map[serviceKey]*pendingChange, len(chunk))}
+		cs := changeSet{services: make(map[serviceName]*pendingChange, len(chunk))}
 		for _, key := range chunk {
 			cs.services[key] = nil
 		}
@@ -336,7 +336,7 @@ func (s *syncer) step(p *pass) (done, held bool, err error) {
 }
 
 // commit records c as what the dataplane now holds for key.
-func (s *syncer) commit(key serviceKey, c computed) {
+func (s *syncer) commit(key serviceName, c computed) {
 	old := s.applied[key].noLocal
 	s.noLocalTotal.internal += c.noLocal.internal - old.internal
 	s.noLocalTotal.external += c.noLocal.external - old.external
@@ -354,7 +354,7 @@ func (s *syncer) commit(key serviceKey, c computed) {
 
 // compute returns the desired state of one Service; nothing if it does not
 // exist or is not proxied.
-func (s *syncer) compute(key serviceKey, node desired.Node) computed {
+func (s *syncer) compute(key serviceName, node desired.Node) computed {
 	svc, ok := s.src.Service(key)
 	if !ok {
 		delete(s.problems, key)
@@ -407,7 +407,7 @@ func healthCheckOf(svc *v1.Service, ports []dataplane.ServicePort) *servicehealt
 }
 
 // logProblems logs the problems of key that were not there last time.
-func (s *syncer) logProblems(key serviceKey, problems []desired.Problem) {
+func (s *syncer) logProblems(key serviceName, problems []desired.Problem) {
 	if len(problems) == 0 {
 		delete(s.problems, key)
 		return

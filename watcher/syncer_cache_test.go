@@ -42,7 +42,7 @@ func TestFullSyncReusesTranslationsOfUnchangedServices(t *testing.T) {
 		calls++
 		return standInTranslator.translate(svc, eps, node)
 	}
-	src := &fakeSource{services: map[serviceKey]*v1.Service{}, slices: map[serviceKey][]*discoveryv1.EndpointSlice{}}
+	src := &fakeSource{services: map[serviceName]*v1.Service{}, slices: map[serviceName][]*discoveryv1.EndpointSlice{}}
 	for i, name := range []string{"a", "b"} {
 		src.services[key(name)] = &v1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: name, ResourceVersion: "1"},

@@ -9,8 +9,8 @@ import (
 	"github.com/kpr-io/kpr/metrics"
 )
 
-// serviceKey names a Service; slices join it through their service-name label.
-type serviceKey = types.NamespacedName
+// serviceName names a Service; slices join it through their service-name label.
+type serviceName = types.NamespacedName
 
 // changeKind says what kind of object changed for a Service, for the
 // separate service/endpoint "pending" metrics.
@@ -32,7 +32,7 @@ type pendingChange struct {
 
 // changeSet is a batch of dirty Services taken out of the tracker for one sync.
 type changeSet struct {
-	services map[serviceKey]*pendingChange
+	services map[serviceName]*pendingChange
 	// all is set when every Service must be recomputed (the node changed).
 	all bool
 	// upTo is the number of changes ever queued when the set was taken:
@@ -72,7 +72,7 @@ func newChangeTracker(m *metrics.Metrics, health HealthReporter, now func() time
 }
 
 // serviceChanged records an add, update or delete of a Service.
-func (t *changeTracker) serviceChanged(key serviceKey) {
+func (t *changeTracker) serviceChanged(key serviceName) {
 	t.metrics.ServiceChangesTotal.Inc()
 	t.mu.Lock()
 	t.pending.add(key, serviceChange, nil)
@@ -85,7 +85,7 @@ func (t *changeTracker) serviceChanged(key serviceKey) {
 // endpointsChanged records an EndpointSlice event for the Service key.
 // trigger is the slice's last-change-trigger-time, zero if unknown or older
 // than kpr itself.
-func (t *changeTracker) endpointsChanged(key serviceKey, trigger time.Time) {
+func (t *changeTracker) endpointsChanged(key serviceName, trigger time.Time) {
 	t.metrics.EndpointChangesTotal.Inc()
 	var triggers []time.Time
 	if !trigger.IsZero() {
@@ -167,12 +167,12 @@ func (t *changeTracker) updatePendingGauges() {
 }
 
 func newChangeSet() changeSet {
-	return changeSet{services: map[serviceKey]*pendingChange{}}
+	return changeSet{services: map[serviceName]*pendingChange{}}
 }
 
 // add merges one change into the set, keeping the per-kind counts current
 // without walking the whole set (a storm of events must stay O(1) each).
-func (cs *changeSet) add(key serviceKey, kinds changeKind, triggers []time.Time) {
+func (cs *changeSet) add(key serviceName, kinds changeKind, triggers []time.Time) {
 	e, ok := cs.services[key]
 	if !ok {
 		e = &pendingChange{}

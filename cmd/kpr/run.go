@@ -20,14 +20,14 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kpr-io/kpr/apiclient"
-	"github.com/kpr-io/kpr/dataplane/bpfplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/ebpfplane"
+	"github.com/kpr-io/kpr/ebpfplane/sockterm"
 	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/servicehealth"
-	"github.com/kpr-io/kpr/socketterm"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -148,10 +148,10 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	// OnSync runs.
 	publishMapUsage(m, lb)
 	cfg.OnSync = func(watcher.SyncResult) { publishMapUsage(m, lb) }
-	plane := bpfplane.New(lb, log.Named("dataplane"))
+	plane := ebpfplane.New(lb, log.Named("dataplane"))
 	if loaded.SockTerm != nil {
 		plane.SetSocketTerminator(countingTerminator{
-			SocketTerminator: socketterm.New(loaded.SockTerm, loaded.Maps.KprSockTerm, loaded.CgroupRoot, log.Named("socketterm")),
+			SocketTerminator: sockterm.New(loaded.SockTerm, loaded.Maps.KprSockTerm, loaded.CgroupRoot, log.Named("socketterm")),
 			destroyed:        m.UDPSocketsDestroyedTotal,
 		})
 	}
@@ -254,7 +254,7 @@ func publishMapUsage(m *metrics.Metrics, lb *maps.LB) {
 
 // countingTerminator counts the sockets its SocketTerminator destroys.
 type countingTerminator struct {
-	bpfplane.SocketTerminator
+	ebpfplane.SocketTerminator
 	destroyed prometheus.Counter
 }
 

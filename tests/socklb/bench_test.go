@@ -31,8 +31,8 @@ func BenchmarkConnect(b *testing.B) {
 		svcs := make([]maps.Service, 0, n-loaded)
 		for i := loaded; i < n; i++ {
 			svcs = append(svcs, maps.Service{
-				ServiceKey: maps.ServiceKey{Frontend: maps.Frontend{Addr: manyVIP(i), Port: 80, Proto: dataplane.TCP}},
-				Backends:   []dataplane.Backend{{Addr: backend.Addr(), Port: backend.Port()}},
+				VIPKey:   maps.VIPKey{VIP: maps.VIP{Addr: manyVIP(i), Port: 80, Proto: dataplane.TCP}},
+				Backends: []dataplane.Backend{{Addr: backend.Addr(), Port: backend.Port()}},
 			})
 		}
 		if err := f.lb.Upsert(svcs...); err != nil {

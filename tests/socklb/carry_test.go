@@ -149,7 +149,7 @@ func TestGrowingTheMapsCarriesTheirContentsOver(t *testing.T) {
 	}
 
 	// The larger map takes a Service the small one could not hold.
-	big := maps.Service{ServiceKey: maps.ServiceKey{Frontend: maps.Frontend{Addr: netip.MustParseAddr("10.96.0.99"), Port: 80, Proto: dataplane.TCP}}}
+	big := maps.Service{VIPKey: maps.VIPKey{VIP: maps.VIP{Addr: netip.MustParseAddr("10.96.0.99"), Port: 80, Proto: dataplane.TCP}}}
 	for i := 0; i < 100; i++ {
 		big.Backends = append(big.Backends, dataplane.Backend{Addr: netip.AddrFrom4([4]byte{10, 251, 0, byte(i + 1)}), Port: 80})
 	}

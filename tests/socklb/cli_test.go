@@ -98,8 +98,8 @@ func TestFullMapRefusesWholeServices(t *testing.T) {
 	var svcs []maps.Service
 	for i := 0; i < 6; i++ {
 		svcs = append(svcs, maps.Service{
-			ServiceKey: maps.ServiceKey{Frontend: maps.Frontend{Addr: manyVIP(i), Port: 80, Proto: dataplane.TCP}},
-			Backends:   []dataplane.Backend{{Addr: f.pods[0].IPv4, Port: tcpPort}, {Addr: f.pods[1].IPv4, Port: tcpPort}},
+			VIPKey:   maps.VIPKey{VIP: maps.VIP{Addr: manyVIP(i), Port: 80, Proto: dataplane.TCP}},
+			Backends: []dataplane.Backend{{Addr: f.pods[0].IPv4, Port: tcpPort}, {Addr: f.pods[1].IPv4, Port: tcpPort}},
 		})
 	}
 	err := f.lb.Upsert(svcs...)
@@ -111,7 +111,7 @@ func TestFullMapRefusesWholeServices(t *testing.T) {
 	}
 	served := 0
 	for i, svc := range svcs {
-		got, ok := f.lb.Get(svc.ServiceKey)
+		got, ok := f.lb.Get(svc.VIPKey)
 		if !ok {
 			continue
 		}

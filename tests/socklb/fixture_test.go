@@ -91,7 +91,7 @@ func (f *fixture) load(sizes loader.MapSizes) {
 // service programs vip:port for proto with the given pods as backends.
 func (f *fixture) service(vip netip.Addr, port uint16, proto dataplane.Protocol, pods ...*harness.Pod) maps.Service {
 	f.t.Helper()
-	svc := maps.Service{ServiceKey: maps.ServiceKey{Frontend: maps.Frontend{Addr: vip, Port: port, Proto: proto}}}
+	svc := maps.Service{VIPKey: maps.VIPKey{VIP: maps.VIP{Addr: vip, Port: port, Proto: proto}}}
 	backendPort := tcpPort
 	if proto == dataplane.UDP {
 		backendPort = udpPort

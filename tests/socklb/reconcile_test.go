@@ -6,7 +6,7 @@ import (
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/dataplane/bpfplane"
+	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/harness"
 )
@@ -16,7 +16,7 @@ import (
 func TestReconcileRepairsAnEntryDeletedByHand(t *testing.T) {
 	f := newFixture(t, 2, loader.MapSizes{})
 	vip := netip.AddrPortFrom(families[0].vip, 80)
-	plane := bpfplane.New(f.lb, nil)
+	plane := ebpfplane.New(f.lb, nil)
 	name := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
 	desired := map[dataplane.ServicePortName]*dataplane.ServicePort{name: {Frontends: []dataplane.Frontend{{
 		Addr: vip.Addr(), Port: vip.Port(), Protocol: dataplane.TCP, Kind: dataplane.ClusterIP,

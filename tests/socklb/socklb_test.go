@@ -252,8 +252,8 @@ func TestTenThousandServicesStayCorrect(t *testing.T) {
 	for i := 0; i < n; i++ {
 		pod := f.pods[i%len(f.pods)]
 		svcs = append(svcs, maps.Service{
-			ServiceKey: maps.ServiceKey{Frontend: maps.Frontend{Addr: manyVIP(i), Port: 80, Proto: dataplane.TCP}},
-			Backends:   []dataplane.Backend{{Addr: pod.IPv4, Port: tcpPort}},
+			VIPKey:   maps.VIPKey{VIP: maps.VIP{Addr: manyVIP(i), Port: 80, Proto: dataplane.TCP}},
+			Backends: []dataplane.Backend{{Addr: pod.IPv4, Port: tcpPort}},
 		})
 		owner[i] = pod.Name
 	}

@@ -13,9 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/dataplane/bpfplane"
+	"github.com/kpr-io/kpr/ebpfplane"
+	"github.com/kpr-io/kpr/ebpfplane/sockterm"
 	"github.com/kpr-io/kpr/loader"
-	"github.com/kpr-io/kpr/socketterm"
 	"github.com/kpr-io/kpr/tests/harness"
 )
 
@@ -23,7 +23,7 @@ import (
 // destroys the UDP sockets of removed backends. The client pod's network
 // namespace is held by a process in kpr's cgroup, as a pod's pause
 // container holds its namespace: that is how the terminator finds it.
-func newSockTermFixture(t *testing.T) (*fixture, *harness.Pod, *bpfplane.Plane) {
+func newSockTermFixture(t *testing.T) (*fixture, *harness.Pod, *ebpfplane.Plane) {
 	t.Helper()
 	f := newFixture(t, 3, loader.MapSizes{})
 	if f.loaded.SockTerm == nil {
@@ -42,13 +42,13 @@ func newSockTermFixture(t *testing.T) (*fixture, *harness.Pod, *bpfplane.Plane) 
 		_ = pause.Process.Kill()
 		_ = pause.Wait()
 	})
-	plane := bpfplane.New(f.lb, nil)
-	plane.SetSocketTerminator(socketterm.New(f.loaded.SockTerm, f.loaded.Maps.KprSockTerm, f.cgroup.Path, nil))
+	plane := ebpfplane.New(f.lb, nil)
+	plane.SetSocketTerminator(sockterm.New(f.loaded.SockTerm, f.loaded.Maps.KprSockTerm, f.cgroup.Path, nil))
 	return f, client, plane
 }
 
 // applyUDP makes vip a UDP ClusterIP served by pods; no pods deletes it.
-func applyUDP(t *testing.T, plane *bpfplane.Plane, vip netip.AddrPort, pods ...*harness.Pod) {
+func applyUDP(t *testing.T, plane *ebpfplane.Plane, vip netip.AddrPort, pods ...*harness.Pod) {
 	t.Helper()
 	name := dataplane.ServicePortName{Namespace: "default", Name: "dns-" + vip.Addr().String(), Protocol: dataplane.UDP}
 	var sp *dataplane.ServicePort

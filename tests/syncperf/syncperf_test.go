@@ -62,7 +62,7 @@ func checkProgrammed(t *testing.T, bpfRoot string, reader *MapReader, svcs []*Se
 	}
 	for _, s := range svcs {
 		want := s.Backends()
-		key := maps.ServiceKey{Frontend: maps.Frontend{Addr: s.ClusterIP, Port: ServicePort, Proto: dataplane.TCP}, Scope: maps.ScopeInternal}
+		key := maps.VIPKey{VIP: maps.VIP{Addr: s.ClusterIP, Port: ServicePort, Proto: dataplane.TCP}, Scope: maps.ScopeInternal}
 		svc, ok := lb.Get(key)
 		if !ok {
 			t.Errorf("Service %d (%s) is not in the maps", s.Index, key)

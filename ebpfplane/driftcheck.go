@@ -1,4 +1,4 @@
-package bpfplane
+package ebpfplane
 
 import (
 	"github.com/kpr-io/kpr/dataplane"

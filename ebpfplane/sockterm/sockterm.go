@@ -1,4 +1,4 @@
-// Package socketterm destroys connected UDP sockets that kpr translated to a
+// Package sockterm destroys connected UDP sockets that kpr translated to a
 // backend which has since left the Service, so that their owners see
 // ECONNABORTED and reconnect to a live backend instead of sending to a dead
 // pod forever. It is kpr's counterpart of kube-proxy deleting the conntrack
@@ -9,7 +9,7 @@
 // iterator is opened. Client sockets live in many pod namespaces, so one
 // run opens the iterator once in every network namespace that a process of
 // kpr's cgroup is in, plus kpr's own.
-package socketterm
+package sockterm
 
 import (
 	"errors"

@@ -1,7 +1,7 @@
-// Package bpfplane is the eBPF implementation of dataplane.Dataplane: it
+// Package ebpfplane is the eBPF implementation of dataplane.Dataplane: it
 // expands each desired ServicePort into one map entry set per frontend and
 // scope, and writes only what differs from what the maps already hold.
-package bpfplane
+package ebpfplane
 
 import (
 	"errors"
@@ -24,8 +24,8 @@ type Plane struct {
 	// owned records which map entries each ServicePort wrote, so that a
 	// frontend a ServicePort no longer has is deleted, and two ServicePorts
 	// claiming one frontend are noticed instead of overwriting each other.
-	owned map[dataplane.ServicePortName][]maps.ServiceKey
-	owner map[maps.ServiceKey]claimant
+	owned map[dataplane.ServicePortName][]maps.VIPKey
+	owner map[maps.VIPKey]claimant
 	// applied is every ServicePort handed in by the last successful calls:
 	// what the maps hold, except for the refused ones; nil when a call
 	// failed and the maps may differ. ServicePorts are never modified once
@@ -42,7 +42,7 @@ type Plane struct {
 	// owner: only a Reconcile hands it to the waiting ServicePort, so until
 	// one runs, Reconcile takes its slow path and a drift check reports the
 	// maps as not held.
-	contested map[maps.ServiceKey]bool
+	contested map[maps.VIPKey]bool
 	handover  bool
 	// term destroys connected UDP sockets of removed backends; nil when
 	// the kernel cannot (see SetSocketTerminator).
@@ -50,7 +50,7 @@ type Plane struct {
 }
 
 // SocketTerminator destroys the connected UDP sockets kpr translated to
-// backends that have left their frontend (socketterm.Terminator).
+// backends that have left their frontend (sockterm.Terminator).
 type SocketTerminator interface {
 	Terminate(removed []maps.RemovedBackend) (destroyed int, err error)
 }
@@ -109,10 +109,10 @@ func New(lb *maps.LB, log *zap.Logger) *Plane {
 		log = zap.NewNop()
 	}
 	return &Plane{lb: lb, log: log,
-		owned:     map[dataplane.ServicePortName][]maps.ServiceKey{},
-		owner:     map[maps.ServiceKey]claimant{},
+		owned:     map[dataplane.ServicePortName][]maps.VIPKey{},
+		owner:     map[maps.VIPKey]claimant{},
 		refused:   map[dataplane.ServicePortName]refusal{},
-		contested: map[maps.ServiceKey]bool{}}
+		contested: map[maps.VIPKey]bool{}}
 }
 
 var (
@@ -137,14 +137,14 @@ func (p *Plane) Refused() map[dataplane.ServicePortName]dataplane.Refusal {
 func expand(sp *dataplane.ServicePort) []maps.Service {
 	affinity := uint32(sp.AffinityTimeout / time.Second)
 	var out []maps.Service
-	seen := map[maps.ServiceKey]bool{}
+	seen := map[maps.VIPKey]bool{}
 	add := func(fe dataplane.Frontend, scope maps.Scope, backends []dataplane.Backend) {
-		key := maps.ServiceKey{Frontend: maps.Frontend{Addr: fe.Addr.Unmap(), Port: fe.Port, Proto: fe.Protocol}, Scope: scope}
+		key := maps.VIPKey{VIP: maps.VIP{Addr: fe.Addr.Unmap(), Port: fe.Port, Proto: fe.Protocol}, Scope: scope}
 		if seen[key] {
 			return
 		}
 		seen[key] = true
-		out = append(out, maps.Service{ServiceKey: key, Kind: fe.Kind, AffinityTimeout: affinity, Backends: backends})
+		out = append(out, maps.Service{VIPKey: key, Kind: fe.Kind, AffinityTimeout: affinity, Backends: backends})
 	}
 	for _, fe := range sp.Frontends {
 		add(fe, maps.ScopeInternal, fe.Backends)
@@ -284,9 +284,9 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 			return fmt.Errorf("read BPF maps for reconcile: %w", err)
 		}
 	}
-	p.owned = map[dataplane.ServicePortName][]maps.ServiceKey{}
-	p.owner = map[maps.ServiceKey]claimant{}
-	p.contested = map[maps.ServiceKey]bool{}
+	p.owned = map[dataplane.ServicePortName][]maps.VIPKey{}
+	p.owner = map[maps.VIPKey]claimant{}
+	p.contested = map[maps.VIPKey]bool{}
 	p.handover = false
 	p.refusedMu.Lock()
 	for name := range p.refused {
@@ -298,7 +298,7 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	want, names := p.claimAll(all)
 	var errs []error
 	// Anything in the maps that nobody claimed is stale.
-	var stale []maps.ServiceKey
+	var stale []maps.VIPKey
 	for _, key := range p.lb.Keys() {
 		if _, ok := p.owner[key]; !ok {
 			stale = append(stale, key)
@@ -353,18 +353,18 @@ func (p *Plane) holds(all map[dataplane.ServicePortName]*dataplane.ServicePort) 
 func (p *Plane) claim(name dataplane.ServicePortName, svcs []maps.Service) []maps.Service {
 	kept := svcs[:0]
 	for _, svc := range svcs {
-		if other, ok := p.owner[svc.ServiceKey]; ok && other.name != name {
-			p.contested[svc.ServiceKey] = true
+		if other, ok := p.owner[svc.VIPKey]; ok && other.name != name {
+			p.contested[svc.VIPKey] = true
 			if svc.Kind != dataplane.ClusterIP || other.kind == dataplane.ClusterIP {
 				p.log.Warn("frontend claimed by two Services; keeping the first, fix the conflicting Services",
-					zap.Stringer("frontend", svc.ServiceKey.Frontend), zap.Stringer("servedBy", other.name),
+					zap.Stringer("frontend", svc.VIPKey.VIP), zap.Stringer("servedBy", other.name),
 					zap.Stringer("refused", name), zap.Stringer("refusedKind", svc.Kind))
 				continue
 			}
 			p.log.Warn("another Service used this ClusterIP as its "+other.kind.String()+"; the ClusterIP's own Service takes it back, fix the other Service",
-				zap.Stringer("frontend", svc.ServiceKey.Frontend), zap.Stringer("servedBy", name), zap.Stringer("refused", other.name))
+				zap.Stringer("frontend", svc.VIPKey.VIP), zap.Stringer("servedBy", name), zap.Stringer("refused", other.name))
 		}
-		p.owner[svc.ServiceKey] = claimant{name: name, kind: svc.Kind}
+		p.owner[svc.VIPKey] = claimant{name: name, kind: svc.Kind}
 		kept = append(kept, svc)
 	}
 	return kept
@@ -379,11 +379,11 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort,
 	want map[dataplane.ServicePortName][]maps.Service, names []dataplane.ServicePortName) error {
 	var groups [][]maps.Service
 	var groupNames []dataplane.ServicePortName
-	wanted := map[maps.ServiceKey]bool{}
+	wanted := map[maps.VIPKey]bool{}
 	for _, name := range names {
 		var upserts []maps.Service
 		for _, svc := range want[name] {
-			wanted[svc.ServiceKey] = true
+			wanted[svc.VIPKey] = true
 			if !p.lb.Matches(svc) {
 				upserts = append(upserts, svc)
 			}
@@ -415,7 +415,7 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort,
 			}
 		}
 	}
-	var stale []maps.ServiceKey
+	var stale []maps.VIPKey
 	for name := range want {
 		for _, key := range p.owned[name] {
 			if !wanted[key] && p.owner[key].name == name {
@@ -434,9 +434,9 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort,
 	// nothing, it is retried (a failed write makes the sync retry), and a
 	// later delete of the ServicePort still removes it.
 	for name, svcs := range want {
-		keys := make([]maps.ServiceKey, 0, len(svcs))
+		keys := make([]maps.VIPKey, 0, len(svcs))
 		for _, svc := range svcs {
-			keys = append(keys, svc.ServiceKey)
+			keys = append(keys, svc.VIPKey)
 		}
 		if len(keys) == 0 {
 			delete(p.owned, name)
@@ -458,7 +458,7 @@ func (p *Plane) refuse(name dataplane.ServicePortName, sp *dataplane.ServicePort
 	// What the maps still hold of it tells the operator what clients see.
 	served := false
 	for _, svc := range svcs {
-		if _, ok := p.lb.Get(svc.ServiceKey); ok {
+		if _, ok := p.lb.Get(svc.VIPKey); ok {
 			served = true
 		}
 	}

@@ -1,4 +1,4 @@
-package bpfplane
+package ebpfplane
 
 import (
 	"net/netip"
@@ -23,8 +23,8 @@ func clusterIP(vip string, backends ...dataplane.Backend) *dataplane.ServicePort
 		Addr: netip.MustParseAddr(vip), Port: 80, Protocol: dataplane.TCP, Kind: dataplane.ClusterIP, Backends: backends}}}
 }
 
-func key(vip string, scope maps.Scope) maps.ServiceKey {
-	return maps.ServiceKey{Frontend: maps.Frontend{Addr: netip.MustParseAddr(vip), Port: 80, Proto: dataplane.TCP}, Scope: scope}
+func key(vip string, scope maps.Scope) maps.VIPKey {
+	return maps.VIPKey{VIP: maps.VIP{Addr: netip.MustParseAddr(vip), Port: 80, Proto: dataplane.TCP}, Scope: scope}
 }
 
 func TestApplyWritesScopesAndDeletesDroppedFrontends(t *testing.T) {
@@ -99,8 +99,8 @@ func TestReconcileRemovesUnknownAndRepairs(t *testing.T) {
 	lb := maps.NewInMemory(1000, 1000, 1000)
 	// Left over from before a restart: one Service that still exists, one
 	// that was deleted while kpr was down.
-	stay := maps.Service{ServiceKey: key("10.96.0.1", maps.ScopeInternal), Backends: []dataplane.Backend{be("10.244.0.2:8080")}}
-	gone := maps.Service{ServiceKey: key("10.96.0.2", maps.ScopeInternal), Backends: []dataplane.Backend{be("10.244.0.3:8080")}}
+	stay := maps.Service{VIPKey: key("10.96.0.1", maps.ScopeInternal), Backends: []dataplane.Backend{be("10.244.0.2:8080")}}
+	gone := maps.Service{VIPKey: key("10.96.0.2", maps.ScopeInternal), Backends: []dataplane.Backend{be("10.244.0.3:8080")}}
 	if err := lb.Upsert(stay, gone); err != nil {
 		t.Fatal(err)
 	}
@@ -111,10 +111,10 @@ func TestReconcileRemovesUnknownAndRepairs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := lb.Get(gone.ServiceKey); ok {
+	if _, ok := lb.Get(gone.VIPKey); ok {
 		t.Fatal("a Service deleted while kpr was down survived reconcile")
 	}
-	got, _ := lb.Get(stay.ServiceKey)
+	got, _ := lb.Get(stay.VIPKey)
 	if len(got.Backends) != 2 {
 		t.Fatalf("reconcile did not update the surviving Service: %v", got.Backends)
 	}

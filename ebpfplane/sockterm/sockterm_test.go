@@ -1,4 +1,4 @@
-package socketterm
+package sockterm
 
 import (
 	"os"
