@@ -1,10 +1,3 @@
-// Package dataplane defines the desired state that kpr's control plane computes
-// from the Kubernetes API, and the one small interface through which it is
-// handed to a dataplane backend (eBPF maps today, iptables or IPVS later).
-//
-// The types here are deliberately free of Kubernetes API types: the watcher
-// translates Services and EndpointSlices into them, and a backend only has to
-// understand addresses, ports and backend sets.
 package dataplane
 
 import (
@@ -132,9 +125,20 @@ type ServicePort struct {
 	AffinityTimeout time.Duration
 }
 
-// Dataplane is what the control plane drives. Implementations must make each
-// call atomic per ServicePort: on error a ServicePort is left as it was
-// before the call, never half-written.
+// Dataplane is what the control plane drives. What it may rely on:
+//
+//   - No two ServicePorts it is handed share a frontend (Frontend.ID): the
+//     control plane resolves conflicts first (Claims), so a backend never
+//     has to decide which Service a frontend belongs to.
+//   - A ServicePort handed over is never modified afterwards; a changed one
+//     comes as a new value. A backend may keep the pointer and compare it.
+//   - Calls come from one goroutine.
+//
+// What it must do: make each call atomic per ServicePort (on error a
+// ServicePort is left as it was before the call, never half-written), and
+// after a successful write remove the state that still sends UDP traffic
+// to backends that left (RemovedUDPBackends). dataplanetest checks all of
+// it.
 type Dataplane interface {
 	// Apply programs the given ServicePorts. A nil value deletes the
 	// ServicePort and every frontend it had.

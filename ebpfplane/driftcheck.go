@@ -29,9 +29,7 @@ func (c *driftCheck) Step() (done, held bool, err error) {
 	if !done || err != nil {
 		return done, false, err
 	}
-	// A failed call leaves applied nil, and a frontend whose owner left
-	// waits for a Reconcile to hand it to the ServicePort that was refused
-	// it (see claim): either way only Reconcile can vouch for the maps,
-	// even if they did not drift.
-	return true, inSync && c.p.applied != nil && !c.p.handover, nil
+	// After a failed call only Reconcile can vouch for the maps, even if
+	// they did not drift.
+	return true, inSync && c.p.trusted, nil
 }

@@ -6,7 +6,7 @@ package ebpfplane
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -15,75 +15,96 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/metrics"
 )
 
 // Plane drives the BPF maps. Like maps.LB it has one writer: the sync loop.
+//
+// It relies on the contract that no two ServicePorts it is handed share a
+// frontend (dataplane.Claims sees to that), so each map entry set belongs
+// to exactly one ServicePort.
 type Plane struct {
 	lb  *maps.LB
 	log *zap.Logger
-	// owned records which map entries each ServicePort wrote, so that a
-	// frontend a ServicePort no longer has is deleted, and two ServicePorts
-	// claiming one frontend are noticed instead of overwriting each other.
-	owned map[dataplane.ServicePortName][]maps.VIPKey
-	owner map[maps.VIPKey]claimant
-	// applied is every ServicePort handed in by the last successful calls:
-	// what the maps hold, except for the refused ones; nil when a call
-	// failed and the maps may differ. ServicePorts are never modified once
-	// handed over, so an unchanged pointer means an unchanged ServicePort.
-	applied map[dataplane.ServicePortName]*dataplane.ServicePort
+	// held is, per ServicePort, the state its map entries were last
+	// written from: what the maps hold for it. For a refused ServicePort
+	// it is what they held before the refusal (or it is absent). Dropped
+	// frontends and removed UDP backends are found by comparing with it.
+	held map[dataplane.ServicePortName]*dataplane.ServicePort
+	// trusted is set while every call since the last complete Reconcile
+	// succeeded, so that held and the refusals are all the maps hold.
+	// ServicePorts are never modified once handed over, so an unchanged
+	// pointer means an unchanged ServicePort.
+	trusted bool
 	// refused are the ServicePorts that did not fit in the maps, with
 	// their latest desired state: the maps keep what they held for them
 	// before (or nothing), and every later call that frees room, and every
 	// Reconcile, tries them again. refusedMu guards it for Refused.
 	refusedMu sync.Mutex
 	refused   map[dataplane.ServicePortName]refusal
-	// contested are the entries a claim was refused (or taken over) for
-	// since the last Reconcile. handover is set when one of them lost its
-	// owner: only a Reconcile hands it to the waiting ServicePort, so until
-	// one runs, Reconcile takes its slow path and a drift check reports the
-	// maps as not held.
-	contested map[maps.VIPKey]bool
-	handover  bool
 	// term destroys connected UDP sockets of removed backends; nil when
-	// the kernel cannot (see SetSocketTerminator).
-	term SocketTerminator
+	// the kernel cannot (see SetSocketTerminator). removed collects what
+	// one call removed, for one pass of term.
+	term    SocketTerminator
+	removed []dataplane.RemovedBackend
+	// metrics, when set, get the maps' fill levels after every call.
+	metrics *metrics.Metrics
 }
 
 // SocketTerminator destroys the connected UDP sockets kpr translated to
 // backends that have left their frontend (sockterm.Terminator).
 type SocketTerminator interface {
-	Terminate(removed []maps.RemovedBackend) (destroyed int, err error)
+	Terminate(removed []dataplane.RemovedBackend) (destroyed int, err error)
 }
 
 // SetSocketTerminator makes every Apply and Reconcile that removes backends
 // from UDP frontends destroy the connected sockets still sending to them,
 // once the maps serve the new backends (so the reconnect finds a live one).
 // All backends one call removes are handled in one pass.
-func (p *Plane) SetSocketTerminator(t SocketTerminator) {
-	p.term = t
-	p.lb.RecordRemovedUDPBackends()
+func (p *Plane) SetSocketTerminator(t SocketTerminator) { p.term = t }
+
+// PublishMapUsage makes the Plane set m's map fill-level gauges now and
+// after every Apply and Reconcile, so that operators see a map filling up
+// before Services are refused.
+func (p *Plane) PublishMapUsage(m *metrics.Metrics) {
+	p.metrics = m
+	p.publish()
 }
 
-// terminate hands the backends that left UDP frontends to the terminator.
-// Its failures are logged: the maps are already right, and a socket it
-// missed only keeps the old behaviour.
-func (p *Plane) terminate() {
-	if p.term == nil {
+func (p *Plane) publish() {
+	if p.metrics == nil {
 		return
 	}
-	removed := p.lb.TakeRemovedUDPBackends()
-	if len(removed) == 0 {
-		return
+	for _, u := range p.lb.Usage() {
+		p.metrics.MapEntries.WithLabelValues(u.Map).Set(float64(u.Entries))
+		p.metrics.MapMaxEntries.WithLabelValues(u.Map).Set(float64(u.MaxEntries))
+	}
+}
+
+// finish ends every call: it hands the backends that left UDP frontends to
+// the terminator and publishes the fill levels. The terminator's failures
+// are logged: the maps are already right, and a socket it missed only
+// keeps the old behaviour.
+func (p *Plane) finish(err error) error {
+	if err != nil {
+		p.trusted = false
+	}
+	p.publish()
+	removed := p.removed
+	p.removed = nil
+	if p.term == nil || len(removed) == 0 {
+		return err
 	}
 	start := time.Now()
-	n, err := p.term.Terminate(removed)
+	n, termErr := p.term.Terminate(removed)
 	fields := []zap.Field{zap.Int("removedBackends", len(removed)), zap.Int("socketsDestroyed", n),
 		zap.Duration("took", time.Since(start))}
-	if err != nil {
-		p.log.Warn("destroying UDP sockets of removed backends failed in part", append(fields, zap.Error(err))...)
-		return
+	if termErr != nil {
+		p.log.Warn("destroying UDP sockets of removed backends failed in part", append(fields, zap.Error(termErr))...)
+	} else {
+		p.log.Debug("destroyed UDP sockets of removed backends", fields...)
 	}
-	p.log.Debug("destroyed UDP sockets of removed backends", fields...)
+	return err
 }
 
 // refusal is one refused ServicePort.
@@ -95,24 +116,15 @@ type refusal struct {
 	flags string
 }
 
-// claimant is the ServicePort that owns a map entry, and the kind of
-// frontend it owns it as.
-type claimant struct {
-	name dataplane.ServicePortName
-	kind dataplane.FrontendKind
-}
-
-// New returns a Plane over lb. Until the first Reconcile it knows no
-// owners, so that first call must list every ServicePort.
+// New returns a Plane over lb. It knows nothing of what lb holds, so the
+// first call must be a Reconcile listing every ServicePort.
 func New(lb *maps.LB, log *zap.Logger) *Plane {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	return &Plane{lb: lb, log: log,
-		owned:     map[dataplane.ServicePortName][]maps.VIPKey{},
-		owner:     map[maps.VIPKey]claimant{},
-		refused:   map[dataplane.ServicePortName]refusal{},
-		contested: map[maps.VIPKey]bool{}}
+		held:    map[dataplane.ServicePortName]*dataplane.ServicePort{},
+		refused: map[dataplane.ServicePortName]refusal{}}
 }
 
 var (
@@ -135,11 +147,14 @@ func (p *Plane) Refused() map[dataplane.ServicePortName]dataplane.Refusal {
 // internal scope, and an external scope when external traffic has a
 // backend set of its own.
 func expand(sp *dataplane.ServicePort) []maps.Service {
+	if sp == nil {
+		return nil
+	}
 	affinity := uint32(sp.AffinityTimeout / time.Second)
 	var out []maps.Service
 	seen := map[maps.VIPKey]bool{}
 	add := func(fe dataplane.Frontend, scope maps.Scope, backends []dataplane.Backend) {
-		key := maps.VIPKey{VIP: maps.VIP{Addr: fe.Addr.Unmap(), Port: fe.Port, Proto: fe.Protocol}, Scope: scope}
+		key := vipKey(fe, scope)
 		if seen[key] {
 			return
 		}
@@ -155,57 +170,19 @@ func expand(sp *dataplane.ServicePort) []maps.Service {
 	return out
 }
 
+func vipKey(fe dataplane.Frontend, scope maps.Scope) maps.VIPKey {
+	return maps.VIPKey{VIP: maps.VIP{Addr: fe.Addr.Unmap(), Port: fe.Port, Proto: fe.Protocol}, Scope: scope}
+}
+
 // Apply writes the given ServicePorts; nil deletes one. A ServicePort that
 // does not fit is refused alone (see Refused); the others are written.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
 	before := p.lb.Usage()
-	want, names := p.claimAll(changes)
-	err := p.write(changes, want, names)
+	err := p.write(changes, dataplane.SortedNames(changes))
 	if err == nil && p.freedRoom(before) {
 		err = p.retryRefused()
 	}
-	p.terminate()
-	if err != nil || p.applied == nil {
-		p.applied = nil
-		return err
-	}
-	for name, sp := range changes {
-		if sp == nil {
-			delete(p.applied, name)
-		} else {
-			p.applied[name] = sp
-		}
-	}
-	return nil
-}
-
-// claimAll claims the frontends of every ServicePort, in name order so that
-// which of two conflicting ServicePorts wins does not depend on map order.
-//
-// ClusterIPs are claimed first, by every ServicePort, and then the other
-// frontends: the API server allocates a ClusterIP to one Service only, so an
-// external IP, load-balancer IP or node address equal to it is the other
-// Service's mistake and must not take the ClusterIP over, whatever the
-// Services are called and whichever came first.
-func (p *Plane) claimAll(sps map[dataplane.ServicePortName]*dataplane.ServicePort) (map[dataplane.ServicePortName][]maps.Service, []dataplane.ServicePortName) {
-	names := sortedNames(sps)
-	want := make(map[dataplane.ServicePortName][]maps.Service, len(sps))
-	for _, clusterIPs := range []bool{true, false} {
-		for _, name := range names {
-			if sps[name] == nil {
-				want[name] = nil
-				continue
-			}
-			var these []maps.Service
-			for _, svc := range expand(sps[name]) {
-				if (svc.Kind == dataplane.ClusterIP) == clusterIPs {
-					these = append(these, svc)
-				}
-			}
-			want[name] = append(want[name], p.claim(name, these)...)
-		}
-	}
-	return want, names
+	return p.finish(err)
 }
 
 // freedRoom reports whether any map the refused ServicePorts could lack
@@ -233,28 +210,7 @@ func (p *Plane) retryRefused() error {
 	for name, r := range p.refused {
 		sps[name] = r.sp
 	}
-	want, names := p.claimAll(sps)
-	return p.write(sps, want, names)
-}
-
-// sortedNames returns the names of sps in String() order. Each name's
-// string is built once: building both in every comparison made the sort a
-// quarter of a full reconcile of 10,000 Services.
-func sortedNames(sps map[dataplane.ServicePortName]*dataplane.ServicePort) []dataplane.ServicePortName {
-	type keyed struct {
-		name dataplane.ServicePortName
-		key  string
-	}
-	all := make([]keyed, 0, len(sps))
-	for name := range sps {
-		all = append(all, keyed{name, name.String()})
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].key < all[j].key })
-	names := make([]dataplane.ServicePortName, len(all))
-	for i, k := range all {
-		names[i] = k.name
-	}
-	return names
+	return p.write(sps, dataplane.SortedNames(sps))
 }
 
 // Reconcile re-reads the maps, writes whatever differs from all and
@@ -266,28 +222,19 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	// when the view was built moments ago anyway).
 	inSync, err := p.lb.InSync()
 	if err != nil {
-		return fmt.Errorf("read BPF maps for reconcile: %w", err)
+		return p.finish(fmt.Errorf("read BPF maps for reconcile: %w", err))
 	}
-	if inSync && !p.handover && p.holds(all) {
+	if inSync && p.holds(all) {
 		// The common case: nothing changed anywhere, except that room
 		// may have been made for what was refused.
-		err := p.retryRefused()
-		p.terminate()
-		if err != nil {
-			p.applied = nil
-		}
-		return err
+		return p.finish(p.retryRefused())
 	}
 	if !inSync {
 		p.log.Info("BPF maps differ from what kpr wrote; re-reading them to repair the difference")
 		if err := p.lb.Resync(); err != nil {
-			return fmt.Errorf("read BPF maps for reconcile: %w", err)
+			return p.finish(fmt.Errorf("read BPF maps for reconcile: %w", err))
 		}
 	}
-	p.owned = map[dataplane.ServicePortName][]maps.VIPKey{}
-	p.owner = map[maps.VIPKey]claimant{}
-	p.contested = map[maps.VIPKey]bool{}
-	p.handover = false
 	p.refusedMu.Lock()
 	for name := range p.refused {
 		if all[name] == nil {
@@ -295,39 +242,46 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 		}
 	}
 	p.refusedMu.Unlock()
-	want, names := p.claimAll(all)
-	var errs []error
-	// Anything in the maps that nobody claimed is stale.
+	// What all does not list goes, and write compares the rest with the
+	// maps themselves, so a held made wrong by a failure does no harm.
+	wanted := map[maps.VIPKey]bool{}
+	for _, sp := range all {
+		for _, svc := range expand(sp) {
+			wanted[svc.VIPKey] = true
+		}
+	}
+	for name := range p.held {
+		if all[name] == nil {
+			delete(p.held, name)
+		}
+	}
+	// Anything in the maps that nobody wants is stale, including entries
+	// adopted from before a restart.
 	var stale []maps.VIPKey
 	for _, key := range p.lb.Keys() {
-		if _, ok := p.owner[key]; !ok {
+		if !wanted[key] {
 			stale = append(stale, key)
 		}
 	}
+	var errs []error
 	if len(stale) > 0 {
 		p.log.Info("removing stale services from the maps", zap.Int("frontends", len(stale)))
+		removed := p.servedUDP(stale)
 		if err := p.lb.Delete(stale...); err != nil {
 			errs = append(errs, err)
+		} else {
+			p.removed = append(p.removed, removed...)
 		}
 	}
-	err = errors.Join(append(errs, p.write(all, want, names))...)
-	p.terminate()
-	p.applied = nil
-	if err == nil {
-		p.applied = make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(all))
-		for name, sp := range all {
-			if sp != nil {
-				p.applied[name] = sp
-			}
-		}
-	}
-	return err
+	p.trusted = true
+	err = errors.Join(append(errs, p.write(all, dataplane.SortedNames(all)))...)
+	return p.finish(err)
 }
 
-// holds reports whether all is exactly what the last successful calls
-// handed over, ServicePort for ServicePort.
+// holds reports whether all is exactly what the calls so far handed over,
+// ServicePort for ServicePort, and the maps hold it (or refused it).
 func (p *Plane) holds(all map[dataplane.ServicePortName]*dataplane.ServicePort) bool {
-	if p.applied == nil {
+	if !p.trusted {
 		return false
 	}
 	n := 0
@@ -335,52 +289,35 @@ func (p *Plane) holds(all map[dataplane.ServicePortName]*dataplane.ServicePort) 
 		if sp == nil {
 			continue
 		}
-		if p.applied[name] != sp {
+		if p.held[name] != sp && p.refused[name].sp != sp {
 			return false
 		}
 		n++
 	}
-	return n == len(p.applied)
-}
-
-// claim drops the entries another ServicePort already owns and records the
-// rest as name's. A conflict is bad input, not a dataplane failure: it is
-// logged, the first owner keeps the frontend, and the sync goes on (failing
-// it would retry forever and mark the node unhealthy over one bad Service).
-// The next full reconcile hands the frontend over if its owner goes away.
-// The one exception: a ClusterIP takes its frontend from an earlier owner
-// that has it as another kind (see claimAll).
-func (p *Plane) claim(name dataplane.ServicePortName, svcs []maps.Service) []maps.Service {
-	kept := svcs[:0]
-	for _, svc := range svcs {
-		if other, ok := p.owner[svc.VIPKey]; ok && other.name != name {
-			p.contested[svc.VIPKey] = true
-			if svc.Kind != dataplane.ClusterIP || other.kind == dataplane.ClusterIP {
-				p.log.Warn("frontend claimed by two Services; keeping the first, fix the conflicting Services",
-					zap.Stringer("frontend", svc.VIPKey.VIP), zap.Stringer("servedBy", other.name),
-					zap.Stringer("refused", name), zap.Stringer("refusedKind", svc.Kind))
-				continue
-			}
-			p.log.Warn("another Service used this ClusterIP as its "+other.kind.String()+"; the ClusterIP's own Service takes it back, fix the other Service",
-				zap.Stringer("frontend", svc.VIPKey.VIP), zap.Stringer("servedBy", name), zap.Stringer("refused", other.name))
+	held := len(p.held)
+	for name := range p.refused {
+		if _, ok := p.held[name]; !ok {
+			held++
 		}
-		p.owner[svc.VIPKey] = claimant{name: name, kind: svc.Kind}
-		kept = append(kept, svc)
 	}
-	return kept
+	return n == held
 }
 
-// write upserts what differs, then deletes frontends ServicePorts dropped,
-// and records ownership for what the maps now hold. sps are the
-// ServicePorts want was expanded from, names want's keys in the order in
-// which they get room when not all fit. A ServicePort that does not fit is
-// refused whole and recorded in refused; that is not an error.
-func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort,
-	want map[dataplane.ServicePortName][]maps.Service, names []dataplane.ServicePortName) error {
+// write brings the maps to sps (nil: delete) for the names given, in that
+// order, which is the order in which they get room when not all fit: it
+// upserts what differs, then deletes the entries of frontends they
+// dropped. A ServicePort that does not fit is refused whole, keeps what
+// the maps held for it, and is recorded in refused; that is not an error.
+func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort, names []dataplane.ServicePortName) error {
 	var groups [][]maps.Service
 	var groupNames []dataplane.ServicePortName
 	wanted := map[maps.VIPKey]bool{}
+	want := make(map[dataplane.ServicePortName][]maps.Service, len(names))
+	// removed is, per ServicePort, the UDP backends its write removes:
+	// learnt before the write, kept only if the write succeeds.
+	removed := map[dataplane.ServicePortName][]dataplane.RemovedBackend{}
 	for _, name := range names {
+		want[name] = expand(sps[name])
 		var upserts []maps.Service
 		for _, svc := range want[name] {
 			wanted[svc.VIPKey] = true
@@ -391,6 +328,9 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort,
 		if len(upserts) > 0 {
 			groups = append(groups, upserts)
 			groupNames = append(groupNames, name)
+		}
+		if r := p.removedBy(name, sps[name]); len(r) > 0 {
+			removed[name] = r
 		}
 	}
 	var errs []error
@@ -408,43 +348,84 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort,
 		}
 		errs = append(errs, err)
 	}
-	if len(p.refused) > 0 { // only this goroutine writes refused
-		for _, name := range names {
-			if !failed[name] {
-				p.programmed(name, sps[name] != nil)
-			}
-		}
-	}
+	// The entries of frontends a written ServicePort no longer has.
 	var stale []maps.VIPKey
-	for name := range want {
-		for _, key := range p.owned[name] {
-			if !wanted[key] && p.owner[key].name == name {
-				stale = append(stale, key)
+	for _, name := range names {
+		if failed[name] {
+			continue
+		}
+		for _, svc := range expand(p.held[name]) {
+			if !wanted[svc.VIPKey] {
+				stale = append(stale, svc.VIPKey)
 			}
 		}
 	}
 	if err := p.lb.Delete(stale...); err != nil {
 		errs = append(errs, err)
 	}
-	for _, key := range stale {
-		delete(p.owner, key)
-		p.handover = p.handover || p.contested[key]
-	}
-	// A refused entry stays owned: the maps hold its old content or
-	// nothing, it is retried (a failed write makes the sync retry), and a
-	// later delete of the ServicePort still removes it.
-	for name, svcs := range want {
-		keys := make([]maps.VIPKey, 0, len(svcs))
-		for _, svc := range svcs {
-			keys = append(keys, svc.VIPKey)
+	for _, name := range names {
+		if failed[name] {
+			continue
 		}
-		if len(keys) == 0 {
-			delete(p.owned, name)
+		if len(p.refused) > 0 { // only this goroutine writes refused
+			p.programmed(name, sps[name] != nil)
+		}
+		if sps[name] == nil {
+			delete(p.held, name)
 		} else {
-			p.owned[name] = keys
+			p.held[name] = sps[name]
 		}
+		p.removed = append(p.removed, removed[name]...)
 	}
 	return errors.Join(errs...)
+}
+
+// removedBy returns the UDP backends that writing next for name takes
+// away from the sockets on this node: compared with what the maps were
+// last written from, or, for a ServicePort this Plane has not written
+// (after a restart), with what the maps serve its frontends.
+func (p *Plane) removedBy(name dataplane.ServicePortName, next *dataplane.ServicePort) []dataplane.RemovedBackend {
+	if old, ok := p.held[name]; ok {
+		return dataplane.RemovedUDPBackends(old, next)
+	}
+	if next == nil {
+		return nil
+	}
+	var keys []maps.VIPKey
+	for _, fe := range next.Frontends {
+		keys = append(keys, vipKey(fe, maps.ScopeInternal))
+	}
+	stays := map[dataplane.RemovedBackend]bool{}
+	for _, fe := range next.Frontends {
+		for _, b := range fe.Backends {
+			stays[dataplane.RemovedBackend{Frontend: netip.AddrPortFrom(fe.Addr.Unmap(), fe.Port), Backend: netip.AddrPortFrom(b.Addr.Unmap(), b.Port)}] = true
+		}
+	}
+	var out []dataplane.RemovedBackend
+	for _, r := range p.servedUDP(keys) {
+		if !stays[r] {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// servedUDP lists the (frontend, backend) pairs the maps serve to sockets
+// on this node for the UDP ones of keys.
+func (p *Plane) servedUDP(keys []maps.VIPKey) []dataplane.RemovedBackend {
+	var out []dataplane.RemovedBackend
+	for _, key := range keys {
+		if key.Proto != dataplane.UDP || key.Scope != maps.ScopeInternal {
+			continue
+		}
+		svc, ok := p.lb.Get(key)
+		if !ok {
+			continue
+		}
+		fe := dataplane.Frontend{Addr: key.Addr, Port: key.Port, Protocol: key.Proto, Backends: svc.Backends}
+		out = append(out, dataplane.RemovedUDPBackends(&dataplane.ServicePort{Frontends: []dataplane.Frontend{fe}}, nil)...)
+	}
+	return out
 }
 
 // refuse records that sp does not fit, and logs it when it newly does not

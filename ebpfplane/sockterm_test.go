@@ -3,6 +3,8 @@ package ebpfplane
 import (
 	"errors"
 	"net/netip"
+	"slices"
+	"sort"
 	"testing"
 
 	"github.com/kpr-io/kpr/dataplane"
@@ -10,11 +12,11 @@ import (
 )
 
 type fakeTerminator struct {
-	calls [][]maps.RemovedBackend
+	calls [][]dataplane.RemovedBackend
 	err   error
 }
 
-func (f *fakeTerminator) Terminate(removed []maps.RemovedBackend) (int, error) {
+func (f *fakeTerminator) Terminate(removed []dataplane.RemovedBackend) (int, error) {
 	f.calls = append(f.calls, removed)
 	return len(removed), f.err
 }
@@ -73,5 +75,35 @@ func TestRemovedUDPBackendsAreTerminatedOncePerSync(t *testing.T) {
 	}
 	if len(term.calls) != 2 || len(term.calls[1]) != 2 {
 		t.Fatalf("deleting a UDP Service terminated %v, want its two backends", term.calls[1:])
+	}
+}
+
+// After a restart the Plane has written nothing yet, so the first
+// Reconcile compares with what the adopted maps serve: a backend that left
+// while kpr was down, and a UDP Service deleted meanwhile, are terminated.
+func TestBackendsRemovedWhileKprWasDownAreTerminated(t *testing.T) {
+	lb := maps.NewInMemory(1000, 1000, 1000)
+	a, b := be("10.244.0.2:53"), be("10.244.0.3:53")
+	before := New(lb, nil)
+	if err := before.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{
+		name("dns"): dns("10.96.0.10", a, b), name("gone"): dns("10.96.0.11", a),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := New(lb, nil) // the next kpr, adopting the maps
+	term := &fakeTerminator{}
+	p.SetSocketTerminator(term)
+	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{name("dns"): dns("10.96.0.10", b)}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, call := range term.calls {
+		for _, r := range call {
+			got = append(got, r.Frontend.String()+"->"+r.Backend.String())
+		}
+	}
+	sort.Strings(got)
+	if want := []string{"10.96.0.10:53->10.244.0.2:53", "10.96.0.11:53->10.244.0.2:53"}; !slices.Equal(got, want) {
+		t.Fatalf("terminated %v, want %v", got, want)
 	}
 }

@@ -131,11 +131,6 @@ type LB struct {
 	// readOnly LBs only look: they neither write nor collect garbage.
 	readOnly bool
 
-	// recordRemoved turns on collecting removed, the backends that left
-	// UDP frontends (see RecordRemovedUDPBackends).
-	recordRemoved bool
-	removed       []RemovedBackend
-
 	// scan is the DriftScan in progress, if any, and touched the keys
 	// written during its current stage.
 	scan    *DriftScan

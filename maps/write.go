@@ -330,7 +330,6 @@ func (lb *LB) commit(plans []*plan) error {
 		st := &svcState{revNat: p.revNat, kind: p.svc.Kind, affinityTimeout: p.svc.AffinityTimeout, slots: p.slots}
 		lb.svcEntries += p.newCount
 		if p.old != nil {
-			lb.noteRemoved(p.svc.VIPKey, p.old.slots, p.slots)
 			for i := len(p.slots); i < len(p.old.slots); i++ {
 				surplus = append(surplus, p.svc.bpfKey(i+1))
 				lb.svcEntries--
@@ -513,7 +512,6 @@ func (lb *LB) Delete(keys ...VIPKey) error {
 		return err
 	}
 	for _, key := range gone {
-		lb.noteRemoved(key, lb.svcs[key].slots, nil)
 		lb.svcEntries -= 1 + len(lb.svcs[key].slots)
 		delete(lb.svcs, key)
 	}

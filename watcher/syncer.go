@@ -110,6 +110,10 @@ type syncer struct {
 	// Services again while updates wait.
 	translated     map[serviceName]translation
 	translatedWith desired.Node
+
+	// claims gives each frontend to one ServicePort before the dataplane
+	// sees them (the contract: no two ServicePorts share a frontend).
+	claims *dataplane.Claims
 }
 
 // appliedState is what the dataplane holds for one Service.
@@ -131,6 +135,7 @@ func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplan
 		healthChecks: map[serviceName]servicehealth.Service{},
 		problems:     map[serviceName]map[desired.Problem]bool{},
 		translated:   map[serviceName]translation{},
+		claims:       dataplane.NewClaims(),
 	}
 }
 
@@ -201,7 +206,11 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 		}
 	}
 	if len(changes) > 0 {
-		if err := s.dp.Apply(changes); err != nil {
+		resolved, conflicts := s.claims.Resolve(changes, s.appliedPort)
+		s.logConflicts(conflicts)
+		err := s.dp.Apply(resolved)
+		s.claims.Done(err == nil)
+		if err != nil {
 			return 0, fmt.Errorf("apply %d changed service ports: %w", len(changes), err)
 		}
 	}
@@ -226,7 +235,11 @@ func (s *syncer) full() (int, error) {
 			all[c.ports[i].Name] = &c.ports[i]
 		}
 	}
-	if err := s.dp.Reconcile(all); err != nil {
+	resolved, conflicts := s.claims.ResolveAll(all)
+	s.logConflicts(conflicts)
+	err := s.dp.Reconcile(resolved)
+	s.claims.Done(err == nil)
+	if err != nil {
 		return 0, fmt.Errorf("reconcile all %d service ports: %w", len(all), err)
 	}
 	for key := range s.applied {
@@ -333,6 +346,28 @@ func (s *syncer) step(p *pass) (done, held bool, err error) {
 	// or the dataplane had when it began (a Service deleted since comes
 	// with its own event).
 	return true, true, nil
+}
+
+// appliedPort returns the desired state of the ServicePort name as of the
+// last successful sync, or nil.
+func (s *syncer) appliedPort(name dataplane.ServicePortName) *dataplane.ServicePort {
+	return s.applied[serviceName{Namespace: name.Namespace, Name: name.Name}].ports.get(name)
+}
+
+// logConflicts logs frontends that two Services asked for. A conflict is
+// bad input, not a dataplane failure: the sync goes on, so that one bad
+// Service neither fails every sync nor marks the node unhealthy.
+func (s *syncer) logConflicts(conflicts []dataplane.Conflict) {
+	for _, c := range conflicts {
+		if c.WinnerKind == dataplane.ClusterIP && c.LoserKind != dataplane.ClusterIP {
+			s.log.Warn("another Service used this ClusterIP as its "+c.LoserKind.String()+"; the ClusterIP's own Service takes it back, fix the other Service",
+				zap.Stringer("frontend", c.Frontend), zap.Stringer("servedBy", c.Winner), zap.Stringer("refused", c.Loser))
+			continue
+		}
+		s.log.Warn("frontend claimed by two Services; keeping the first, fix the conflicting Services",
+			zap.Stringer("frontend", c.Frontend), zap.Stringer("servedBy", c.Winner),
+			zap.Stringer("refused", c.Loser), zap.Stringer("refusedKind", c.LoserKind))
+	}
 }
 
 // commit records c as what the dataplane now holds for key.

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kpr-io/kpr/apiclient"
+	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/ebpfplane/sockterm"
@@ -151,7 +152,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	plane := ebpfplane.New(lb, log.Named("dataplane"))
 	if loaded.SockTerm != nil {
 		plane.SetSocketTerminator(countingTerminator{
-			SocketTerminator: sockterm.New(loaded.SockTerm, loaded.Maps.KprSockTerm, loaded.CgroupRoot, log.Named("socketterm")),
+			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.Maps.KprSockTerm), loaded.CgroupRoot, log.Named("socketterm")),
 			destroyed:        m.UDPSocketsDestroyedTotal,
 		})
 	}
@@ -258,7 +259,7 @@ type countingTerminator struct {
 	destroyed prometheus.Counter
 }
 
-func (c countingTerminator) Terminate(removed []maps.RemovedBackend) (int, error) {
+func (c countingTerminator) Terminate(removed []dataplane.RemovedBackend) (int, error) {
 	n, err := c.SocketTerminator.Terminate(removed)
 	c.destroyed.Add(float64(n))
 	return n, err

@@ -27,7 +27,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/netnsexec"
 )
@@ -36,16 +36,16 @@ import (
 // concurrent use: the sync loop is its only caller.
 type Terminator struct {
 	prog       *ebpf.Program
-	targets    *ebpf.Map
+	targets    *maps.SockTermTargets
 	cgroupRoot string
 	procRoot   string
 	log        *zap.Logger
 }
 
 // New returns a Terminator that runs prog (loader.Loaded.SockTerm) with
-// targets (the kpr_sock_term map) over the network namespaces of the
+// targets (over the kpr_sock_term map) over the network namespaces of the
 // processes under cgroupRoot.
-func New(prog *ebpf.Program, targets *ebpf.Map, cgroupRoot string, log *zap.Logger) *Terminator {
+func New(prog *ebpf.Program, targets *maps.SockTermTargets, cgroupRoot string, log *zap.Logger) *Terminator {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -58,7 +58,7 @@ func New(prog *ebpf.Program, targets *ebpf.Map, cgroupRoot string, log *zap.Logg
 // one pass per namespace for all of removed (more only when removed does
 // not fit the target map at once). A namespace that cannot be entered is
 // skipped and reported in the error; the others are still done.
-func (t *Terminator) Terminate(removed []maps.RemovedBackend) (int, error) {
+func (t *Terminator) Terminate(removed []dataplane.RemovedBackend) (int, error) {
 	if len(removed) == 0 {
 		return 0, nil
 	}
@@ -75,59 +75,32 @@ func (t *Terminator) Terminate(removed []maps.RemovedBackend) (int, error) {
 	}
 	defer iter.Close()
 
-	keys := make([]bpf.KprSockTermKey, 0, len(removed))
-	seen := make(map[bpf.KprSockTermKey]struct{}, len(removed))
+	targets := make([]dataplane.RemovedBackend, 0, len(removed))
+	seen := make(map[dataplane.RemovedBackend]struct{}, len(removed))
 	for _, r := range removed {
-		k := r.SockTermKey()
-		if _, dup := seen[k]; !dup {
-			seen[k] = struct{}{}
-			keys = append(keys, k)
+		if _, dup := seen[r]; !dup {
+			seen[r] = struct{}{}
+			targets = append(targets, r)
 		}
 	}
-	chunk := int(t.targets.MaxEntries())
+	chunk := t.targets.Capacity()
 	destroyed := 0
-	for len(keys) > 0 {
-		n := min(chunk, len(keys))
-		batch := keys[:n]
-		keys = keys[n:]
-		if err := t.setTargets(batch); err != nil {
-			errs = append(errs, err)
+	for len(targets) > 0 {
+		n := min(chunk, len(targets))
+		batch := targets[:n]
+		targets = targets[n:]
+		if err := t.targets.Set(batch); err != nil {
+			errs = append(errs, fmt.Errorf("write socket-termination targets: %w", err))
 			break
 		}
 		d, err := runIn(namespaces, iter)
 		destroyed += d
-		errs = append(errs, err, t.clearTargets(batch))
+		errs = append(errs, err)
+		if err := t.targets.Clear(batch); err != nil {
+			errs = append(errs, fmt.Errorf("clear socket-termination targets: %w", err))
+		}
 	}
 	return destroyed, errors.Join(errs...)
-}
-
-func (t *Terminator) setTargets(keys []bpf.KprSockTermKey) error {
-	vals := make([]uint8, len(keys))
-	if _, err := t.targets.BatchUpdate(keys, vals, nil); err != nil {
-		if !errors.Is(err, ebpf.ErrNotSupported) {
-			return fmt.Errorf("write socket-termination targets: %w", err)
-		}
-		for i := range keys {
-			if err := t.targets.Put(keys[i], vals[i]); err != nil {
-				return fmt.Errorf("write socket-termination targets: %w", err)
-			}
-		}
-	}
-	return nil
-}
-
-func (t *Terminator) clearTargets(keys []bpf.KprSockTermKey) error {
-	if _, err := t.targets.BatchDelete(keys, nil); err != nil {
-		if !errors.Is(err, ebpf.ErrNotSupported) {
-			return fmt.Errorf("clear socket-termination targets: %w", err)
-		}
-		for i := range keys {
-			if err := t.targets.Delete(keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("clear socket-termination targets: %w", err)
-			}
-		}
-	}
-	return nil
 }
 
 // namespace is one network namespace to walk, held open by handle.

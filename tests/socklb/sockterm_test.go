@@ -16,6 +16,7 @@ import (
 	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/ebpfplane/sockterm"
 	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/tests/harness"
 )
 
@@ -43,7 +44,7 @@ func newSockTermFixture(t *testing.T) (*fixture, *harness.Pod, *ebpfplane.Plane)
 		_ = pause.Wait()
 	})
 	plane := ebpfplane.New(f.lb, nil)
-	plane.SetSocketTerminator(sockterm.New(f.loaded.SockTerm, f.loaded.Maps.KprSockTerm, f.cgroup.Path, nil))
+	plane.SetSocketTerminator(sockterm.New(f.loaded.SockTerm, maps.NewSockTermTargets(f.loaded.Maps.KprSockTerm), f.cgroup.Path, nil))
 	return f, client, plane
 }
 
