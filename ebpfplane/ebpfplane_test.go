@@ -5,8 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/metrics"
 )
 
 func be(s string) dataplane.Backend {
@@ -183,4 +187,39 @@ func TestDriftCheckAsksForReconcileAfterAFailedCall(t *testing.T) {
 	if !runDriftCheck(t, p) {
 		t.Fatal("a Reconcile after the failure did not make the maps trusted again")
 	}
+}
+
+// The backend publishes its own map fill levels after every call, so the
+// gauges follow the maps without the caller knowing about maps.
+func TestMapUsageIsPublishedAfterEveryCall(t *testing.T) {
+	lb := maps.NewInMemory(1000, 1000, 1000)
+	p := New(lb, nil)
+	m := metrics.New()
+	p.PublishMapUsage(m)
+	services := lb.Usage()[0].Map
+	entries := func() float64 { return gaugeValue(t, m.MapEntries.WithLabelValues(services)) }
+	if got := gaugeValue(t, m.MapMaxEntries.WithLabelValues(services)); got != 1000 {
+		t.Fatalf("max entries gauge = %v, want 1000", got)
+	}
+	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{name("web"): clusterIP("10.96.0.1", be("10.244.0.2:8080"), be("10.244.0.3:8080"))}); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(); got != 3 {
+		t.Fatalf("after a Reconcile the entries gauge = %v, want 3 (master and two slots)", got)
+	}
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("web"): nil}); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(); got != 0 {
+		t.Fatalf("after deleting the Service the entries gauge = %v, want 0", got)
+	}
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var out dto.Metric
+	if err := g.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.GetGauge().GetValue()
 }

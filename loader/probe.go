@@ -87,19 +87,41 @@ var requiredForSocketLB = []string{FeatureConnect, FeatureSendmsg, FeatureRecvms
 	FeatureSocketCookie, FeatureNetnsCookie, FeatureLRUHash, FeatureNoPrealloc, FeatureCgroupLink}
 
 // RequireSocketLB returns an error naming every missing required feature.
+// Features that the kernel refused to let kpr probe are named apart: a
+// process without the privilege sees every feature as missing, and being
+// told to upgrade the kernel would send its operator the wrong way.
 func (r Report) RequireSocketLB() error {
-	var missing []string
+	var missing, denied []string
 	for _, name := range requiredForSocketLB {
-		if !r.Has(name) {
+		switch {
+		case r.Has(name):
+		case permissionDenied(r.errorOf(name)):
+			denied = append(denied, name)
+		default:
 			missing = append(missing, name)
 		}
 	}
+	var problems []string
+	if len(denied) > 0 {
+		problems = append(problems, fmt.Sprintf("the kernel did not permit kpr to probe %s: run kpr as root (or with CAP_BPF, "+
+			"CAP_NET_ADMIN and CAP_SYS_ADMIN), without a seccomp profile that blocks bpf(), and on Linux before 5.11 "+
+			"with a locked-memory limit high enough for BPF maps (ulimit -l unlimited)", strings.Join(denied, ", ")))
+	}
 	if len(missing) > 0 {
-		return fmt.Errorf("kernel %s lacks %s, which kpr's eBPF mode needs: run kpr on Linux 5.8 or later, "+
+		problems = append(problems, fmt.Sprintf("kernel %s lacks %s, which kpr's eBPF mode needs: run kpr on Linux 5.8 or later, "+
 			"or keep kube-proxy on this node (this build of kpr has no iptables or IPVS mode)",
-			r.Kernel, strings.Join(missing, ", "))
+			r.Kernel, strings.Join(missing, ", ")))
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// permissionDenied tells, from a probe's error text, whether the kernel
+// refused the probe (EPERM, EACCES) rather than lacked the feature.
+func permissionDenied(probeErr string) bool {
+	return strings.Contains(probeErr, unix.EPERM.Error()) || strings.Contains(probeErr, unix.EACCES.Error())
 }
 
 // Probe checks the running kernel. It loads small throw-away programs and

@@ -17,11 +17,12 @@ func newProbeCommand() *cobra.Command {
 		Short: "Report which kernel features kpr's eBPF dataplane can use",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			report := loader.Probe()
+			auto := autoModeOf(report)
 			out := cmd.OutOrStdout()
 			if output == "json" {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
-				return enc.Encode(report)
+				return enc.Encode(probeOutput{Report: report, ModeAuto: auto})
 			}
 			fmt.Fprintf(out, "kernel %s\n\n", report.Kernel)
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -30,10 +31,10 @@ func newProbeCommand() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%v\t%s\n", f.Name, f.Supported, f.Impact)
 			}
 			tw.Flush()
-			if err := report.RequireSocketLB(); err != nil {
-				fmt.Fprintf(out, "\neBPF mode: unavailable: %v\n", err)
+			if auto.Error != "" {
+				fmt.Fprintf(out, "\nkpr run would refuse to start: %s\n", auto.Error)
 			} else {
-				fmt.Fprintln(out, "\neBPF mode: available")
+				fmt.Fprintf(out, "\nkpr run --mode auto would run the %s dataplane: %s.\n", auto.Backend, auto.Reason)
 			}
 			if !report.Has(loader.FeatureSetRetval) {
 				fmt.Fprintln(out, "Connects to a Service without endpoints fail with EPERM (no bpf_set_retval).")
@@ -50,4 +51,28 @@ func newProbeCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	return cmd
+}
+
+// probeOutput is `kpr probe -o json`: the report's fields, and what
+// --mode auto does with them.
+type probeOutput struct {
+	loader.Report
+	ModeAuto autoMode `json:"modeAuto"`
+}
+
+// autoMode is the backend `kpr run --mode auto` runs on the probed kernel,
+// or why it refuses to start.
+type autoMode struct {
+	Backend string `json:"backend,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// autoModeOf asks chooseDataplane, so that probe and run cannot disagree.
+func autoModeOf(report loader.Report) autoMode {
+	c, err := chooseDataplane(modeAuto, report)
+	if err != nil {
+		return autoMode{Error: err.Error()}
+	}
+	return autoMode{Backend: string(c.backend), Reason: c.reason}
 }

@@ -14,19 +14,14 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kpr-io/kpr/apiclient"
-	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
-	"github.com/kpr-io/kpr/ebpfplane"
-	"github.com/kpr-io/kpr/ebpfplane/sockterm"
 	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/loader"
-	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/servicehealth"
 	"github.com/kpr-io/kpr/watcher"
@@ -113,29 +108,29 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
-	if err := checkMode(f.mode); err != nil {
+	// Bad flags and unsuitable kernels fail here, before kpr contacts the
+	// API server.
+	report, err := probeKernel(f.cgroupRoot)
+	if err != nil {
 		return err
 	}
+	chosen, err := chooseDataplane(f.mode, report)
+	if err != nil {
+		return err
+	}
+	log.Info("dataplane selected", zap.String("mode", f.mode), zap.String("backend", string(chosen.backend)),
+		zap.String("reason", chosen.reason))
 	client, err := apiclient.New(f.kubeconfig)
 	if err != nil {
 		return err
 	}
 
-	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.cgroupRoot, HostNetNS: f.hostNetNS, Sizes: f.sizes, Log: log})
+	m := metrics.New()
+	dp, err := newDataplane(chosen, g, f, m, log)
 	if err != nil {
 		return err
 	}
-	// Closing only drops this process's handles: the pinned dataplane
-	// keeps serving until the next kpr adopts it.
-	defer loaded.Close()
-	lb, err := maps.New(loaded.Maps)
-	if err != nil {
-		return fmt.Errorf("adopt pinned maps: %w", err)
-	}
-	adopted := lb.Usage()
-	log.Info("adopted dataplane", zap.Int("serviceEntries", adopted[0].Entries), zap.Int("backends", adopted[1].Entries))
-
-	m := metrics.New()
+	defer dp.close()
 	hs := health.New(health.Config{Addr: f.healthzAddr, Timeout: 2 * f.syncPeriod, Metrics: m})
 	svcHealth := servicehealth.New(f.healthCheckIP, hs.Healthy, log.Named("servicehealth"))
 	cfg.Metrics = m
@@ -145,18 +140,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	// kube-proxy's recorder does for its own complaints.
 	events := apiclient.NewEventRecorder(client, "kpr", cfg.NodeName, log.Named("events"))
 	cfg.Events = events
-	// The LB is only safe to read from the sync loop, which is where
-	// OnSync runs.
-	publishMapUsage(m, lb)
-	cfg.OnSync = func(watcher.SyncResult) { publishMapUsage(m, lb) }
-	plane := ebpfplane.New(lb, log.Named("dataplane"))
-	if loaded.SockTerm != nil {
-		plane.SetSocketTerminator(countingTerminator{
-			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.Maps.KprSockTerm), loaded.CgroupRoot, log.Named("socketterm")),
-			destroyed:        m.UDPSocketsDestroyedTotal,
-		})
-	}
-	w, err := watcher.New(cfg, client, plane, log.Named("watcher"))
+	w, err := watcher.New(cfg, client, dp.plane, log.Named("watcher"))
 	if err != nil {
 		return err
 	}
@@ -167,10 +151,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		group.Go(func() error { return hs.Run(ctx) })
 	}
 	if f.metricsAddr != "" {
-		handler := m.Handler("ebpf")
-		if f.profiling {
-			handler = withProfiling(handler)
-		}
+		handler := metricsHandler(m, chosen, f.profiling)
 		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, handler) })
 	}
 	group.Go(func() error { return svcHealth.Run(ctx) })
@@ -220,16 +201,29 @@ func (f *runFlags) watcherConfig() (watcher.Config, error) {
 	}, nil
 }
 
-// checkMode accepts the modes this build can run. auto picks eBPF; on a
-// kernel without the hooks loader.Load says what is missing.
-func checkMode(mode string) error {
-	switch mode {
-	case "auto", "ebpf":
-		return nil
-	case "iptables", "ipvs":
-		return fmt.Errorf("--mode %s: this build of kpr has only the eBPF dataplane; run kube-proxy on kernels without cgroup socket hooks", mode)
+// probeKernel reports the kernel's features as loader.Load will find them.
+// Load mounts cgroup2 when none is mounted and --cgroup-root is empty, and
+// only then probes; so does this, or a node that boots without cgroup2
+// would be told that its kernel lacks bpf_link for cgroup programs. (Load
+// probes again on its own; a probe takes milliseconds.) Every backend of
+// this build needs cgroup2, so failing to mount it is fatal here.
+func probeKernel(cgroupRoot string) (loader.Report, error) {
+	if cgroupRoot == "" {
+		if _, err := loader.EnsureCgroup2(); err != nil {
+			return loader.Report{}, err
+		}
 	}
-	return fmt.Errorf("--mode %q: want auto, ebpf, iptables or ipvs", mode)
+	return loader.Probe(), nil
+}
+
+// metricsHandler serves /metrics and /proxyMode, which names the backend
+// that runs, with Go's profiler in front if asked for.
+func metricsHandler(m *metrics.Metrics, c choice, profiling bool) http.Handler {
+	handler := m.Handler(string(c.backend))
+	if profiling {
+		handler = withProfiling(handler)
+	}
+	return handler
 }
 
 // withProfiling adds Go's pprof endpoints under /debug/pprof/ in front of
@@ -243,26 +237,6 @@ func withProfiling(next http.Handler) http.Handler {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.Handle("/", next)
 	return mux
-}
-
-// publishMapUsage sets the map fill-level gauges from lb.
-func publishMapUsage(m *metrics.Metrics, lb *maps.LB) {
-	for _, u := range lb.Usage() {
-		m.MapEntries.WithLabelValues(u.Map).Set(float64(u.Entries))
-		m.MapMaxEntries.WithLabelValues(u.Map).Set(float64(u.MaxEntries))
-	}
-}
-
-// countingTerminator counts the sockets its SocketTerminator destroys.
-type countingTerminator struct {
-	ebpfplane.SocketTerminator
-	destroyed prometheus.Counter
-}
-
-func (c countingTerminator) Terminate(removed []dataplane.RemovedBackend) (int, error) {
-	n, err := c.SocketTerminator.Terminate(removed)
-	c.destroyed.Add(float64(n))
-	return n, err
 }
 
 // releaseStartupMemory hands the start-up's garbage back to the kernel once

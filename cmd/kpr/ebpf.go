@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/ebpfplane"
+	"github.com/kpr-io/kpr/ebpfplane/sockterm"
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/metrics"
+)
+
+// newEBPFDataplane loads kpr's BPF programs, or adopts the pinned ones, and
+// builds the eBPF backend over their maps, with UDP socket termination
+// where the kernel can run it.
+func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
+	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.cgroupRoot, HostNetNS: f.hostNetNS, Sizes: f.sizes, Log: log})
+	if err != nil {
+		return builtDataplane{}, err
+	}
+	lb, err := maps.New(loaded.Maps)
+	if err != nil {
+		loaded.Close()
+		return builtDataplane{}, fmt.Errorf("adopt pinned maps: %w", err)
+	}
+	adopted := lb.Usage()
+	log.Info("adopted dataplane", zap.Int("serviceEntries", adopted[0].Entries), zap.Int("backends", adopted[1].Entries))
+
+	plane := ebpfplane.New(lb, log.Named("dataplane"))
+	// The backend sets the map fill levels after every call it gets.
+	plane.PublishMapUsage(m)
+	if loaded.SockTerm != nil {
+		plane.SetSocketTerminator(countingTerminator{
+			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.Maps.KprSockTerm), loaded.CgroupRoot, log.Named("socketterm")),
+			destroyed:        m.UDPSocketsDestroyedTotal,
+		})
+	}
+	return builtDataplane{
+		plane: plane,
+		// Closing only drops this process's handles: the pinned
+		// dataplane keeps serving until the next kpr adopts it.
+		close: loaded.Close,
+	}, nil
+}
+
+// countingTerminator counts the sockets its SocketTerminator destroys.
+type countingTerminator struct {
+	ebpfplane.SocketTerminator
+	destroyed prometheus.Counter
+}
+
+func (c countingTerminator) Terminate(removed []dataplane.RemovedBackend) (int, error) {
+	n, err := c.SocketTerminator.Terminate(removed)
+	c.destroyed.Add(float64(n))
+	return n, err
+}
