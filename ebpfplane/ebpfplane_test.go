@@ -156,7 +156,6 @@ func runDriftCheck(t *testing.T, p *Plane) bool {
 	return false
 }
 
-
 // The drift check holds the maps as they are only while every call since
 // the last Reconcile succeeded: after a failure only a Reconcile can vouch
 // for them, even if nothing in the maps drifted.
