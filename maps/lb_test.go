@@ -405,35 +405,7 @@ func TestInSyncNoticesEveryKindOfDrift(t *testing.T) {
 		}
 		return f, lb, a
 	}
-	drifts := map[string]func(f *fakeMaps, a Service){
-		"slot deleted":   func(f *fakeMaps, a Service) { delete(f.services.data, a.bpfKey(2)) },
-		"slot repointed": func(f *fakeMaps, a Service) { f.services.data[a.bpfKey(1)] = bpf.KprSvcValue{BackendId: 77} },
-		"master recounted": func(f *fakeMaps, a Service) {
-			v := f.services.data[a.bpfKey(0)]
-			v.Count = 1
-			f.services.data[a.bpfKey(0)] = v
-		},
-		"stray entry": func(f *fakeMaps, a Service) { f.services.data[svcFor("10.96.0.9", 80).bpfKey(0)] = bpf.KprSvcValue{} },
-		"backend changed": func(f *fakeMaps, a Service) {
-			for id, b := range f.backends.data {
-				b.Port++
-				f.backends.data[id] = b
-				return
-			}
-		},
-		"backend orphan":  func(f *fakeMaps, a Service) { f.backends.data[999] = bpf.KprBackend{} },
-		"rev-NAT deleted": func(f *fakeMaps, a Service) { clear(f.revNat.data) },
-		"affinity match deleted": func(f *fakeMaps, a Service) {
-			for k := range f.affinityMatch.data {
-				delete(f.affinityMatch.data, k)
-				return
-			}
-		},
-		"stray affinity match": func(f *fakeMaps, a Service) {
-			f.affinityMatch.data[bpf.KprAffinityMatchKey{BackendId: 4242, RevNatId: 1}] = 0
-		},
-	}
-	for name, drift := range drifts {
+	for name, drift := range driftKinds {
 		t.Run(name, func(t *testing.T) {
 			f, lb, a := setup(t)
 			drift(f, a)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/tests/memprobe"
 )
 
 // BenchmarkMirrorHeap reports the live heap of the LB's in-memory mirror
@@ -52,20 +53,12 @@ func mirrorBytes(tb testing.TB, services, perService int) uint64 {
 				tb.Fatal(err)
 			}
 		}
-		with := liveHeap()
+		with := memprobe.LiveHeap()
 		dropMirror(lb)
-		without := liveHeap()
+		without := memprobe.LiveHeap()
 		runtime.KeepAlive(lb)
 		return with - without
 	}
-}
-
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }
 
 // dropMirror lets the collector free everything the LB mirrors of the

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/kpr-io/kpr/bpf"
 )
 
 // churn writes Services 10.97.0.x between the steps of a scan: new ones,
@@ -119,36 +117,7 @@ func TestDriftScanIgnoresWritesBetweenSteps(t *testing.T) {
 // with writes to other Services: entries missing from the maps (found only
 // by counting), extra ones, and changed ones, in every table.
 func TestDriftScanNoticesDriftDespiteWritesBetweenSteps(t *testing.T) {
-	drifts := map[string]func(f *fakeMaps, a Service){
-		"slot deleted":   func(f *fakeMaps, a Service) { delete(f.services.data, a.bpfKey(2)) },
-		"master deleted": func(f *fakeMaps, a Service) { delete(f.services.data, a.bpfKey(0)) },
-		"slot repointed": func(f *fakeMaps, a Service) { f.services.data[a.bpfKey(1)] = bpf.KprSvcValue{BackendId: 77} },
-		"master recounted": func(f *fakeMaps, a Service) {
-			v := f.services.data[a.bpfKey(0)]
-			v.Count = 1
-			f.services.data[a.bpfKey(0)] = v
-		},
-		"stray entry": func(f *fakeMaps, a Service) { f.services.data[svcFor("10.96.0.9", 80).bpfKey(0)] = bpf.KprSvcValue{} },
-		"backend changed": func(f *fakeMaps, a Service) {
-			id := f.services.data[a.bpfKey(1)].BackendId
-			b := f.backends.data[id]
-			b.Port++
-			f.backends.data[id] = b
-		},
-		"backend deleted": func(f *fakeMaps, a Service) { delete(f.backends.data, f.services.data[a.bpfKey(2)].BackendId) },
-		"backend orphan":  func(f *fakeMaps, a Service) { f.backends.data[999999] = bpf.KprBackend{} },
-		"rev-NAT deleted": func(f *fakeMaps, a Service) { delete(f.revNat.data, f.services.data[a.bpfKey(0)].RevNatId) },
-		"stray rev-NAT":   func(f *fakeMaps, a Service) { f.revNat.data[999999] = bpf.KprRevNatValue{} },
-		"affinity match deleted": func(f *fakeMaps, a Service) {
-			master := f.services.data[a.bpfKey(0)]
-			delete(f.affinityMatch.data, bpf.KprAffinityMatchKey{BackendId: f.services.data[a.bpfKey(1)].BackendId,
-				RevNatId: master.RevNatId, Scope: uint8(a.Scope)})
-		},
-		"stray affinity match": func(f *fakeMaps, a Service) {
-			f.affinityMatch.data[bpf.KprAffinityMatchKey{BackendId: 4242, RevNatId: 1}] = 0
-		},
-	}
-	for name, drift := range drifts {
+	for name, drift := range driftKinds {
 		t.Run(name, func(t *testing.T) {
 			for seed := range uint64(10) {
 				for _, stepSize := range []int{1, 7, 10000} {

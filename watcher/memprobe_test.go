@@ -14,6 +14,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/tests/memprobe"
 )
 
 // BenchmarkSyncerStateHeap reports the live heap of what the syncer keeps
@@ -81,18 +82,10 @@ func syncerStateBytes(tb testing.TB, services, perService int) uint64 {
 	if err != nil || n != services || len(s.problems) != 0 {
 		tb.Fatalf("full sync: %d ports, %v, problems with %d Services; want %d ports and no problems", n, err, len(s.problems), services)
 	}
-	with := liveHeap()
+	with := memprobe.LiveHeap()
 	s.translated, s.applied, s.healthChecks, s.problems = nil, nil, nil, nil
-	without := liveHeap()
+	without := memprobe.LiveHeap()
 	runtime.KeepAlive(s)
 	runtime.KeepAlive(src)
 	return with - without
-}
-
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }
