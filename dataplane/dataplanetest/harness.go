@@ -87,7 +87,8 @@ type Backend struct {
 	// for the scenarios of a ServicePort that does not fit.
 	WithRoom func(room int) Backend
 
-	// KnownViolations are scenarios, by name, that the backend is known
+	// KnownViolations are scenarios, by name (as in this package's
+	// table, without go test's underscores), that the backend is known
 	// to fail, each with why. They are skipped with that message rather
 	// than run, so that a violation found can be tracked without making
 	// every run fail; a name that matches no scenario fails the run.
@@ -156,6 +157,9 @@ type runner struct {
 }
 
 func newRunner(t *testing.T, b Backend) *runner {
+	if b.Dataplane == nil || b.Served == nil {
+		t.Fatal("dataplanetest: the harness's Backend lacks Dataplane or Served")
+	}
 	return &runner{t: t, b: b, handed: map[dataplane.ServicePortName]*dataplane.ServicePort{}}
 }
 
