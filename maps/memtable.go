@@ -10,16 +10,66 @@ import (
 // behaves like the BPF-backed one, without a kernel, for tests of code that
 // drives an LB.
 func NewInMemory(services, backends, revNats int) *LB {
-	lb, err := newLB(tables{
+	fault := &writeFault{}
+	t := tables{
 		services:      newMemTable[bpf.KprSvcKey, bpf.KprSvcValue](services),
 		backends:      newMemTable[uint32, bpf.KprBackend](backends),
 		revNat:        newMemTable[uint32, bpf.KprRevNatValue](revNats),
 		affinityMatch: newMemTable[bpf.KprAffinityMatchKey, uint8](services),
-	}, false)
+	}
+	t.services.(*memTable[bpf.KprSvcKey, bpf.KprSvcValue]).fault = fault
+	t.backends.(*memTable[uint32, bpf.KprBackend]).fault = fault
+	t.revNat.(*memTable[uint32, bpf.KprRevNatValue]).fault = fault
+	t.affinityMatch.(*memTable[bpf.KprAffinityMatchKey, uint8]).fault = fault
+	return mustLoadInMemory(t, false)
+}
+
+func mustLoadInMemory(t tables, readOnly bool) *LB {
+	lb, err := newLB(t, readOnly)
 	if err != nil {
-		panic("maps: empty in-memory tables cannot fail to load: " + err.Error())
+		panic("maps: in-memory tables cannot fail to load: " + err.Error())
 	}
 	return lb
+}
+
+// ReopenInMemory returns a second LB over the tables of lb, which must come
+// from NewInMemory, as a restarted kpr opens the pinned maps: it adopts what
+// they hold. Each LB sees the other's writes as drift, as with a second
+// program writing the maps. readOnly opens it as OpenReadOnly does, to read
+// what the tables hold rather than what lb believes they hold.
+func (lb *LB) ReopenInMemory(readOnly bool) *LB {
+	return mustLoadInMemory(tables{
+		services:      lb.services.(trackedTable[bpf.KprSvcKey, bpf.KprSvcValue]).table,
+		backends:      lb.backends.(trackedTable[uint32, bpf.KprBackend]).table,
+		revNat:        lb.revNat.(trackedTable[uint32, bpf.KprRevNatValue]).table,
+		affinityMatch: lb.affinityMatch.(trackedTable[bpf.KprAffinityMatchKey, uint8]).table,
+	}, readOnly)
+}
+
+// FailInMemoryWrite makes the n-th entry written from now on, counted
+// across all tables of lb (which must come from NewInMemory), fail with
+// err; n = 0 clears it. Tests use it to check what a failed write leaves.
+func (lb *LB) FailInMemoryWrite(n int, err error) {
+	t := lb.services.(trackedTable[bpf.KprSvcKey, bpf.KprSvcValue]).table.(*memTable[bpf.KprSvcKey, bpf.KprSvcValue])
+	t.fault.writes, t.fault.failAt, t.fault.err = 0, n, err
+}
+
+// writeFault is a write failure shared by the tables of one in-memory LB.
+type writeFault struct {
+	writes, failAt int
+	err            error
+}
+
+func (f *writeFault) tick() error {
+	if f == nil || f.failAt == 0 {
+		return nil
+	}
+	f.writes++
+	if f.writes < f.failAt {
+		return nil
+	}
+	f.failAt = 0
+	return f.err
 }
 
 // memTable is an in-memory map. Tests hook check, called after every single
@@ -32,6 +82,7 @@ type memTable[K comparable, V any] struct {
 	writes  int
 	failAt  int // fail the failAt-th write from now on (0 = never)
 	failErr error
+	fault   *writeFault // FailInMemoryWrite's, shared by the LB's tables
 }
 
 func newMemTable[K comparable, V any](max int) *memTable[K, V] {
@@ -41,6 +92,9 @@ func newMemTable[K comparable, V any](max int) *memTable[K, V] {
 func (t *memTable[K, V]) setFail(n int, err error) { t.writes, t.failAt, t.failErr = 0, n, err }
 
 func (t *memTable[K, V]) tick() error {
+	if err := t.fault.tick(); err != nil {
+		return err
+	}
 	t.writes++
 	if t.failAt != 0 && t.writes >= t.failAt {
 		t.failAt = 0
