@@ -28,10 +28,9 @@ func conformanceBackend(t *testing.T, lb *maps.LB) dataplanetest.Backend {
 		Served:    func() (dataplanetest.State, error) { return served(lb.ReopenInMemory(true)), nil },
 		// A restarted kpr opens the pinned maps with a new LB and a new
 		// Plane.
-		Restart:         func() dataplanetest.Backend { return conformanceBackend(t, lb.ReopenInMemory(false)) },
-		Tamper:          tamperer{lb},
-		FailWrite:       lb.FailInMemoryWrite,
-		KnownViolations: knownViolations,
+		Restart:   func() dataplanetest.Backend { return conformanceBackend(t, lb.ReopenInMemory(false)) },
+		Tamper:    tamperer{lb},
+		FailWrite: lb.FailInMemoryWrite,
 		WithRoom: func(room int) dataplanetest.Backend {
 			return conformanceBackend(t, maps.NewInMemory(room, 1000, 1000))
 		},
@@ -82,13 +81,3 @@ func (tp tamperer) Redirect(k dataplanetest.Key, backends []dataplane.Backend) e
 	svc.Backends = backends
 	return other.Upsert(svc)
 }
-
-// knownViolations are the conformance scenarios the Plane fails today.
-var knownViolations = map[string]string{
-	"a failed Apply that drops a frontend leaves the ServicePort as it was":     droppedFrontendDeletedOnFailure,
-	"a failed Reconcile that drops a frontend leaves the ServicePort as it was": droppedFrontendDeletedOnFailure,
-}
-
-const droppedFrontendDeletedOnFailure = "Plane.write deletes the frontends a ServicePort dropped even when " +
-	"writing its other frontends failed and was rolled back, so the ServicePort is left half-written " +
-	"(old backends on the frontends it keeps, the dropped one gone) until the retry"

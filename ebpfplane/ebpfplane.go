@@ -256,10 +256,20 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 		}
 	}
 	// Anything in the maps that nobody wants is stale, including entries
-	// adopted from before a restart.
+	// adopted from before a restart. The frontends a listed ServicePort
+	// dropped are left to write, which deletes them only once the rest of
+	// that ServicePort is written: a failed write leaves it wholly old.
+	dropped := map[maps.VIPKey]bool{}
+	for name, sp := range all {
+		if sp != nil {
+			for _, svc := range expand(p.held[name]) {
+				dropped[svc.VIPKey] = true
+			}
+		}
+	}
 	var stale []maps.VIPKey
 	for _, key := range p.lb.Keys() {
-		if !wanted[key] {
+		if !wanted[key] && !dropped[key] {
 			stale = append(stale, key)
 		}
 	}
