@@ -26,10 +26,14 @@ generate: deps
 generate-check: deps
 	@hack/generate-check.sh
 
-## lint: gofmt and go vet
+## lint: golangci-lint with .golangci.yaml (go vet, gofmt, goimports, unused,
+## misspell, and depguard keeping dataplane/desired/watcher/iptables-compat off
+## the eBPF packages); hack/golangci-lint.sh installs the pinned version on
+## first use. The gofmt line also covers the tests/tools module, which
+## golangci-lint does not load.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
+	hack/golangci-lint.sh run ./...
 
 ## unit: every test that needs neither root nor the API server (-short
 ## skips the others, see harness.RequireRoot and cluster.StartForTest)

@@ -74,5 +74,3 @@ func (a *idAllocator) reserve(id uint32) {
 }
 
 func (a *idAllocator) release(id uint32) { a.used.remove(id) }
-
-func (a *idAllocator) inUse() int { return a.used.len() }

@@ -103,8 +103,6 @@ type svcState struct {
 	affinityTimeout uint32
 	// slots[i] is the backend id in slot i+1; 0 where the map lacks the slot.
 	slots []uint32
-	// masterMissing marks a key found only through its slots.
-	masterMissing bool
 }
 
 // LB owns the service, backend, reverse-NAT and affinity match maps. It is
