@@ -1,6 +1,3 @@
-// Package ebpfplane is the eBPF implementation of dataplane.Dataplane: it
-// expands each desired ServicePort into one map entry set per frontend and
-// scope, and writes only what differs from what the maps already hold.
 package ebpfplane
 
 import (

@@ -1,5 +1,3 @@
-// Command kpr is a pure-eBPF replacement for kube-proxy. `kpr run` is the
-// node daemon; dump, probe and cleanup are for operators.
 package main
 
 import (
