@@ -151,7 +151,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	plane := ebpfplane.New(lb, log.Named("dataplane"))
 	if loaded.SockTerm != nil {
 		plane.SetSocketTerminator(countingTerminator{
-			SocketTerminator: sockterm.New(loaded.SockTerm, loaded.Maps.KprSockTerm, loaded.CgroupRoot, log.Named("socketterm")),
+			SocketTerminator: sockterm.New(loaded.SockTerm, loaded.SockTermTargets, loaded.CgroupRoot, log.Named("socketterm")),
 			destroyed:        m.UDPSocketsDestroyedTotal,
 		})
 	}

@@ -43,7 +43,7 @@ func newSockTermFixture(t *testing.T) (*fixture, *harness.Pod, *ebpfplane.Plane)
 		_ = pause.Wait()
 	})
 	plane := ebpfplane.New(f.lb, nil)
-	plane.SetSocketTerminator(sockterm.New(f.loaded.SockTerm, f.loaded.Maps.KprSockTerm, f.cgroup.Path, nil))
+	plane.SetSocketTerminator(sockterm.New(f.loaded.SockTerm, f.loaded.SockTermTargets, f.cgroup.Path, nil))
 	return f, client, plane
 }
 
