@@ -203,3 +203,17 @@ func TestDualStackUDPSocketOfRemovedBackendIsDestroyed(t *testing.T) {
 	applyUDP(t, plane, vip, f.pods[1])
 	expectDestroyed(t, c, "dual-stack socket on the removed backend")
 }
+
+// The iterator is its own object, loaded against the hooks' maps: with
+// --map-size-* values its copy of those maps must be sized the same, or
+// the kernel-capable node silently loses socket termination.
+func TestSocketTerminationLoadsWithCustomMapSizes(t *testing.T) {
+	harness.RequireRoot(t)
+	if report := loader.Probe(); !report.Has(loader.FeatureUDPSockTerm) {
+		t.Skipf("kernel %s cannot destroy UDP sockets (see `kpr probe`)", report.Kernel)
+	}
+	f := newFixture(t, 1, smallSizes)
+	if f.loaded.SockTerm == nil || f.loaded.SockTermTargets == nil {
+		t.Fatalf("socket-termination iterator not loaded with map sizes %+v: %+v", smallSizes, f.loaded.Features.Features)
+	}
+}
