@@ -1,10 +1,23 @@
 // Package bpf holds kpr's BPF C programs and the Go bindings bpf2go
 // generates from them. The generated objects are committed, so building kpr
 // needs no clang; `make generate` reproduces them.
+//
+// Each .c file is one program object: sock_lb.c the socket hooks (Kpr),
+// sock_term.c the socket-termination iterator (SockTerm). They share the
+// pinned maps of maps.h and the types of types.h.
 package bpf
 
-// The structs in lb.h reach Go only through -type: never redefine them.
+// The structs and enums of types.h reach Go only through bpf2go: never
+// redefine them. They are generated once, from the Kpr object (whose BTF
+// carries every one of them); the other objects use -no-global-types, so
+// that each type has one Go name. bpf2go generates the types of maps and
+// variables without -type; the types only Go uses (enum svc_kind, struct
+// sock_term_key) reach it through the variables in sock_lb.c that exist
+// for that, and naming them in -type too would generate them twice.
+//
 // KPR_BPF_MULTIARCH names the host's multiarch include directory (for
 // asm/types.h); `make generate` sets it from hack/multiarch.sh, so the same
-// line works on x86-64 and arm64 build hosts.
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -I/usr/include/${KPR_BPF_MULTIARCH}" -target bpfel -type svc_key -type svc_value -type backend -type rev_nat_value -type sock_rev_key -type sock_rev_value -type affinity_key -type affinity_value -type affinity_match_key -type sock_term_key Kpr sock_lb.c -- -I.
+// lines work on x86-64 and arm64 build hosts.
+//go:generate -command bpf2go go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -I/usr/include/${KPR_BPF_MULTIARCH}" -target bpfel
+//go:generate bpf2go -type svc_key -type svc_value -type backend -type rev_nat_value -type sock_rev_key -type sock_rev_value -type affinity_key -type affinity_value -type affinity_match_key Kpr sock_lb.c -- -I.
+//go:generate bpf2go -no-global-types SockTerm sock_term.c -- -I.

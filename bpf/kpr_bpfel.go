@@ -84,6 +84,15 @@ type KprSvcKey struct {
 	Pad   uint16
 }
 
+type KprSvcKind uint32
+
+const (
+	KprSvcKindSVC_KIND_CLUSTER_IP    KprSvcKind = 0
+	KprSvcKindSVC_KIND_NODE_PORT     KprSvcKind = 1
+	KprSvcKindSVC_KIND_EXTERNAL_IP   KprSvcKind = 2
+	KprSvcKindSVC_KIND_LOAD_BALANCER KprSvcKind = 3
+)
+
 type KprSvcScope uint32
 
 const (
@@ -111,7 +120,6 @@ const (
 	KprMapKprRevNat        = "kpr_rev_nat"
 	KprMapKprServices      = "kpr_services"
 	KprMapKprSockRev       = "kpr_sock_rev"
-	KprMapKprSockTerm      = "kpr_sock_term"
 	KprProgKprConnect4     = "kpr_connect4"
 	KprProgKprConnect6     = "kpr_connect6"
 	KprProgKprGetpeer4     = "kpr_getpeer4"
@@ -121,7 +129,8 @@ const (
 	KprProgKprSendmsg4     = "kpr_sendmsg4"
 	KprProgKprSendmsg6     = "kpr_sendmsg6"
 	KprProgKprSockRelease  = "kpr_sock_release"
-	KprProgKprSockTermUdp  = "kpr_sock_term_udp"
+	KprVarBtfSockTermKey   = "btf_sock_term_key"
+	KprVarBtfSvcKind       = "btf_svc_kind"
 	KprVarHaveSetRetval    = "have_set_retval"
 	KprVarHostNetnsCookie  = "host_netns_cookie"
 	KprVarSockScope        = "sock_scope"
@@ -178,7 +187,6 @@ type KprProgramSpecs struct {
 	KprSendmsg4    *ebpf.ProgramSpec `ebpf:"kpr_sendmsg4"`
 	KprSendmsg6    *ebpf.ProgramSpec `ebpf:"kpr_sendmsg6"`
 	KprSockRelease *ebpf.ProgramSpec `ebpf:"kpr_sock_release"`
-	KprSockTermUdp *ebpf.ProgramSpec `ebpf:"kpr_sock_term_udp"`
 }
 
 // KprMapSpecs contains maps before they are loaded into the kernel.
@@ -191,13 +199,14 @@ type KprMapSpecs struct {
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
-	KprSockTerm      *ebpf.MapSpec `ebpf:"kpr_sock_term"`
 }
 
 // KprVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type KprVariableSpecs struct {
+	BtfSockTermKey  *ebpf.VariableSpec `ebpf:"btf_sock_term_key"`
+	BtfSvcKind      *ebpf.VariableSpec `ebpf:"btf_svc_kind"`
 	HaveSetRetval   *ebpf.VariableSpec `ebpf:"have_set_retval"`
 	HostNetnsCookie *ebpf.VariableSpec `ebpf:"host_netns_cookie"`
 	SockScope       *ebpf.VariableSpec `ebpf:"sock_scope"`
@@ -229,7 +238,6 @@ type KprMaps struct {
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
-	KprSockTerm      *ebpf.Map `ebpf:"kpr_sock_term"`
 }
 
 func (m *KprMaps) Close() error {
@@ -240,7 +248,6 @@ func (m *KprMaps) Close() error {
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
-		m.KprSockTerm,
 	)
 }
 
@@ -248,6 +255,8 @@ func (m *KprMaps) Close() error {
 //
 // It can be passed to LoadKprObjects or ebpf.CollectionSpec.LoadAndAssign.
 type KprVariables struct {
+	BtfSockTermKey  *ebpf.Variable `ebpf:"btf_sock_term_key"`
+	BtfSvcKind      *ebpf.Variable `ebpf:"btf_svc_kind"`
 	HaveSetRetval   *ebpf.Variable `ebpf:"have_set_retval"`
 	HostNetnsCookie *ebpf.Variable `ebpf:"host_netns_cookie"`
 	SockScope       *ebpf.Variable `ebpf:"sock_scope"`
@@ -266,7 +275,6 @@ type KprPrograms struct {
 	KprSendmsg4    *ebpf.Program `ebpf:"kpr_sendmsg4"`
 	KprSendmsg6    *ebpf.Program `ebpf:"kpr_sendmsg6"`
 	KprSockRelease *ebpf.Program `ebpf:"kpr_sock_release"`
-	KprSockTermUdp *ebpf.Program `ebpf:"kpr_sock_term_udp"`
 }
 
 func (p *KprPrograms) Close() error {
@@ -280,7 +288,6 @@ func (p *KprPrograms) Close() error {
 		p.KprSendmsg4,
 		p.KprSendmsg6,
 		p.KprSockRelease,
-		p.KprSockTermUdp,
 	)
 }
 

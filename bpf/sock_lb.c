@@ -9,21 +9,19 @@
  * recvmsg and getpeername rewrite the backend back to the frontend, so the
  * application only ever sees the address it asked for.
  *
- * kpr_sock_term_udp, a UDP socket iterator, destroys connected UDP sockets
- * whose backend left the Service they were translated from. The loader
- * loads it apart from the hooks, and only where the kernel can run it.
+ * The maps are in maps.h, shared with kpr's other program objects
+ * (sock_term.c); their types are in types.h.
  */
 #include <linux/bpf.h>
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-#include "lb.h"
-#include "kernel.h"
+#include "types.h"
+#include "maps.h"
+#include "addr.h"
 
 #define ECONNREFUSED 111
-#define AF_INET 2
-#define AF_INET6 10
 
 /* Set by the loader when the kernel lets cgroup programs choose the
  * syscall's errno (bpf_set_retval, 5.18+). Without it a rejected connect
@@ -41,69 +39,15 @@ volatile const enum svc_scope sock_scope = SVC_SCOPE_INTERNAL;
  * loader could not learn the cookie) serves loopback frontends to nobody. */
 volatile const __u64 host_netns_cookie = 0;
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct svc_key);
-	__type(value, struct svc_value);
-	__uint(max_entries, 262144);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} kpr_services SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u32);
-	__type(value, struct backend);
-	__uint(max_entries, 131072);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} kpr_backends SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u32);
-	__type(value, struct rev_nat_value);
-	__uint(max_entries, 131072);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} kpr_rev_nat SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct sock_rev_key);
-	__type(value, struct sock_rev_value);
-	__uint(max_entries, 131072);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} kpr_sock_rev SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct affinity_key);
-	__type(value, struct affinity_value);
-	__uint(max_entries, 65536);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} kpr_affinity SEC(".maps");
-
-/* Value unused: presence is the answer. Sized like kpr_services, since each
- * entry stands for one backend slot there. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct affinity_match_key);
-	__type(value, __u8);
-	__uint(max_entries, 262144);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} kpr_affinity_match SEC(".maps");
-
-/* The control plane's list of (frontend, removed backend) pairs for one run
- * of kpr_sock_term_udp. Not pinned: only the running control plane uses it. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct sock_term_key);
-	__type(value, __u8);
-	__uint(max_entries, 4096);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-} kpr_sock_term SEC(".maps");
+/*
+ * bpf2go generates kpr's Go types from this object alone (the others use
+ * -no-global-types), out of its BTF, and BTF holds only the types that
+ * something in the object uses. These constants are that use for the two
+ * types no map or program of this object has: the Service kind, which only
+ * Go reads, and the key of sock_term.c's target map. Nothing reads them.
+ */
+volatile const enum svc_kind btf_svc_kind = SVC_KIND_CLUSTER_IP;
+volatile const struct sock_term_key btf_sock_term_key = {};
 
 enum lb_result {
 	LB_NOT_SERVICE,	/* not a frontend: leave the address alone */
@@ -111,28 +55,12 @@ enum lb_result {
 	LB_REJECT,	/* a frontend without backends: fail the syscall */
 };
 
-static __always_inline void addr_from_v4(__u32 addr[4], __u32 ip4)
-{
-	addr[0] = 0;
-	addr[1] = 0;
-	addr[2] = bpf_htonl(0xffff);
-	addr[3] = ip4;
-}
-
 static __always_inline void addr_from_v6(__u32 addr[4], const struct bpf_sock_addr *ctx)
 {
 	addr[0] = ctx->user_ip6[0];
 	addr[1] = ctx->user_ip6[1];
 	addr[2] = ctx->user_ip6[2];
 	addr[3] = ctx->user_ip6[3];
-}
-
-static __always_inline void addr_copy(__u32 dst[4], const __u32 src[4])
-{
-	dst[0] = src[0];
-	dst[1] = src[1];
-	dst[2] = src[2];
-	dst[3] = src[3];
 }
 
 static __always_inline int reject(void)
@@ -440,67 +368,6 @@ int kpr_sock_release(struct bpf_sock *sk)
 	key.port = (__u16)sk->dst_port;
 	bpf_map_delete_elem(&kpr_sock_rev, &key);
 	return 1;
-}
-
-/* Linux 6.5+; only kpr_sock_term_udp calls it, and that program is loaded
- * only where the kernel has it. */
-extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
-
-/*
- * Runs once per UDP socket of the network namespace the iterator was opened
- * in. A connected socket is destroyed when kpr translated it (kpr_sock_rev
- * has its cookie and peer) from a frontend to a backend that kpr_sock_term
- * lists as removed from that frontend. Sockets connected to a pod IP
- * directly, or to a backend that stays, are never touched. The destroyed
- * socket's owner sees ECONNABORTED and reconnects to a live backend. The
- * cookie of every destroyed socket is written to the iterator's output.
- */
-SEC("iter/udp")
-int kpr_sock_term_udp(struct bpf_iter__udp *ctx)
-{
-	struct sock *sk = (struct sock *)ctx->udp_sk;
-	struct sock_rev_key rev_key = {};
-	struct sock_term_key term = {};
-	const struct sock_rev_value *rev;
-	__u16 family;
-	__u64 cookie;
-
-	if (!sk)
-		return 0;
-	rev_key.port = sk->__sk_common.skc_dport;
-	if (!rev_key.port)
-		return 0; /* not connected */
-	family = sk->__sk_common.skc_family;
-	if (family == AF_INET) {
-		addr_from_v4(rev_key.addr, sk->__sk_common.skc_daddr);
-	} else if (family == AF_INET6) {
-		rev_key.addr[0] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[0];
-		rev_key.addr[1] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[1];
-		rev_key.addr[2] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[2];
-		rev_key.addr[3] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[3];
-	} else {
-		return 0;
-	}
-	cookie = bpf_get_socket_cookie(sk);
-	rev_key.cookie = cookie;
-	rev = bpf_map_lookup_elem(&kpr_sock_rev, &rev_key);
-	if (!rev)
-		return 0; /* kpr did not send this socket where it is connected */
-
-	addr_copy(term.backend_addr, rev_key.addr);
-	term.backend_port = rev_key.port;
-	addr_copy(term.frontend_addr, rev->addr);
-	term.frontend_port = rev->port;
-	if (!bpf_map_lookup_elem(&kpr_sock_term, &term))
-		return 0;
-
-	if (bpf_sock_destroy((struct sock_common *)sk))
-		return 0;
-	/* The socket is disconnected now, so sock_release could no longer
-	 * find this entry. */
-	bpf_map_delete_elem(&kpr_sock_rev, &rev_key);
-	bpf_seq_write(ctx->meta->seq, &cookie, sizeof(cookie));
-	return 0;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

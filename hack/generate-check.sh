@@ -8,11 +8,22 @@ repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 copy="$repo_root/.generate-check.$$"
 trap 'rm -rf "$copy"' EXIT
 cp -r "$repo_root/bpf" "$copy"
+# Only what the fresh build writes may be there to compare.
+rm -f "$copy"/*_bpfel.o "$copy"/*_bpfel.go
 (cd "$copy" && KPR_BPF_MULTIARCH=$("$repo_root/hack/multiarch.sh") go generate ./... >/dev/null)
 status=0
-for f in "$repo_root"/bpf/*_bpfel.o "$repo_root"/bpf/*_bpfel.go; do
-	if ! cmp -s "$f" "$copy/$(basename "$f")"; then
-		echo "generate-check: $(basename "$f") differs from a fresh 'make generate'; run it and commit the result" >&2
+# Every object bpf/gen.go builds (one pair per bpf2go line), from the fresh
+# build's side too, so that a new object nobody committed is caught.
+shopt -s nullglob
+for name in $( (cd "$repo_root/bpf" && printf '%s\n' *_bpfel.o *_bpfel.go; cd "$copy" && printf '%s\n' *_bpfel.o *_bpfel.go) | sort -u); do
+	if [[ ! -f $repo_root/bpf/$name ]]; then
+		echo "generate-check: bpf/$name is built by 'make generate' but not committed; run it and commit the result" >&2
+		status=1
+	elif [[ ! -f $copy/$name ]]; then
+		echo "generate-check: bpf/$name is committed but no bpf2go line in bpf/gen.go builds it; remove it" >&2
+		status=1
+	elif ! cmp -s "$repo_root/bpf/$name" "$copy/$name"; then
+		echo "generate-check: bpf/$name differs from a fresh 'make generate'; run it and commit the result" >&2
 		status=1
 	fi
 done

@@ -77,14 +77,7 @@ var lostWithout = map[string]string{
 // in the kernel's links; on error everything it made is closed.
 func prepareCarryOver(spec *ebpf.CollectionSpec, bpfRoot string, log *zap.Logger) (carryOvers, error) {
 	out := carryOvers{}
-	names := make([]string, 0, len(spec.Maps))
-	for name, ms := range spec.Maps {
-		if ms.Pinning == ebpf.PinByName {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range pinnedIn(spec) {
 		c, err := prepareOne(spec.Maps[name], filepath.Join(bpfRoot, name), log)
 		if err != nil {
 			out.close()
@@ -225,7 +218,7 @@ func (cs carryOvers) finish(log *zap.Logger) error {
 			}
 			log.Debug("copied entries written during the swap", zap.String("map", name), zap.Int("entries", late))
 		}
-		tmp := c.pin + "_carry"
+		tmp := carryPin(c.pin)
 		_ = os.Remove(tmp) // left behind by an interrupted carry-over
 		if err := c.new.Pin(tmp); err != nil {
 			return fmt.Errorf("pin the carried-over map %s: %w", tmp, err)
@@ -252,6 +245,11 @@ func (c *carryOver) close() {
 		c.new.Close()
 	}
 }
+
+// carryPin is where a carried-over map is pinned before it is renamed over
+// pin (bpffs names cannot hold a dot). One left behind by an interrupted
+// carry-over is replaced by the next, or removed by Cleanup.
+func carryPin(pin string) string { return pin + "_carry" }
 
 func isLRU(t ebpf.MapType) bool { return t == ebpf.LRUHash || t == ebpf.LRUCPUHash }
 

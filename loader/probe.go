@@ -204,7 +204,7 @@ func probeSockRelease() error {
 // throw-away maps: that needs the iter/udp target, the bpf_sock_destroy
 // kfunc and kernel BTF for the CO-RE relocations.
 func probeSockTerm() error {
-	spec, err := bpf.LoadKpr()
+	spec, err := bpf.LoadSockTerm()
 	if err != nil {
 		return err
 	}

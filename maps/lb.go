@@ -93,8 +93,10 @@ type backendEntry struct {
 
 // svcState mirrors what the maps hold for one VIPKey.
 type svcState struct {
-	revNat          uint32
-	kind            dataplane.FrontendKind
+	revNat uint32
+	// kind is svc_value.kind as the map holds it (enum svc_kind), so an
+	// unknown value survives a rollback unchanged.
+	kind            uint8
 	affinityTimeout uint32
 	// slots[i] is the backend id in slot i+1; 0 where the map lacks the slot.
 	slots []uint32
@@ -199,7 +201,7 @@ func (lb *LB) Resync() error {
 			slots = append(slots, slotEntry{key, k, v.BackendId})
 			return
 		}
-		lb.svcs[key] = &svcState{revNat: v.RevNatId, kind: dataplane.FrontendKind(v.Kind),
+		lb.svcs[key] = &svcState{revNat: v.RevNatId, kind: v.Kind,
 			affinityTimeout: v.AffinityTimeout, slots: make([]uint32, v.Count)}
 		lb.svcEntries++
 	})
@@ -336,7 +338,8 @@ func (lb *LB) Get(key VIPKey) (Service, bool) {
 	if !ok {
 		return Service{}, false
 	}
-	svc := Service{VIPKey: key, Kind: st.kind, AffinityTimeout: st.affinityTimeout}
+	kind, _ := kindFromBPF(st.kind) // unknownKind when not a known kind
+	svc := Service{VIPKey: key, Kind: kind, AffinityTimeout: st.affinityTimeout}
 	for _, id := range st.slots {
 		var b dataplane.Backend
 		if e, ok := lb.backendOf[id]; ok {
@@ -370,7 +373,8 @@ func (lb *LB) Keys() []VIPKey {
 // Matches reports whether the maps already hold exactly svc, intact.
 func (lb *LB) Matches(svc Service) bool {
 	st, ok := lb.svcs[svc.VIPKey]
-	if !ok || st.revNat == 0 || st.kind != svc.Kind || st.affinityTimeout != svc.AffinityTimeout ||
+	kind, known := kindToBPF(svc.Kind)
+	if !ok || !known || st.revNat == 0 || st.kind != kind || st.affinityTimeout != svc.AffinityTimeout ||
 		len(st.slots) != len(svc.Backends) {
 		return false
 	}
@@ -411,6 +415,9 @@ func (k VIPKey) bpfKey(slot int) bpf.KprSvcKey {
 func validate(svc Service) error {
 	if !svc.Addr.IsValid() {
 		return fmt.Errorf("service %s: invalid frontend address", svc.VIP)
+	}
+	if _, ok := kindToBPF(svc.Kind); !ok {
+		return fmt.Errorf("service %s: frontend kind %s has no value in enum svc_kind (bpf/types.h) to store it as", svc.VIP, svc.Kind)
 	}
 	if svc.Proto != dataplane.TCP && svc.Proto != dataplane.UDP {
 		return fmt.Errorf("service %s: protocol %s is not supported by the eBPF dataplane", svc.VIP, svc.Proto)

@@ -62,7 +62,7 @@ func (lb *LB) holdsServiceEntry(k bpf.KprSvcKey, v bpf.KprSvcValue) bool {
 		return false
 	case k.Slot == 0:
 		return int(v.Count) == len(st.slots) && v.RevNatId == st.revNat && st.revNat != 0 &&
-			v.AffinityTimeout == st.affinityTimeout && dataplane.FrontendKind(v.Kind) == st.kind
+			v.AffinityTimeout == st.affinityTimeout && v.Kind == st.kind
 	default:
 		return int(k.Slot) <= len(st.slots) && st.slots[k.Slot-1] == v.BackendId && v.BackendId != 0
 	}

@@ -34,6 +34,7 @@ type plan struct {
 	old      *svcState // nil for a new VIPKey
 	slots    []uint32  // backend ids for slots 1..n
 	revNat   uint32
+	kind     uint8    // svc.Kind as the service map stores it
 	newRev   bool     // revNat was allocated for this plan
 	created  []uint32 // backend ids allocated for this plan
 	newCount int      // service map entries this plan adds
@@ -214,6 +215,7 @@ func (lb *LB) planAll(svcs []Service) ([]*plan, error) {
 
 func (lb *LB) plan(svc Service) (*plan, error) {
 	p := &plan{svc: svc, old: lb.svcs[svc.VIPKey]}
+	p.kind, _ = kindToBPF(svc.Kind) // validate refused kinds without a value
 	oldSlots := 0
 	if p.old == nil {
 		p.newCount = 1
@@ -317,7 +319,7 @@ func (lb *LB) commit(plans []*plan) error {
 	for _, p := range plans {
 		mKeys = append(mKeys, p.svc.bpfKey(0))
 		mVals = append(mVals, bpf.KprSvcValue{Count: uint16(len(p.slots)), RevNatId: p.revNat,
-			AffinityTimeout: p.svc.AffinityTimeout, Kind: uint8(p.svc.Kind)})
+			AffinityTimeout: p.svc.AffinityTimeout, Kind: p.kind})
 	}
 	if err := lb.services.put(mKeys, mVals); err != nil {
 		return lb.rollback(plans, err)
@@ -327,7 +329,7 @@ func (lb *LB) commit(plans []*plan) error {
 	var surplus []bpf.KprSvcKey
 	var released []uint32
 	for _, p := range plans {
-		st := &svcState{revNat: p.revNat, kind: p.svc.Kind, affinityTimeout: p.svc.AffinityTimeout, slots: p.slots}
+		st := &svcState{revNat: p.revNat, kind: p.kind, affinityTimeout: p.svc.AffinityTimeout, slots: p.slots}
 		lb.svcEntries += p.newCount
 		if p.old != nil {
 			for i := len(p.slots); i < len(p.old.slots); i++ {
@@ -436,7 +438,7 @@ func (lb *LB) rollback(plans []*plan, cause error) error {
 		} else {
 			restoreKeys = append(restoreKeys, p.svc.bpfKey(0))
 			restoreVals = append(restoreVals, bpf.KprSvcValue{Count: uint16(len(p.old.slots)), RevNatId: p.old.revNat,
-				AffinityTimeout: p.old.affinityTimeout, Kind: uint8(p.old.kind)})
+				AffinityTimeout: p.old.affinityTimeout, Kind: p.old.kind})
 		}
 		oldN := 0
 		if p.old != nil {

@@ -35,7 +35,7 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	plane.PublishMapUsage(m)
 	if loaded.SockTerm != nil {
 		plane.SetSocketTerminator(countingTerminator{
-			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.Maps.KprSockTerm), loaded.CgroupRoot, log.Named("socketterm")),
+			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.SockTermTargets), loaded.CgroupRoot, log.Named("socketterm")),
 			destroyed:        m.UDPSocketsDestroyedTotal,
 		})
 	}

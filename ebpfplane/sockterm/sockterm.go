@@ -4,7 +4,7 @@
 // pod forever. It is kpr's counterpart of kube-proxy deleting the conntrack
 // entries of removed UDP endpoints.
 //
-// The work is done by kpr's iter/udp program (bpf/sock_lb.c), which walks
+// The work is done by kpr's iter/udp program (bpf/sock_term.c), which walks
 // the UDP sockets of one network namespace: the one current when the
 // iterator is opened. Client sockets live in many pod namespaces, so one
 // run opens the iterator once in every network namespace that a process of

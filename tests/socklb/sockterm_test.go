@@ -44,7 +44,7 @@ func newSockTermFixture(t *testing.T) (*fixture, *harness.Pod, *ebpfplane.Plane)
 		_ = pause.Wait()
 	})
 	plane := ebpfplane.New(f.lb, nil)
-	plane.SetSocketTerminator(sockterm.New(f.loaded.SockTerm, maps.NewSockTermTargets(f.loaded.Maps.KprSockTerm), f.cgroup.Path, nil))
+	plane.SetSocketTerminator(sockterm.New(f.loaded.SockTerm, maps.NewSockTermTargets(f.loaded.SockTermTargets), f.cgroup.Path, nil))
 	return f, client, plane
 }
 
@@ -203,4 +203,18 @@ func TestDualStackUDPSocketOfRemovedBackendIsDestroyed(t *testing.T) {
 	}
 	applyUDP(t, plane, vip, f.pods[1])
 	expectDestroyed(t, c, "dual-stack socket on the removed backend")
+}
+
+// The iterator is its own object, loaded against the hooks' maps: with
+// --map-size-* values its copy of those maps must be sized the same, or
+// the kernel-capable node silently loses socket termination.
+func TestSocketTerminationLoadsWithCustomMapSizes(t *testing.T) {
+	harness.RequireRoot(t)
+	if report := loader.Probe(); !report.Has(loader.FeatureUDPSockTerm) {
+		t.Skipf("kernel %s cannot destroy UDP sockets (see `kpr probe`)", report.Kernel)
+	}
+	f := newFixture(t, 1, smallSizes)
+	if f.loaded.SockTerm == nil || f.loaded.SockTermTargets == nil {
+		t.Fatalf("socket-termination iterator not loaded with map sizes %+v: %+v", smallSizes, f.loaded.Features.Features)
+	}
 }

@@ -17,7 +17,7 @@ import (
 // MapReader looks single Services up in kpr's pinned maps. maps.OpenReadOnly
 // reads every entry (over 100,000 with 10,000 Services), far too slow to
 // poll for one Service's change; MapReader does a point lookup per entry
-// instead. Its key encoding follows bpf/lb.h as package maps writes it; the
+// instead. Its key encoding follows bpf/types.h as package maps writes it; the
 // correctness test checks it against maps.OpenReadOnly on every Service.
 type MapReader struct {
 	maps *bpf.KprMaps

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Map layout shared by kpr's BPF programs and, through bpf2go -type, by the
- * Go control plane. This file is the single definition of these structs.
+ * The types of kpr's maps, shared by every BPF program object (each .c file
+ * under bpf/) and, through bpf2go -type, by the Go control plane. This file
+ * is the single definition of these structs and enums: the maps that use
+ * them are in maps.h.
  *
  * Addresses are always 16 bytes in network byte order. IPv4 is stored in
  * its v4-mapped IPv6 form (::ffff:a.b.c.d) so that one map serves both
@@ -20,6 +22,19 @@ enum svc_scope {
 	SVC_SCOPE_EXTERNAL = 1,
 };
 
+/*
+ * How a frontend address came to exist (svc_value.kind). The pinned service
+ * map outlives kpr's process, so these numbers are what a later kpr reads
+ * back: never renumber a value, only add new ones. Go converts to and from
+ * dataplane.FrontendKind explicitly (maps/encoding.go), never by number.
+ */
+enum svc_kind {
+	SVC_KIND_CLUSTER_IP = 0,
+	SVC_KIND_NODE_PORT = 1,
+	SVC_KIND_EXTERNAL_IP = 2,
+	SVC_KIND_LOAD_BALANCER = 3,
+};
+
 struct svc_key {
 	__u32 addr[4];	/* frontend address */
 	__u16 port;	/* frontend port, network byte order */
@@ -34,8 +49,9 @@ struct svc_value {
 	__u32 rev_nat_id;	/* master only: key into the rev_nat map */
 	__u32 affinity_timeout;	/* master only: ClientIP affinity, seconds; 0 = off */
 	__u16 count;		/* master only: number of backend slots */
-	__u8 kind;		/* master only: dataplane.FrontendKind, for display;
-				 * only Go reads it */
+	__u8 kind;		/* master only: enum svc_kind, for display;
+				 * only Go reads it. A __u8, not the enum, keeps
+				 * the value layout of earlier pinned maps. */
 	__u8 pad;
 };
 

@@ -1,0 +1,28 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Address helpers every program object needs to build map keys in the
+ * 16-byte form types.h describes (IPv4 as ::ffff:a.b.c.d).
+ */
+#pragma once
+
+#include <linux/types.h>
+#include <bpf/bpf_endian.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+
+static __always_inline void addr_from_v4(__u32 addr[4], __u32 ip4)
+{
+	addr[0] = 0;
+	addr[1] = 0;
+	addr[2] = bpf_htonl(0xffff);
+	addr[3] = ip4;
+}
+
+static __always_inline void addr_copy(__u32 dst[4], const __u32 src[4])
+{
+	dst[0] = src[0];
+	dst[1] = src[1];
+	dst[2] = src[2];
+	dst[3] = src[3];
+}

@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The pinned maps every kpr program object shares. Each object (each .c
+ * file under bpf/) includes this header, so each object's ELF declares the
+ * same maps with the same names, types and default sizes; the loader opens
+ * or creates them once under the BPF root (LIBBPF_PIN_BY_NAME) and hands the
+ * same maps to every object it loads. A map only one object uses and that
+ * outlives no process belongs in that object's .c file instead.
+ *
+ * The default sizes here are what `kpr run` uses without --map-size-*.
+ */
+#pragma once
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "types.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_key);
+	__type(value, struct svc_value);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(max_entries, 131072);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct rev_nat_value);
+	__uint(max_entries, 131072);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_rev_nat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock_rev_key);
+	__type(value, struct sock_rev_value);
+	__uint(max_entries, 131072);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_sock_rev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_affinity SEC(".maps");
+
+/* Value unused: presence is the answer. Sized like kpr_services, since each
+ * entry stands for one backend slot there. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct affinity_match_key);
+	__type(value, __u8);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_affinity_match SEC(".maps");
