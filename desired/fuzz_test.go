@@ -322,7 +322,7 @@ func specPortsNamed(svc *v1.Service, name dataplane.ServicePortName) []*v1.Servi
 	var out []*v1.ServicePort
 	for i := range svc.Spec.Ports {
 		p := &svc.Spec.Ports[i]
-		proto, err := dataplane.ParseProtocol(string(p.Protocol))
+		proto, err := parseProtocol(string(p.Protocol))
 		if err == nil && p.Name == name.Port && proto == name.Protocol {
 			out = append(out, p)
 		}

@@ -23,7 +23,7 @@ type externalAddr struct {
 // itself is unusable (a Problem says why).
 func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, ok bool) {
 	label := portLabel(p)
-	proto, err := dataplane.ParseProtocol(string(p.Protocol))
+	proto, err := parseProtocol(string(p.Protocol))
 	if err != nil {
 		t.problem(t.svcObject, label+": "+err.Error())
 		return sp, false
