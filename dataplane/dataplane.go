@@ -27,19 +27,6 @@ func (p Protocol) String() string {
 	return fmt.Sprintf("proto(%d)", uint8(p))
 }
 
-// ParseProtocol accepts the Kubernetes spellings "TCP", "UDP" and "SCTP".
-func ParseProtocol(s string) (Protocol, error) {
-	switch s {
-	case "TCP", "tcp", "":
-		return TCP, nil
-	case "UDP", "udp":
-		return UDP, nil
-	case "SCTP", "sctp":
-		return SCTP, nil
-	}
-	return 0, fmt.Errorf("unknown protocol %q: want TCP, UDP or SCTP", s)
-}
-
 // ServicePortName identifies one port of one Service, the unit kube-proxy
 // programs and the unit kpr applies.
 type ServicePortName struct {

@@ -121,17 +121,19 @@ func SliceServiceName(slice *discoveryv1.EndpointSlice) (key types.NamespacedNam
 // problems. Slices that SkipSlice rejects are ignored; slices of another
 // Service are ignored with a Problem. The result is sorted (ports by name and
 // protocol, frontends by kind, address and port, backends by address and
-// port) so that equal inputs give equal outputs.
-func Translate(svc *v1.Service, slices []*discoveryv1.EndpointSlice, node Node) ([]dataplane.ServicePort, []Problem) {
+// port) so that equal inputs give equal outputs. facts[i] describes
+// ports[i], for the metrics.
+func Translate(svc *v1.Service, slices []*discoveryv1.EndpointSlice, node Node) (ports []dataplane.ServicePort, facts []PortFacts, problems []Problem) {
 	if skip, _ := SkipService(svc); skip {
-		return nil, nil
+		return nil, nil, nil
 	}
 	t := translation{svc: svc, node: node, svcObject: svc.Namespace + "/" + svc.Name}
 	t.families = t.serviceFamilies()
 	t.servicePolicies()
 	t.frontendAddrs()
 	t.slices = t.parseSlices(slices)
-	return t.servicePorts(), t.problems
+	ports, facts = t.servicePorts()
+	return ports, facts, t.problems
 }
 
 // translation carries the state of one Translate call.
@@ -246,15 +248,20 @@ func (t *translation) sortedFamilies() []family {
 	return out
 }
 
-// servicePorts translates every usable port of the Service.
-func (t *translation) servicePorts() []dataplane.ServicePort {
+// servicePorts translates every usable port of the Service, sorted by
+// name, and returns the facts of each beside it.
+func (t *translation) servicePorts() ([]dataplane.ServicePort, []PortFacts) {
 	if len(t.families) == 0 {
-		return nil
+		return nil, nil
+	}
+	type translated struct {
+		sp    dataplane.ServicePort
+		facts PortFacts
 	}
 	seen := map[dataplane.ServicePortName]bool{}
-	var out []dataplane.ServicePort
+	var all []translated
 	for i := range t.svc.Spec.Ports {
-		sp, ok := t.servicePort(&t.svc.Spec.Ports[i])
+		sp, facts, ok := t.servicePort(&t.svc.Spec.Ports[i])
 		if !ok {
 			continue
 		}
@@ -263,10 +270,18 @@ func (t *translation) servicePorts() []dataplane.ServicePort {
 			continue
 		}
 		seen[sp.Name] = true
-		out = append(out, sp)
+		all = append(all, translated{sp, facts})
 	}
-	slices.SortFunc(out, func(a, b dataplane.ServicePort) int { return compareNames(a.Name, b.Name) })
-	return out
+	if len(all) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(all, func(a, b translated) int { return compareNames(a.sp.Name, b.sp.Name) })
+	ports := make([]dataplane.ServicePort, len(all))
+	facts := make([]PortFacts, len(all))
+	for i := range all {
+		ports[i], facts[i] = all[i].sp, all[i].facts
+	}
+	return ports, facts
 }
 
 func compareNames(a, b dataplane.ServicePortName) int {

@@ -43,9 +43,9 @@ func TestSkipService(t *testing.T) {
 				t.Errorf("SkipService = %v, %q; want %v and a reason containing %q", skip, reason, c.skip, c.reason)
 			}
 			if skip {
-				got, problems := Translate(c.svc, []*discoveryv1.EndpointSlice{slice("s1", discoveryv1.AddressTypeIPv4, httpPort, ep("10.1.0.1"))}, thisNode)
-				if got != nil || problems != nil {
-					t.Errorf("Translate of a skipped Service = %v, %v; want nothing", render(got), problems)
+				got, facts, problems := Translate(c.svc, []*discoveryv1.EndpointSlice{slice("s1", discoveryv1.AddressTypeIPv4, httpPort, ep("10.1.0.1"))}, thisNode)
+				if got != nil || facts != nil || problems != nil {
+					t.Errorf("Translate of a skipped Service = %v, %v, %v; want nothing", render(got), facts, problems)
 				}
 			}
 		})
@@ -119,7 +119,7 @@ func runTranslateCases(t *testing.T, cases []translateCase) {
 			if c.node != nil {
 				node = *c.node
 			}
-			got, problems := Translate(c.svc, c.slices, node)
+			got, _, problems := Translate(c.svc, c.slices, node)
 			if g := render(got); !slices.Equal(g, c.want) {
 				t.Errorf("Translate:\n got:\n%s\nwant:\n%s", strings.Join(g, "\n"), strings.Join(c.want, "\n"))
 			}
@@ -129,7 +129,7 @@ func runTranslateCases(t *testing.T, cases []translateCase) {
 			// input, with the slices in reverse order, gives equal output.
 			rev := slices.Clone(c.slices)
 			slices.Reverse(rev)
-			again, _ := Translate(c.svc, rev, node)
+			again, _, _ := Translate(c.svc, rev, node)
 			if len(again) != len(got) {
 				t.Fatalf("second Translate gave %d ports, first %d", len(again), len(got))
 			}

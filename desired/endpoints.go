@@ -101,7 +101,7 @@ func (t *translation) parseSlice(s *discoveryv1.EndpointSlice) parsedSlice {
 		proto := dataplane.TCP // the API default
 		if p.Protocol != nil {
 			var err error
-			if proto, err = dataplane.ParseProtocol(string(*p.Protocol)); err != nil {
+			if proto, err = parseProtocol(string(*p.Protocol)); err != nil {
 				t.problem(obj, "port "+quote(*p.Name)+": "+err.Error())
 				continue
 			}

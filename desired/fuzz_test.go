@@ -225,17 +225,23 @@ func FuzzTranslate(f *testing.F) {
 		}
 		node := in.node(c)
 
-		got, _ := Translate(svc, sl, node)
+		got, facts, _ := Translate(svc, sl, node)
 		if skip, _ := SkipService(svc); skip && got != nil {
 			t.Fatalf("skipped Service translated to %v", render(got))
 		}
 		checkInvariants(t, svc, got)
+		checkFacts(t, svc, sl, node, got, facts)
 
 		// Deterministic, and independent of the slices' order.
-		again, _ := Translate(svc, sl, node)
+		again, againFacts, _ := Translate(svc, sl, node)
 		rev := slices.Clone(sl)
 		slices.Reverse(rev)
-		reversed, _ := Translate(svc, rev, node)
+		reversed, reversedFacts, _ := Translate(svc, rev, node)
+		for _, other := range [][]PortFacts{againFacts, reversedFacts} {
+			if !slices.Equal(other, facts) {
+				t.Fatalf("facts differ: %+v vs %+v", facts, other)
+			}
+		}
 		for _, other := range [][]dataplane.ServicePort{again, reversed} {
 			if len(other) != len(got) {
 				t.Fatalf("translations differ in length: %d vs %d", len(got), len(other))
@@ -300,6 +306,52 @@ func checkInvariants(t *testing.T, svc *v1.Service, got []dataplane.ServicePort)
 	}
 }
 
+// checkFacts verifies that the facts agree with what the frontends show.
+// Where the frontends cannot tell (a Local ClusterIP frontend without
+// backends), HasEndpoints must be what the ClusterIP frontends show when the
+// same input is translated with internalTrafficPolicy: Cluster.
+func checkFacts(t *testing.T, svc *v1.Service, sl []*discoveryv1.EndpointSlice, node Node, got []dataplane.ServicePort, facts []PortFacts) {
+	t.Helper()
+	if len(facts) != len(got) {
+		t.Fatalf("%d facts for %d ports", len(facts), len(got))
+	}
+	if len(got) == 0 {
+		return
+	}
+	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
+	clusterPolicy := svc.DeepCopy()
+	clusterPolicy.Spec.InternalTrafficPolicy = ptr(v1.ServiceInternalTrafficPolicyCluster)
+	asCluster, _, _ := Translate(clusterPolicy, sl, node)
+	for i, sp := range got {
+		if clusterWide := slices.ContainsFunc(asCluster[i].Frontends, func(fe dataplane.Frontend) bool {
+			return fe.Kind == dataplane.ClusterIP && len(fe.Backends) > 0
+		}); facts[i].HasEndpoints != clusterWide {
+			t.Errorf("%v: HasEndpoints %v, but under the Cluster policy ClusterIP backends: %v", sp.Name, facts[i].HasEndpoints, clusterWide)
+		}
+	}
+	for i, sp := range got {
+		f := facts[i]
+		anyBackends := slices.ContainsFunc(sp.Frontends, func(fe dataplane.Frontend) bool { return len(fe.Backends) > 0 })
+		clusterIPBackends := slices.ContainsFunc(sp.Frontends, func(fe dataplane.Frontend) bool {
+			return fe.Kind == dataplane.ClusterIP && len(fe.Backends) > 0
+		})
+		externalDropped := slices.ContainsFunc(sp.Frontends, func(fe dataplane.Frontend) bool {
+			return fe.ExternalBackends != nil && len(fe.ExternalBackends) == 0 && len(fe.Backends) > 0
+		})
+		switch {
+		case anyBackends && !f.HasEndpoints:
+			t.Errorf("%v: frontends have backends but HasEndpoints is false: %+v", sp.Name, f)
+		case f.HasInternalEndpoints != clusterIPBackends:
+			t.Errorf("%v: HasInternalEndpoints %v, but ClusterIP frontends with backends: %v", sp.Name, f.HasInternalEndpoints, clusterIPBackends)
+		case !internalLocal && f.HasInternalEndpoints != f.HasEndpoints:
+			t.Errorf("%v: internalTrafficPolicy Cluster, yet HasInternalEndpoints %v != HasEndpoints %v", sp.Name, f.HasInternalEndpoints, f.HasEndpoints)
+		case f.HasExternalEndpoints != (f.HasEndpoints && !externalDropped):
+			t.Errorf("%v: HasExternalEndpoints %v, HasEndpoints %v, an external frontend drops outside traffic: %v",
+				sp.Name, f.HasExternalEndpoints, f.HasEndpoints, externalDropped)
+		}
+	}
+}
+
 // checkBackends: valid, of the frontend's family, sorted, no duplicates.
 func checkBackends(t *testing.T, name dataplane.ServicePortName, f dataplane.Frontend, bs []dataplane.Backend) {
 	t.Helper()
@@ -322,7 +374,7 @@ func specPortsNamed(svc *v1.Service, name dataplane.ServicePortName) []*v1.Servi
 	var out []*v1.ServicePort
 	for i := range svc.Spec.Ports {
 		p := &svc.Spec.Ports[i]
-		proto, err := dataplane.ParseProtocol(string(p.Protocol))
+		proto, err := parseProtocol(string(p.Protocol))
 		if err == nil && p.Name == name.Port && proto == name.Protocol {
 			out = append(out, p)
 		}

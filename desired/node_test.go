@@ -160,7 +160,7 @@ func TestTranslateExternalIPPolicy(t *testing.T) {
 	} {
 		t.Run(tc.policy.String(), func(t *testing.T) {
 			node := NewNode("node-a", apiNode(), NodeConfig{ExternalIPs: tc.policy})
-			got, problems := Translate(svc, eps, node)
+			got, _, problems := Translate(svc, eps, node)
 			want := append(slices.Clone(clusterIPs), tc.external...)
 			if r := render(got); strings.Join(r, "\n") != strings.Join(want, "\n") {
 				t.Errorf("got\n%s\nwant\n%s", strings.Join(r, "\n"), strings.Join(want, "\n"))

@@ -21,21 +21,21 @@ type externalAddr struct {
 
 // servicePort translates one port of the Service. ok is false when the port
 // itself is unusable (a Problem says why).
-func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, ok bool) {
+func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, facts PortFacts, ok bool) {
 	label := portLabel(p)
-	proto, err := dataplane.ParseProtocol(string(p.Protocol))
+	proto, err := parseProtocol(string(p.Protocol))
 	if err != nil {
 		t.problem(t.svcObject, label+": "+err.Error())
-		return sp, false
+		return sp, facts, false
 	}
 	if proto == dataplane.SCTP {
 		t.problem(t.svcObject, label+": SCTP is not supported by kpr; port left out")
-		return sp, false
+		return sp, facts, false
 	}
 	port, valid := portNumber(p.Port)
 	if !valid {
 		t.problem(t.svcObject, fmt.Sprintf("%s: service port %d is out of range 1-65535", label, p.Port))
-		return sp, false
+		return sp, facts, false
 	}
 	sp.Name = dataplane.ServicePortName{Namespace: t.svc.Namespace, Name: t.svc.Name, Port: p.Name, Protocol: proto}
 	sp.AffinityTimeout = t.affinity
@@ -43,18 +43,24 @@ func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, 
 	nodePort := t.nodePort(p, label)
 	endpoints := t.endpointsFor(p.Name, proto)
 	seen := map[netip.AddrPort]dataplane.FrontendKind{}
-	add := func(f dataplane.Frontend) {
+	// add reports whether f was added, rather than folded into an earlier
+	// frontend at its address.
+	add := func(f dataplane.Frontend) bool {
 		if kind, dup := seen[f.AddrPort()]; dup {
 			if kind != f.Kind {
 				t.problem(t.svcObject, fmt.Sprintf("%s: %s frontend %s is already the %s frontend; kept as %s",
 					label, f.Kind, f.AddrPort(), kind, kind))
 			}
-			return
+			return false
 		}
 		seen[f.AddrPort()] = f.Kind
 		sp.Frontends = append(sp.Frontends, f)
+		return true
 	}
 
+	// externalDropped: an external frontend drops outside traffic although
+	// its family has endpoints.
+	externalDropped := false
 	for _, fam := range t.sortedFamilies() {
 		sets := categorize(endpoints[fam], t.node)
 		internal := sets.cluster
@@ -65,6 +71,9 @@ func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, 
 			Addr: t.families[fam], Port: port, Protocol: proto, Kind: dataplane.ClusterIP,
 			Backends: slices.Clone(internal),
 		})
+		facts.HasEndpoints = facts.HasEndpoints || len(sets.cluster) > 0
+		facts.HasInternalEndpoints = facts.HasInternalEndpoints || len(internal) > 0
+		dropsExternal := t.externalLocal && len(sets.cluster) > 0 && len(sets.local) == 0
 
 		// Traffic that starts on this node always uses the cluster-wide
 		// set on external frontends; only traffic from outside the node is
@@ -81,15 +90,20 @@ func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, 
 		}
 		if nodePort != 0 {
 			for _, a := range t.nodeAddrs[fam] {
-				add(external(a, nodePort, dataplane.NodePort))
+				if add(external(a, nodePort, dataplane.NodePort)) && dropsExternal {
+					externalDropped = true
+				}
 			}
 		}
 		for _, e := range t.externalAddrs[fam] {
-			add(external(e.addr, port, e.kind))
+			if add(external(e.addr, port, e.kind)) && dropsExternal {
+				externalDropped = true
+			}
 		}
 	}
+	facts.HasExternalEndpoints = facts.HasEndpoints && !externalDropped
 	slices.SortFunc(sp.Frontends, compareFrontends)
-	return sp, true
+	return sp, facts, true
 }
 
 // nodePort returns the port's NodePort, or 0 when it has none: only

@@ -61,7 +61,8 @@ func (f *fakeSource) ServiceNames() []serviceName {
 
 // standInTranslator translates a Service into one ServicePort per port
 // with a single ClusterIP frontend, backed by every address of its slices
-// on port 8080 (only this node's under internalTrafficPolicy: Local).
+// on port 8080 (only this node's under internalTrafficPolicy: Local). Its
+// facts say so: endpoints if any address, internal ones if any backend.
 var standInTranslator = translator{
 	skipService: func(svc *v1.Service) (bool, string) {
 		if svc.Spec.ClusterIP == v1.ClusterIPNone {
@@ -70,11 +71,13 @@ var standInTranslator = translator{
 		return false, ""
 	},
 	skipSlice: func(*discoveryv1.EndpointSlice) (bool, string) { return false, "" },
-	translate: func(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node) ([]dataplane.ServicePort, []desired.Problem) {
+	translate: func(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node) ([]dataplane.ServicePort, []desired.PortFacts, []desired.Problem) {
 		local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
 		var backends []dataplane.Backend
+		anywhere := false
 		for _, slice := range eps {
 			for _, ep := range slice.Endpoints {
+				anywhere = anywhere || len(ep.Addresses) > 0
 				if local && (ep.NodeName == nil || *ep.NodeName != node.Name) {
 					continue
 				}
@@ -85,6 +88,7 @@ var standInTranslator = translator{
 		}
 		slices.SortFunc(backends, func(a, b dataplane.Backend) int { return a.Addr.Compare(b.Addr) })
 		var out []dataplane.ServicePort
+		var facts []desired.PortFacts
 		for _, p := range svc.Spec.Ports {
 			out = append(out, dataplane.ServicePort{
 				Name: dataplane.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, Protocol: dataplane.TCP},
@@ -93,12 +97,15 @@ var standInTranslator = translator{
 					Protocol: dataplane.TCP, Kind: dataplane.ClusterIP, Backends: backends,
 				}},
 			})
+			facts = append(facts, desired.PortFacts{
+				HasEndpoints: anywhere, HasInternalEndpoints: len(backends) > 0, HasExternalEndpoints: anywhere,
+			})
 		}
 		var problems []desired.Problem
 		if reason := svc.Annotations[problemAnnotation]; reason != "" {
 			problems = append(problems, desired.Problem{Object: svc.Namespace + "/" + svc.Name, Reason: reason})
 		}
-		return out, problems
+		return out, facts, problems
 	},
 	equal: func(a, b *dataplane.ServicePort) bool { return reflect.DeepEqual(a, b) },
 }

@@ -51,7 +51,7 @@ func clutteredObjects() (*v1.Service, *discoveryv1.EndpointSlice) {
 func TestTrimForCacheKeepsWhatKprReads(t *testing.T) {
 	svc, slice := clutteredObjects()
 	node := desired.Node{Name: "node-a", Zone: "zone-a"}
-	want, wantProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{slice}, node)
+	want, wantFacts, wantProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{slice}, node)
 
 	trimmedSvc, slim := svc.DeepCopy(), slice.DeepCopy()
 	if _, err := trimForCache(trimmedSvc); err != nil {
@@ -60,9 +60,9 @@ func TestTrimForCacheKeepsWhatKprReads(t *testing.T) {
 	if _, err := trimForCache(slim); err != nil {
 		t.Fatal(err)
 	}
-	got, gotProblems := desired.Translate(trimmedSvc, []*discoveryv1.EndpointSlice{slim}, node)
-	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotProblems, wantProblems) {
-		t.Fatalf("trimming changed the translation:\n got %+v %v\nwant %+v %v", got, gotProblems, want, wantProblems)
+	got, gotFacts, gotProblems := desired.Translate(trimmedSvc, []*discoveryv1.EndpointSlice{slim}, node)
+	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotFacts, wantFacts) || !reflect.DeepEqual(gotProblems, wantProblems) {
+		t.Fatalf("trimming changed the translation:\n got %+v %+v %v\nwant %+v %+v %v", got, gotFacts, gotProblems, want, wantFacts, wantProblems)
 	}
 	if objectVersions(trimmedSvc, []*discoveryv1.EndpointSlice{slim}) != objectVersions(svc, []*discoveryv1.EndpointSlice{slice}) {
 		t.Fatal("trimming changed the object versions the translation cache is keyed on")
@@ -133,14 +133,14 @@ func TestPackedSliceTranslatesTheSame(t *testing.T) {
 	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "10.96.0.3", []string{"10.96.0.3"}
 	node := desired.Node{Name: "node-1", Zone: "zone-b"}
 
-	want, wantProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{&slice}, node)
+	want, wantFacts, wantProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{&slice}, node)
 	packed := slice.DeepCopy()
 	if _, err := trimForCache(packed); err != nil {
 		t.Fatal(err)
 	}
-	got, gotProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{packed}, node)
-	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotProblems, wantProblems) {
-		t.Fatalf("packing changed the translation:\n got %+v %v\nwant %+v %v", got, gotProblems, want, wantProblems)
+	got, gotFacts, gotProblems := desired.Translate(svc, []*discoveryv1.EndpointSlice{packed}, node)
+	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotFacts, wantFacts) || !reflect.DeepEqual(gotProblems, wantProblems) {
+		t.Fatalf("packing changed the translation:\n got %+v %+v %v\nwant %+v %+v %v", got, gotFacts, gotProblems, want, wantFacts, wantProblems)
 	}
 	// Apart from what trimming drops, every value is as decoded.
 	kept := slice.DeepCopy()

@@ -33,7 +33,7 @@ type objectSource interface {
 type translator struct {
 	skipService func(*v1.Service) (bool, string)
 	skipSlice   func(*discoveryv1.EndpointSlice) (bool, string)
-	translate   func(*v1.Service, []*discoveryv1.EndpointSlice, desired.Node) ([]dataplane.ServicePort, []desired.Problem)
+	translate   func(*v1.Service, []*discoveryv1.EndpointSlice, desired.Node) ([]dataplane.ServicePort, []desired.PortFacts, []desired.Problem)
 	equal       func(a, b *dataplane.ServicePort) bool
 }
 
@@ -66,7 +66,8 @@ func (l portList) get(name dataplane.ServicePortName) *dataplane.ServicePort {
 }
 
 // noLocalCount is one Service's contribution to
-// sync_proxy_rules_no_local_endpoints_total.
+// sync_proxy_rules_no_local_endpoints_total. Only these two numbers are
+// kept per Service, not the per-port facts they are counted from.
 type noLocalCount struct{ internal, external int }
 
 // computed is the desired state of one Service.
@@ -413,11 +414,11 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 	if cached, ok := s.translated[key]; ok && cached.versions == versions {
 		return cached.c
 	}
-	ports, problems := s.tr.translate(svc, eps, node)
+	ports, facts, problems := s.tr.translate(svc, eps, node)
 	s.logProblems(key, problems)
 
 	c := computed{ports: ports}
-	c.noLocal = s.countNoLocal(svc, eps, node, ports)
+	c.noLocal = countNoLocal(facts)
 	c.healthCheck = healthCheckOf(svc, ports)
 	s.translated[key] = translation{versions: versions, c: c}
 	return c
@@ -458,53 +459,19 @@ func (s *syncer) logProblems(key serviceName, problems []desired.Problem) {
 	s.problems[key] = seen
 }
 
-// countNoLocal counts the ports of svc that have a Local traffic policy
-// and endpoints somewhere, but none on this node, as kube-proxy does for
+// countNoLocal counts the ports that have endpoints somewhere but whose
+// Local traffic policy finds none on this node, so that their traffic is
+// dropped here, as kube-proxy does for
 // sync_proxy_rules_no_local_endpoints_total.
-//
-// Externally, a frontend's Backends are the cluster-wide set and its
-// ExternalBackends (non-nil only under externalTrafficPolicy: Local) the
-// local set, so the answer is in the translation. Internally, a ClusterIP
-// frontend only carries the local set; whether the cluster has endpoints
-// at all is learnt by translating again with the Cluster policy, which only
-// happens for Services already known to be missing local endpoints.
-func (s *syncer) countNoLocal(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node, ports []dataplane.ServicePort) noLocalCount {
+func countNoLocal(facts []desired.PortFacts) noLocalCount {
 	var n noLocalCount
-	var clusterWide map[dataplane.ServicePortName]bool // computed on first need
-	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
-	for _, sp := range ports {
-		if slices.ContainsFunc(sp.Frontends, func(f dataplane.Frontend) bool {
-			return f.ExternalBackends != nil && len(f.ExternalBackends) == 0 && len(f.Backends) > 0
-		}) {
-			n.external++
-		}
-		if !internalLocal || slices.ContainsFunc(sp.Frontends, func(f dataplane.Frontend) bool {
-			return f.Kind == dataplane.ClusterIP && len(f.Backends) > 0
-		}) {
-			continue
-		}
-		if clusterWide == nil {
-			clusterWide = s.portsWithClusterEndpoints(svc, eps, node)
-		}
-		if clusterWide[sp.Name] {
+	for _, f := range facts {
+		if f.HasEndpoints && !f.HasInternalEndpoints {
 			n.internal++
+		}
+		if f.HasEndpoints && !f.HasExternalEndpoints {
+			n.external++
 		}
 	}
 	return n
-}
-
-// portsWithClusterEndpoints translates svc as if its internal traffic
-// policy were Cluster and reports which ports then have ClusterIP backends.
-func (s *syncer) portsWithClusterEndpoints(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node) map[dataplane.ServicePortName]bool {
-	cluster := svc.DeepCopy()
-	policy := v1.ServiceInternalTrafficPolicyCluster
-	cluster.Spec.InternalTrafficPolicy = &policy
-	ports, _ := s.tr.translate(cluster, eps, node)
-	has := map[dataplane.ServicePortName]bool{}
-	for _, sp := range ports {
-		has[sp.Name] = slices.ContainsFunc(sp.Frontends, func(f dataplane.Frontend) bool {
-			return f.Kind == dataplane.ClusterIP && len(f.Backends) > 0
-		})
-	}
-	return has
 }

@@ -38,7 +38,7 @@ func TestHealthCheckCountsDistinctLocalEndpoints(t *testing.T) {
 func TestFullSyncReusesTranslationsOfUnchangedServices(t *testing.T) {
 	calls := 0
 	tr := standInTranslator
-	tr.translate = func(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node) ([]dataplane.ServicePort, []desired.Problem) {
+	tr.translate = func(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node) ([]dataplane.ServicePort, []desired.PortFacts, []desired.Problem) {
 		calls++
 		return standInTranslator.translate(svc, eps, node)
 	}
