@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/maps"
 )
 
 // Carrying pinned maps over.
@@ -150,19 +151,10 @@ func prepareOne(ms *ebpf.MapSpec, pin string, log *zap.Logger) (*carryOver, erro
 		old.Close()
 		return nil, fmt.Errorf("create map %s to carry %s over: %w", ms.Name, pin, err)
 	}
-	for i := range keys {
-		v := vals[i]
-		if convert != nil {
-			v = convert(v)
-		}
-		if err := c.new.Put(keys[i], v); err != nil {
-			if isLRU(old.Type()) {
-				break // full: the rest was evicted
-			}
-			c.close()
-			return nil, fmt.Errorf("copy entries of %s into its new map: %w", pin, err)
-		}
-		c.entries++
+	c.entries, err = maps.CopyEntries(c.new, keys, vals, convert)
+	if err != nil && !isLRU(old.Type()) { // a full LRU map: the rest was evicted
+		c.close()
+		return nil, fmt.Errorf("copy entries of %s into its new map: %w", pin, err)
 	}
 	if carriable {
 		log.Info("carrying a pinned map over into a new one: its spec changed",
@@ -205,17 +197,7 @@ func (cs carryOvers) finish(log *zap.Logger) error {
 		if c.carried && isLRU(c.old.Type()) {
 			// Entries the old programs wrote since the copy; an entry
 			// the new programs wrote since the swap is newer and wins.
-			k, v := make([]byte, c.old.KeySize()), make([]byte, c.old.ValueSize())
-			late := 0
-			for it := c.old.Iterate(); it.Next(k, v); {
-				nv := v
-				if c.convert != nil {
-					nv = c.convert(v)
-				}
-				if c.new.Update(k, nv, ebpf.UpdateNoExist) == nil {
-					late++
-				}
-			}
+			late := maps.CopyMissing(c.old, c.new, c.convert)
 			log.Debug("copied entries written during the swap", zap.String("map", name), zap.Int("entries", late))
 		}
 		tmp := carryPin(c.pin)
