@@ -1,0 +1,65 @@
+package iptables
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+// ConntrackCleaner removes the conntrack entries that still send UDP from
+// a frontend to a backend that left it. UDP has no connection to end: an
+// entry lives as long as datagrams keep coming, so a client that keeps
+// sending would keep reaching the gone endpoint (kube-proxy deletes these
+// entries for the same reason).
+type ConntrackCleaner interface {
+	// DeleteUDP deletes the entries of the pairs and returns how many.
+	DeleteUDP(removed []dataplane.RemovedBackend) (int, error)
+}
+
+// NetlinkConntrack deletes entries through netlink in the calling
+// thread's network namespace.
+type NetlinkConntrack struct{}
+
+func (NetlinkConntrack) DeleteUDP(removed []dataplane.RemovedBackend) (int, error) {
+	byFamily := map[netlink.InetFamily][]netlink.CustomConntrackFilter{}
+	for _, rb := range removed {
+		fam := netlink.InetFamily(unix.AF_INET)
+		if !rb.Frontend.Addr().Unmap().Is4() {
+			fam = unix.AF_INET6
+		}
+		byFamily[fam] = append(byFamily[fam], udpFlowFilter(rb))
+	}
+	total := 0
+	var errs []error
+	for fam, filters := range byFamily {
+		// One dump of the table per family serves every pair.
+		n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, filters...)
+		total += int(n)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("delete conntrack entries of %d removed UDP backends: %w", len(filters), err))
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+// udpFlowFilter matches the entries of UDP flows sent to the frontend and
+// translated to the backend: the original direction's destination is the
+// frontend, the reply comes from the backend.
+type udpFlowFilter dataplane.RemovedBackend
+
+func (f udpFlowFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	return flow.Forward.Protocol == unix.IPPROTO_UDP &&
+		sameAddr(flow.Forward.DstIP, f.Frontend.Addr()) && flow.Forward.DstPort == f.Frontend.Port() &&
+		sameAddr(flow.Reverse.SrcIP, f.Backend.Addr()) && flow.Reverse.SrcPort == f.Backend.Port()
+}
+
+func sameAddr(ip net.IP, a netip.Addr) bool {
+	got, ok := netip.AddrFromSlice(ip)
+	return ok && got.Unmap() == a.Unmap()
+}

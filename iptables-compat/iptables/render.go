@@ -1,0 +1,361 @@
+package iptables
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+// Family is an IP family; iptables programs IPv4, ip6tables IPv6, each in
+// tables of its own with the same chain names.
+type Family uint8
+
+const (
+	IPv4 Family = iota
+	IPv6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+func familyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// chain is one per-ServicePort nat chain: its name and its rules, each a
+// complete "-A <name> ..." line of iptables-restore input.
+type chain struct {
+	name  string
+	rules []string
+}
+
+// portRules is what one ServicePort contributes to one family's tables:
+// its lines in the shared chains, which every sync rewrites in full, and
+// the chains it owns, which a partial sync rewrites only when it changed.
+type portRules struct {
+	natServices    []string // nat KUBE-SERVICES
+	natNodePorts   []string // nat KUBE-NODEPORTS
+	filterServices []string // filter KUBE-SERVICES: reject without endpoints
+	filterExternal []string // filter KUBE-EXTERNAL-SERVICES: reject or drop of outside traffic
+	chains         []chain
+}
+
+func (r *portRules) chainNames() []string {
+	out := make([]string, len(r.chains))
+	for i, c := range r.chains {
+		out[i] = c.name
+	}
+	return out
+}
+
+// line joins the words of one restore line.
+func line(words ...string) string { return strings.Join(words, " ") }
+
+// comment is the comment match kube-proxy puts on its rules; quoted, as
+// iptables-restore reads it.
+func comment(text string) string { return `-m comment --comment "` + text + `"` }
+
+// renderPort renders the frontends of sp that belong to fam. It is pure:
+// the same ServicePort always renders to the same lines.
+//
+// The chain structure follows kube-proxy's iptables mode:
+//   - a ClusterIP jumps from KUBE-SERVICES to its policy chain;
+//   - a NodePort (from KUBE-NODEPORTS), an external IP or a load-balancer
+//     IP (from KUBE-SERVICES) jumps to KUBE-EXT-*, which masquerades and
+//     picks the policy chain: KUBE-SVC-* (every endpoint) for traffic of
+//     the node itself, and for traffic from outside too under
+//     externalTrafficPolicy Cluster; under Local, outside traffic goes to
+//     KUBE-SVL-* (node-local endpoints) and keeps its source address;
+//   - a policy chain spreads new connections over KUBE-SEP-* chains with
+//     statistic --mode random, first checking the recent lists of ClientIP
+//     affinity; each KUBE-SEP-* DNATs to one endpoint;
+//   - a frontend without endpoints is rejected in filter KUBE-SERVICES,
+//     outside traffic under a Local policy without local endpoints dropped
+//     in filter KUBE-EXTERNAL-SERVICES.
+//
+// kpr's frontends carry their addresses, NodePorts too, so every rule
+// matches its destination address (kube-proxy matches NodePorts by port
+// on every local address).
+func renderPort(sp *dataplane.ServicePort, fam Family) portRules {
+	var out portRules
+	name := portName(sp.Name)
+	proto := protoName(sp.Name.Protocol)
+
+	var fes []dataplane.Frontend
+	for _, fe := range sp.Frontends {
+		if familyOf(fe.Addr) == fam && servable(fe) {
+			fes = append(fes, fe)
+		}
+	}
+	if len(fes) == 0 {
+		return out
+	}
+	pol := newPolicies(sp.Name, fes, fam)
+
+	for _, fe := range fes {
+		internal := pol.set(fe.Backends)
+		external := internal
+		if fe.ExternalBackends != nil {
+			external = pol.set(fe.ExternalBackends)
+		}
+		// A ClusterIP that treats every origin alike jumps straight to its
+		// policy chain, as in kube-proxy; everything else enters through
+		// KUBE-EXT-*.
+		local := fe.ExternalBackends != nil
+		direct := fe.Kind == dataplane.ClusterIP && !local
+		dest := []string{"-m", proto, "-p", proto, "-d", fe.Addr.Unmap().String(), "--dport", strconv.Itoa(int(fe.Port))}
+
+		if !internal.empty() || !external.empty() {
+			target := internal.chain
+			if !direct {
+				target = pol.external(internal, external, local).name
+			}
+			switch fe.Kind {
+			case dataplane.NodePort:
+				out.natNodePorts = append(out.natNodePorts, line("-A", chainNodePorts, comment(name), line(dest...), "-j", target))
+			default:
+				out.natServices = append(out.natServices,
+					line("-A", chainServices, comment(name+" "+kindComment(fe.Kind)), line(dest...), "-j", target))
+			}
+		}
+		if internal.empty() {
+			out.filterServices = append(out.filterServices,
+				line("-A", chainServices, comment(name+" has no endpoints"), line(dest...), "-j", "REJECT"))
+		}
+		if external.empty() && !direct {
+			target, why := "DROP", " has no local endpoints"
+			if internal.empty() {
+				target, why = "REJECT", " has no endpoints"
+			}
+			out.filterExternal = append(out.filterExternal,
+				line("-A", chainExternalServices, comment(name+why), line(dest...), "-j", target))
+		}
+	}
+
+	for _, e := range pol.exts {
+		out.chains = append(out.chains, e.render(name))
+	}
+	out.chains = append(out.chains, pol.chains(sp, name, proto)...)
+	return out
+}
+
+// servable reports whether the iptables dataplane can serve fe. IPv6
+// loopback NodePorts cannot be: the kernel has no route_localnet for IPv6,
+// so a packet from ::1 DNATed to a pod is dropped (kube-proxy leaves them
+// out for the same reason).
+func servable(fe dataplane.Frontend) bool {
+	return !(fe.Kind == dataplane.NodePort && fe.Addr == netip.IPv6Loopback())
+}
+
+func kindComment(k dataplane.FrontendKind) string {
+	switch k {
+	case dataplane.ExternalIP:
+		return "external IP"
+	case dataplane.LoadBalancer:
+		return "loadbalancer IP"
+	}
+	return "cluster IP"
+}
+
+// backendSet is one distinct set of endpoints of a ServicePort in one
+// family, and the policy chain that serves it ("" when empty).
+type backendSet struct {
+	backends []dataplane.Backend // sorted, of the family only
+	chain    string
+}
+
+func (s *backendSet) empty() bool { return s == nil || len(s.backends) == 0 }
+
+// policies are the distinct backend sets the frontends of one ServicePort
+// use, with their chains. The set of the ServicePort's NodePort, external
+// and load-balancer frontends (the cluster-wide endpoints), or failing
+// those of its first frontend, gets KUBE-SVC-*; the next distinct set (the
+// node-local endpoints of a Local traffic policy) gets KUBE-SVL-*. The
+// desired state never has more than these two; any further set is still
+// served, by a KUBE-SVL-* chain whose hash also covers its rank.
+type policies struct {
+	name dataplane.ServicePortName
+	fam  Family
+	sets []*backendSet
+	exts []*extChain
+}
+
+// extChain is a KUBE-EXT-* chain: the backend sets it sends traffic of
+// the node and traffic from outside to. The frontends of one ServicePort
+// share one pair in the desired state, so there is one such chain; any
+// further pair gets a chain whose hash also covers its rank.
+type extChain struct {
+	name               string
+	internal, external *backendSet
+	// local is externalTrafficPolicy Local: outside traffic keeps its
+	// source address.
+	local bool
+}
+
+// external returns the extChain of the pair, adding it when new.
+func (p *policies) external(internal, external *backendSet, local bool) *extChain {
+	for _, e := range p.exts {
+		if e.internal == internal && e.external == external && e.local == local {
+			return e
+		}
+	}
+	e := &extChain{name: externalChain(p.name), internal: internal, external: external, local: local}
+	if rank := len(p.exts); rank > 0 {
+		e.name = prefixExternal + hash16(portName(p.name)+protoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
+	}
+	p.exts = append(p.exts, e)
+	return e
+}
+
+func newPolicies(n dataplane.ServicePortName, fes []dataplane.Frontend, fam Family) *policies {
+	p := &policies{name: n, fam: fam}
+	first := fes[0].Backends
+	for _, fe := range fes {
+		if fe.Kind != dataplane.ClusterIP {
+			first = fe.Backends
+			break
+		}
+	}
+	p.set(first)
+	return p
+}
+
+// set returns the backendSet of backends, adding it when new.
+func (p *policies) set(backends []dataplane.Backend) *backendSet {
+	var bs []dataplane.Backend
+	for _, b := range backends {
+		if familyOf(b.Addr) == p.fam {
+			bs = append(bs, dataplane.Backend{Addr: b.Addr.Unmap(), Port: b.Port})
+		}
+	}
+	slices.SortFunc(bs, compareBackends)
+	bs = slices.Compact(bs)
+	for _, s := range p.sets {
+		if slices.Equal(s.backends, bs) {
+			return s
+		}
+	}
+	s := &backendSet{backends: bs}
+	p.sets = append(p.sets, s)
+	if len(bs) > 0 {
+		s.chain = p.chainName(len(p.sets) - 1)
+	}
+	return s
+}
+
+func (p *policies) chainName(rank int) string {
+	switch rank {
+	case 0:
+		return clusterChain(p.name)
+	case 1:
+		return localChain(p.name)
+	}
+	return prefixLocalPolicy + hash16(portName(p.name)+protoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
+}
+
+func compareBackends(a, b dataplane.Backend) int {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	return int(a.Port) - int(b.Port)
+}
+
+// render renders the KUBE-EXT-* chain.
+func (e *extChain) render(name string) chain {
+	c := chain{name: e.name}
+	add := func(words ...string) { c.rules = append(c.rules, line(append([]string{"-A", c.name}, words...)...)) }
+	if !e.local {
+		// Cluster policy: masquerade, since the endpoint may be on
+		// another node and must answer through this one.
+		add(comment("masquerade traffic for "+name+" external destinations"), "-j", chainMarkMasq)
+		add("-j", e.internal.chain)
+		return c
+	}
+	// Local policy: traffic from outside keeps its source address and
+	// stays on this node. Traffic of the node itself still goes to its
+	// own set (every endpoint), masqueraded because its source is a node
+	// address.
+	add(comment("masquerade LOCAL traffic for "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq)
+	if e.internal.empty() {
+		add(comment("no endpoints for LOCAL traffic to "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", "RETURN")
+	} else {
+		add(comment("route LOCAL traffic for "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", e.internal.chain)
+	}
+	if !e.external.empty() {
+		add("-j", e.external.chain)
+	}
+	return c
+}
+
+// chains renders the policy chains of every non-empty set and the endpoint
+// chains they jump to, in the order of the sets.
+func (p *policies) chains(sp *dataplane.ServicePort, name, proto string) []chain {
+	var out []chain
+	affinity := affinitySeconds(sp)
+	seps := map[dataplane.Backend]bool{}
+	var sepOrder []dataplane.Backend
+	for _, s := range p.sets {
+		if s.empty() {
+			continue
+		}
+		c := chain{name: s.chain}
+		add := func(words ...string) { c.rules = append(c.rules, line(append([]string{"-A", c.name}, words...)...)) }
+		if affinity > 0 {
+			for _, b := range s.backends {
+				sep := endpointChain(sp.Name, b)
+				add(comment(name+" -> "+b.String()), "-m", "recent", "--name", sep, "--rcheck", "--seconds", strconv.Itoa(affinity), "--reap", "-j", sep)
+			}
+		}
+		for i, b := range s.backends {
+			words := []string{comment(name + " -> " + b.String())}
+			if left := len(s.backends) - i; left > 1 {
+				words = append(words, "-m", "statistic", "--mode", "random", "--probability", probability(left))
+			}
+			add(append(words, "-j", endpointChain(sp.Name, b))...)
+			if !seps[b] {
+				seps[b] = true
+				sepOrder = append(sepOrder, b)
+			}
+		}
+		out = append(out, c)
+	}
+	for _, b := range sepOrder {
+		c := chain{name: endpointChain(sp.Name, b)}
+		add := func(words ...string) { c.rules = append(c.rules, line(append([]string{"-A", c.name}, words...)...)) }
+		// Hairpin: an endpoint reaching itself through the Service must
+		// be masqueraded, or it answers itself directly.
+		add(comment(name), "-s", b.Addr.String(), "-j", chainMarkMasq)
+		dnat := []string{comment(name)}
+		if affinity > 0 {
+			dnat = append(dnat, "-m", "recent", "--name", c.name, "--set")
+		}
+		add(append(dnat, "-m", proto, "-p", proto, "-j", "DNAT", "--to-destination", b.String())...)
+		out = append(out, c)
+	}
+	return out
+}
+
+// probability is the chance that a rule picks the first of left remaining
+// endpoints, so that each is picked equally often; kube-proxy's format.
+func probability(left int) string { return fmt.Sprintf("%0.10f", 1.0/float64(left)) }
+
+// affinitySeconds is the ClientIP affinity timeout in whole seconds (at
+// least 1 when on), as the recent match takes it.
+func affinitySeconds(sp *dataplane.ServicePort) int {
+	if sp.AffinityTimeout <= 0 {
+		return 0
+	}
+	return max(1, int(math.Ceil(sp.AffinityTimeout.Seconds())))
+}

@@ -1,0 +1,102 @@
+package iptables
+
+import (
+	"bytes"
+	"fmt"
+	"os/exec"
+	"strings"
+)
+
+// Runner runs the iptables binaries. The Plane reaches the kernel only
+// through it, so tests can give it an in-memory stand-in, or run the real
+// binaries inside a network namespace of their own.
+type Runner interface {
+	// Run runs name with args and stdin, and returns its standard output.
+	// A failure's error carries the command's standard error.
+	Run(name string, args []string, stdin []byte) ([]byte, error)
+}
+
+// ExecRunner runs the binaries as processes. Prefix, when set, comes
+// before every command (for example "ip netns exec NAME").
+type ExecRunner struct {
+	Prefix []string
+}
+
+func (r ExecRunner) Run(name string, args []string, stdin []byte) ([]byte, error) {
+	argv := append(append(append([]string{}, r.Prefix...), name), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+// Tools are the binaries of one family.
+type Tools struct {
+	Save, Restore string
+}
+
+// Variant is which iptables implementation the node uses.
+type Variant string
+
+const (
+	NFT    Variant = "nft"
+	Legacy Variant = "legacy"
+)
+
+// ToolsFor returns the binaries of variant for fam.
+func ToolsFor(v Variant, fam Family) Tools {
+	base := "iptables"
+	if fam == IPv6 {
+		base = "ip6tables"
+	}
+	return Tools{Save: base + "-" + string(v) + "-save", Restore: base + "-" + string(v) + "-restore"}
+}
+
+// DetectVariant decides, as kube-proxy's iptables-wrapper does, whether the
+// node's rules live in iptables-nft or iptables-legacy: the one that holds
+// more rules is the one the node's other components (kubelet, the CNI
+// plugin) use, and kpr must write beside them, not in the other set that
+// the kernel also runs. When both are equally empty it asks
+// `iptables --version`, which prints "(nf_tables)" or "(legacy)", and
+// prefers nft if that does not say.
+func DetectVariant(r Runner) (Variant, string, error) {
+	nft, nftErr := countRules(r, "iptables-nft-save")
+	legacy, legacyErr := countRules(r, "iptables-legacy-save")
+	switch {
+	case nftErr != nil && legacyErr != nil:
+		return "", "", fmt.Errorf("neither iptables-nft-save nor iptables-legacy-save runs (%v; %v): install the iptables package", nftErr, legacyErr)
+	case legacyErr != nil:
+		return NFT, "iptables-legacy-save does not run", nil
+	case nftErr != nil:
+		return Legacy, "iptables-nft-save does not run", nil
+	case legacy > nft:
+		return Legacy, fmt.Sprintf("iptables-legacy holds %d rules, iptables-nft %d", legacy, nft), nil
+	case nft > legacy:
+		return NFT, fmt.Sprintf("iptables-nft holds %d rules, iptables-legacy %d", nft, legacy), nil
+	}
+	out, err := r.Run("iptables", []string{"--version"}, nil)
+	if err == nil && strings.Contains(string(out), "(legacy)") {
+		return Legacy, fmt.Sprintf("no rules in either; `iptables --version` says %q", strings.TrimSpace(string(out))), nil
+	}
+	return NFT, fmt.Sprintf("no rules in either; `iptables --version` says %q", strings.TrimSpace(string(out))), nil
+}
+
+func countRules(r Runner, save string) (int, error) {
+	out, err := r.Run(save, nil, nil)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "-") {
+			n++
+		}
+	}
+	return n, nil
+}

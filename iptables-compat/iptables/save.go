@@ -1,0 +1,119 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// savedTable is one table of iptables-save output.
+type savedTable struct {
+	name string
+	// chains are every chain, built-in ones included, in the order saved.
+	chains []string
+	// rules are the "-A" rules, each split into words with the quoting
+	// removed ("-A", chain, matches..., "-j", target, ...).
+	rules [][]string
+}
+
+// parseSave reads iptables-save output (of one table or several).
+func parseSave(out []byte) (map[string]*savedTable, error) {
+	tables := map[string]*savedTable{}
+	var cur *savedTable
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 0, 64*1024), 16*1024*1024)
+	for n := 1; sc.Scan(); n++ {
+		l := strings.TrimSpace(sc.Text())
+		switch {
+		case l == "" || strings.HasPrefix(l, "#"):
+		case strings.HasPrefix(l, "*"):
+			cur = &savedTable{name: l[1:]}
+			tables[cur.name] = cur
+		case cur == nil:
+			return nil, fmt.Errorf("iptables-save line %d (%q) comes before any table", n, l)
+		case l == "COMMIT":
+			cur = nil
+		case strings.HasPrefix(l, ":"):
+			name, _, _ := strings.Cut(l[1:], " ")
+			cur.chains = append(cur.chains, name)
+		default:
+			words, err := splitWords(l)
+			if err != nil {
+				return nil, fmt.Errorf("iptables-save line %d: %w", n, err)
+			}
+			if len(words) < 2 || words[0] != "-A" {
+				return nil, fmt.Errorf("iptables-save line %d (%q) is no rule", n, l)
+			}
+			cur.rules = append(cur.rules, words)
+		}
+	}
+	return tables, sc.Err()
+}
+
+// splitWords splits a rule line as iptables-restore does: on blanks,
+// with double quotes grouping and backslash escaping.
+func splitWords(l string) ([]string, error) {
+	var out []string
+	var w strings.Builder
+	inWord, quoted, escaped := false, false, false
+	for _, r := range l {
+		switch {
+		case escaped:
+			w.WriteRune(r)
+			escaped = false
+		case r == '\\':
+			escaped, inWord = true, true
+		case r == '"':
+			quoted = !quoted
+			inWord = true
+		case (r == ' ' || r == '\t') && !quoted:
+			if inWord {
+				out = append(out, w.String())
+				w.Reset()
+				inWord = false
+			}
+		default:
+			w.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quoted {
+		return nil, fmt.Errorf("unterminated quote in %q", l)
+	}
+	if inWord {
+		out = append(out, w.String())
+	}
+	return out, nil
+}
+
+// hasJump reports whether the table holds the base jump j: a rule in its
+// built-in chain with its target and comment, however iptables-save
+// orders the matches.
+func (t *savedTable) hasJump(j baseJump) bool {
+	if t == nil {
+		return false
+	}
+	for _, r := range t.rules {
+		if r[1] == j.chain && ruleArg(r, "-j") == j.target && ruleArg(r, "--comment") == j.comment {
+			return true
+		}
+	}
+	return false
+}
+
+// hasChain reports whether the table has the chain.
+func (t *savedTable) hasChain(name string) bool {
+	return t != nil && slices.Contains(t.chains, name)
+}
+
+// ruleArg is the word after the first flag in r, "" without one.
+func ruleArg(r []string, flag string) string {
+	for i := 0; i+1 < len(r); i++ {
+		if r[i] == flag {
+			return r[i+1]
+		}
+	}
+	return ""
+}
