@@ -161,6 +161,9 @@ func (in tableInput) render() []byte {
 // staleChains are the chains of saved that look like the backend's
 // per-ServicePort chains and that none of ports owns.
 func staleChains(saved *savedTable, ports []*portRules) []string {
+	if saved == nil {
+		return nil
+	}
 	owned := map[string]bool{}
 	for _, p := range ports {
 		for _, c := range p.chains {

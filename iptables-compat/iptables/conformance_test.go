@@ -1,0 +1,116 @@
+package iptables
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+)
+
+// The iptables backend over the in-memory iptables passes the dataplane
+// conformance suite. The observer parses what iptables-save prints and
+// walks the chains (observe_test.go), so it sees what the rules do.
+func TestConformance(t *testing.T) {
+	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
+		return conformanceBackend(t, newFake(), NFT)
+	})
+}
+
+// conformanceBackend is a Plane over the tables run reaches, with a
+// failure injector between them; Restart builds a second Plane over the
+// same tables.
+func conformanceBackend(t *testing.T, run Runner, v Variant) dataplanetest.Backend {
+	failing := &failingRunner{Runner: run}
+	plane, err := New(Options{
+		Runner:   failing,
+		Families: map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)},
+		Log:      zaptest.NewLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dataplanetest.Backend{
+		Dataplane: plane,
+		Served:    func() (dataplanetest.State, error) { return observed(run, v) },
+		Restart:   func() dataplanetest.Backend { return conformanceBackend(t, run, v) },
+		Tamper:    tamperer{run: run, v: v},
+		FailWrite: failing.failAt,
+	}
+}
+
+// tamperer changes the tables with iptables-restore of its own, as
+// another program on the node would.
+type tamperer struct {
+	run Runner
+	v   Variant
+}
+
+func (tp tamperer) restore(k dataplanetest.Key, input string) error {
+	_, err := tp.run.Run(ToolsFor(tp.v, familyOf(k.Addr)).Restore, []string{"--noflush"}, []byte(input))
+	return err
+}
+
+// Remove deletes every rule that names k's destination from the shared
+// chains of both tables.
+func (tp tamperer) Remove(k dataplanetest.Key) error {
+	fam := familyOf(k.Addr)
+	for _, table := range []string{tableNAT, tableFilter} {
+		text, err := tp.run.Run(ToolsFor(tp.v, fam).Save, []string{"-t", table}, nil)
+		if err != nil {
+			return err
+		}
+		parsed, err := parseSave(text)
+		if err != nil {
+			return err
+		}
+		var in bytes.Buffer
+		in.WriteString("*" + table + "\n")
+		for _, r := range parsed[table].rules {
+			d, err := parseAddr(ruleArg(r, "-d"))
+			if err == nil && d == k.Addr && ruleArg(r, "--dport") == strconv.Itoa(int(k.Port)) &&
+				parseProto(ruleArg(r, "-p")) == k.Protocol {
+				in.WriteString("-D " + r[1] + " " + quoteWords(r[2:]) + "\n")
+			}
+		}
+		in.WriteString("COMMIT\n")
+		if err := tp.restore(k, in.String()); err != nil {
+			return fmt.Errorf("tamper: remove %s from %s: %w", k, table, err)
+		}
+	}
+	return nil
+}
+
+// Redirect plants a chain of its own at the head of nat KUBE-SERVICES that
+// sends k to backends, named like a ServicePort's chains so that only a
+// full sync knows to delete it.
+func (tp tamperer) Redirect(k dataplanetest.Key, backends []dataplane.Backend) error {
+	proto := protoName(k.Protocol)
+	svc := prefixClusterPolicy + hash16("tamper "+k.String())
+	var in bytes.Buffer
+	in.WriteString("*nat\n:" + svc + " - [0:0]\n")
+	var rules []string
+	for i, b := range backends {
+		sep := prefixEndpoint + hash16("tamper "+k.String()+b.String())
+		in.WriteString(":" + sep + " - [0:0]\n")
+		stat := ""
+		if left := len(backends) - i; left > 1 {
+			stat = " -m statistic --mode random --probability " + probability(left)
+		}
+		rules = append(rules, "-A "+svc+stat+" -j "+sep,
+			"-A "+sep+" -p "+proto+" -m "+proto+" -j DNAT --to-destination "+netip.AddrPortFrom(b.Addr, b.Port).String())
+	}
+	for _, r := range rules {
+		in.WriteString(r + "\n")
+	}
+	in.WriteString(fmt.Sprintf("-I %s -d %s -p %s -m %s --dport %d -j %s\nCOMMIT\n", chainServices, k.Addr, proto, proto, k.Port, svc))
+	if err := tp.restore(k, in.String()); err != nil {
+		return fmt.Errorf("tamper: redirect %s: %w", k, err)
+	}
+	return nil
+}

@@ -1,0 +1,287 @@
+package iptables
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+)
+
+type testPlane struct {
+	*Plane
+	fake    *fakeIPTables
+	failing *failingRunner
+	ct      *recordingCleaner
+}
+
+func newTestPlane(t *testing.T) testPlane {
+	fake := newFake()
+	failing := &failingRunner{Runner: fake}
+	ct := &recordingCleaner{}
+	p, err := New(Options{Runner: failing, Families: map[Family]Tools{IPv4: ToolsFor(NFT, IPv4), IPv6: ToolsFor(NFT, IPv6)},
+		Conntrack: ct, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testPlane{Plane: p, fake: fake, failing: failing, ct: ct}
+}
+
+func (tp testPlane) served(t *testing.T) dataplanetest.State {
+	t.Helper()
+	s, err := observed(tp.fake, NFT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+type recordingCleaner struct {
+	calls [][]dataplane.RemovedBackend
+	err   error
+}
+
+func (c *recordingCleaner) DeleteUDP(removed []dataplane.RemovedBackend) (int, error) {
+	c.calls = append(c.calls, removed)
+	return len(removed), c.err
+}
+
+func changes(sps ...*dataplane.ServicePort) map[dataplane.ServicePortName]*dataplane.ServicePort {
+	out := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+	for _, sp := range sps {
+		out[sp.Name] = sp
+	}
+	return out
+}
+
+func dualStack(v4, v6 []dataplane.Backend) *dataplane.ServicePort {
+	return &dataplane.ServicePort{Name: spn("shop", "dual", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.60:80", dataplane.TCP, v4, nil),
+		front(dataplane.ClusterIP, "[fd00:10:96::60]:80", dataplane.TCP, v6, nil)}}
+}
+
+// A ServicePort spans the tables of both families, each written in a
+// transaction of its own. When the IPv6 nat table fails, the IPv4 tables
+// already written are put back: the ServicePort stays wholly old.
+func TestFailureInALaterTableUndoesTheEarlierOnes(t *testing.T) {
+	tp := newTestPlane(t)
+	old := dualStack(bes("10.244.0.1:80"), bes("[fd00:10:244::1]:80"))
+	if err := tp.Apply(changes(old)); err != nil {
+		t.Fatal(err)
+	}
+	before := tp.served(t)
+
+	injected := errors.New("injected")
+	tp.failing.failAt(4, injected) // IPv4 filter, IPv4 nat, IPv6 filter, then IPv6 nat
+	err := tp.Apply(changes(dualStack(bes("10.244.0.2:80"), bes("[fd00:10:244::2]:80"))))
+	tp.failing.failAt(0, nil)
+	if !errors.Is(err, injected) || !strings.Contains(err.Error(), "IPv6 nat") {
+		t.Fatalf("Apply = %v, want the injected failure of the IPv6 nat table", err)
+	}
+	if got := tp.served(t); !equalState(got, before) {
+		t.Fatalf("after the failed Apply the tables serve\n%v\nwant what they served before\n%v", got, before)
+	}
+}
+
+func equalState(a, b dataplanetest.State) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		w, ok := b[k]
+		if !ok || !slices.Equal(v.Backends, w.Backends) || v.AffinityTimeout != w.AffinityTimeout {
+			return false
+		}
+	}
+	return true
+}
+
+// A partial sync declares (and so rewrites) only the changed ServicePort's
+// chains; the other ServicePort's chains are not in the transaction, while
+// its KUBE-SERVICES entry is written again with the shared chain.
+func TestApplyRewritesOnlyTheChangedServicePortsChains(t *testing.T) {
+	tp := newTestPlane(t)
+	a := &dataplane.ServicePort{Name: spn("ns", "a", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, bes("10.244.0.1:80"), nil)}}
+	b := &dataplane.ServicePort{Name: spn("ns", "b", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.2:80", dataplane.TCP, bes("10.244.0.2:80"), nil)}}
+	if err := tp.Apply(changes(a, b)); err != nil {
+		t.Fatal(err)
+	}
+	a2 := &dataplane.ServicePort{Name: a.Name, Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, bes("10.244.0.3:80"), nil)}}
+	tp.fake.inputs = nil
+	if err := tp.Apply(changes(a2)); err != nil {
+		t.Fatal(err)
+	}
+	var nat string
+	for _, in := range tp.fake.inputs {
+		if strings.HasPrefix(in, "*nat") && strings.Contains(in, "10.96.0.1") {
+			nat = in
+		}
+	}
+	for _, want := range []string{
+		":" + clusterChain(a.Name) + " ",
+		":" + endpointChain(a.Name, be("10.244.0.3:80")) + " ",
+		"-X " + endpointChain(a.Name, be("10.244.0.1:80")),
+		"-j " + clusterChain(b.Name), // b's entry in KUBE-SERVICES
+	} {
+		if !strings.Contains(nat, want) {
+			t.Errorf("the IPv4 nat transaction lacks %q:\n%s", want, nat)
+		}
+	}
+	for _, unwanted := range []string{":" + clusterChain(b.Name), ":" + endpointChain(b.Name, be("10.244.0.2:80"))} {
+		if strings.Contains(nat, unwanted) {
+			t.Errorf("the IPv4 nat transaction rewrites the unchanged ServicePort's chain (%q):\n%s", unwanted, nat)
+		}
+	}
+	want := state(serves("10.96.0.1:80", "10.244.0.3:80"), serves("10.96.0.2:80", "10.244.0.2:80"))
+	if got := tp.served(t); !equalState(got, want) {
+		t.Fatalf("serves %v, want %v", got, want)
+	}
+}
+
+func state(parts ...dataplanetest.State) dataplanetest.State {
+	out := dataplanetest.State{}
+	for _, p := range parts {
+		for k, v := range p {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func serves(fe string, backends ...string) dataplanetest.State {
+	ap := netip.MustParseAddrPort(fe)
+	k := dataplanetest.Key{Addr: ap.Addr(), Port: ap.Port(), Protocol: dataplane.TCP}
+	out := dataplanetest.State{}
+	for _, tr := range []dataplanetest.Traffic{dataplanetest.Internal, dataplanetest.External} {
+		k.Traffic = tr
+		out[k] = dataplanetest.Serving{Backends: bes(backends...)}
+	}
+	return out
+}
+
+// A full sync deletes per-ServicePort chains nobody owns (left by an
+// earlier process, or by kube-proxy), keeps other programs' chains, and
+// puts the base jumps in place once, however often it runs.
+func TestReconcileDeletesUnownedChainsAndKeepsOthers(t *testing.T) {
+	tp := newTestPlane(t)
+	if _, err := tp.fake.Run("iptables-nft-restore", []string{"--noflush"}, []byte(
+		"*nat\n:KUBE-SVC-LEFTOVER0000000 - [0:0]\n:KUBE-SEP-LEFTOVER0000000 - [0:0]\n:CNI-MINE - [0:0]\n"+
+			"-A KUBE-SVC-LEFTOVER0000000 -j KUBE-SEP-LEFTOVER0000000\n-A CNI-MINE -j RETURN\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	a := &dataplane.ServicePort{Name: spn("ns", "a", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, bes("10.244.0.1:80"), nil)}}
+	for range 2 {
+		if err := tp.Reconcile(changes(a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nat := tp.fake.tables["iptables"]["nat"]
+	for _, c := range []string{"KUBE-SVC-LEFTOVER0000000", "KUBE-SEP-LEFTOVER0000000"} {
+		if slices.Contains(nat.order, c) {
+			t.Errorf("leftover chain %s survived Reconcile", c)
+		}
+	}
+	if !slices.Contains(nat.order, "CNI-MINE") || !slices.Contains(nat.order, clusterChain(a.Name)) {
+		t.Errorf("Reconcile removed a chain it should keep; nat chains: %v", nat.order)
+	}
+	for _, builtin := range []string{"PREROUTING", "OUTPUT", "POSTROUTING"} {
+		if n := len(nat.rules[builtin]); n != 1 {
+			t.Errorf("nat %s has %d rules after two Reconciles, want its one jump: %v", builtin, n, nat.rules[builtin])
+		}
+	}
+	if n := len(tp.fake.tables["iptables"]["filter"].rules["FORWARD"]); n != 3 {
+		t.Errorf("filter FORWARD has %d rules, want the 3 base jumps", n)
+	}
+}
+
+// After a successful write the conntrack entries of UDP backends that left
+// are deleted; a failed write deletes nothing.
+func TestConntrackOfRemovedUDPBackends(t *testing.T) {
+	tp := newTestPlane(t)
+	name := spn("kube-system", "dns", "dns", dataplane.UDP)
+	dns := func(backends ...string) *dataplane.ServicePort {
+		return &dataplane.ServicePort{Name: name, Frontends: []dataplane.Frontend{
+			front(dataplane.ClusterIP, "10.96.0.10:53", dataplane.UDP, bes(backends...), nil)}}
+	}
+	if err := tp.Apply(changes(dns("10.244.0.10:53", "10.244.1.10:53"))); err != nil {
+		t.Fatal(err)
+	}
+	if len(tp.ct.calls) != 0 {
+		t.Fatalf("conntrack cleanup ran for a write that removed nothing: %v", tp.ct.calls)
+	}
+	tp.failing.failAt(2, errors.New("injected"))
+	if err := tp.Apply(changes(dns("10.244.1.10:53"))); err == nil {
+		t.Fatal("Apply succeeded despite the failed write")
+	}
+	tp.failing.failAt(0, nil)
+	if len(tp.ct.calls) != 0 {
+		t.Fatalf("conntrack cleanup ran after a failed write: %v", tp.ct.calls)
+	}
+	if err := tp.Apply(changes(dns("10.244.1.10:53"))); err != nil {
+		t.Fatal(err)
+	}
+	want := []dataplane.RemovedBackend{{Frontend: netip.MustParseAddrPort("10.96.0.10:53"), Backend: netip.MustParseAddrPort("10.244.0.10:53")}}
+	if len(tp.ct.calls) != 1 || !slices.Equal(tp.ct.calls[0], want) {
+		t.Fatalf("conntrack cleanup got %v, want one call with %v", tp.ct.calls, want)
+	}
+	// A failing cleanup does not fail the sync: the rules are right.
+	tp.ct.err = errors.New("netlink says no")
+	if err := tp.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name: nil}); err != nil {
+		t.Fatalf("Apply failed because the conntrack cleanup did: %v", err)
+	}
+}
+
+func TestDetectVariant(t *testing.T) {
+	rule := []byte("*filter\n-A INPUT -j ACCEPT\nCOMMIT\n")
+	for _, tc := range []struct {
+		name    string
+		setup   func(v *variantFake)
+		want    Variant
+		wantErr bool
+	}{
+		{"rules only in legacy", func(v *variantFake) { v.legacy.Run("iptables-legacy-restore", nil, rule) }, Legacy, false},
+		{"rules only in nft", func(v *variantFake) { v.nft.Run("iptables-nft-restore", nil, rule) }, NFT, false},
+		{"nothing anywhere, iptables says legacy", func(v *variantFake) { v.nft.versionOut = "iptables v1.8.7 (legacy)" }, Legacy, false},
+		{"nothing anywhere, iptables says nf_tables", func(v *variantFake) {}, NFT, false},
+		{"no legacy binary", func(v *variantFake) { v.legacy.missing["iptables-legacy-save"] = true }, NFT, false},
+		{"no nft binary", func(v *variantFake) { v.nft.missing["iptables-nft-save"] = true }, Legacy, false},
+		{"no binary", func(v *variantFake) {
+			v.nft.missing["iptables-nft-save"], v.legacy.missing["iptables-legacy-save"] = true, true
+		}, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The two variants are two sets of tables in the kernel.
+			v := &variantFake{nft: newFake(), legacy: newFake()}
+			tc.setup(v)
+			got, why, err := DetectVariant(v)
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "install") {
+					t.Fatalf("DetectVariant = %s, %v; want an error saying what to install", got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want || why == "" {
+				t.Fatalf("DetectVariant = %s (%q), %v; want %s with a reason", got, why, err, tc.want)
+			}
+		})
+	}
+}
+
+// variantFake routes each variant's binaries to tables of their own.
+type variantFake struct{ nft, legacy *fakeIPTables }
+
+func (v *variantFake) Run(name string, args []string, stdin []byte) ([]byte, error) {
+	if strings.Contains(name, "legacy") {
+		return v.legacy.Run(name, args, stdin)
+	}
+	return v.nft.Run(name, args, stdin)
+}
