@@ -1,0 +1,59 @@
+package iptables
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+
+	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+	"github.com/kpr-io/kpr/tests/namedns"
+)
+
+// requireRoot skips unless the test may create network namespaces: as
+// root and not under -short.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping under -short: runs iptables inside a network namespace of its own, which needs root")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: runs iptables inside a network namespace of its own; run as root")
+	}
+}
+
+// newNetNS creates an empty network namespace for the test and returns a
+// Runner whose every command runs inside it (ip netns exec), never in the
+// test's own namespace.
+func newNetNS(t *testing.T) Runner {
+	t.Helper()
+	suffix := make([]byte, 4)
+	rand.Read(suffix)
+	name := "kpr-ipt-" + hex.EncodeToString(suffix)
+	h, err := namedns.Create(name)
+	if err != nil {
+		t.Fatalf("create network namespace %s: %v", name, err)
+	}
+	h.Close()
+	t.Cleanup(func() {
+		if err := namedns.Delete(name); err != nil {
+			t.Errorf("delete network namespace %s: %v", name, err)
+		}
+	})
+	return ExecRunner{Prefix: []string{"ip", "netns", "exec", name}}
+}
+
+// The conformance suite against the real binaries and kernel tables, of
+// both variants, each scenario in a namespace of its own: the observer
+// parses what the real iptables-save prints, so it also checks that the
+// kernel took every rule as rendered.
+func TestConformanceInANetNS(t *testing.T) {
+	requireRoot(t)
+	for _, v := range []Variant{NFT, Legacy} {
+		t.Run(string(v), func(t *testing.T) {
+			dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
+				return conformanceBackend(t, newNetNS(t), v)
+			})
+		})
+	}
+}
