@@ -64,7 +64,9 @@ func (t *fakeTable) clone() *fakeTable {
 	return c
 }
 
-func (t *fakeTable) builtin(table, chain string) bool { return slices.Contains(builtinChains[table], chain) }
+func (t *fakeTable) builtin(table, chain string) bool {
+	return slices.Contains(builtinChains[table], chain)
+}
 
 // family is "iptables" or "ip6tables" for a binary name such as
 // ip6tables-nft-restore.
