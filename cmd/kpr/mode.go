@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/metrics"
 )
@@ -14,8 +15,8 @@ import (
 // answers, as kube-proxy answers "iptables" or "ipvs".
 type backend string
 
-// The backends --mode can name. Only backendEBPF is built today; the
-// iptables and IPVS fallbacks will live under iptables-compat/.
+// The backends --mode can name. backendEBPF and backendIPTables are built;
+// the IPVS fallback will live under iptables-compat/ too.
 const (
 	backendEBPF     backend = "ebpf"
 	backendIPTables backend = "iptables"
@@ -36,28 +37,31 @@ type choice struct {
 // `kpr probe` cannot disagree; it is pure so that every combination is
 // tested without a kernel.
 //
-// When the fallbacks exist, --mode auto turns to them where report lacks
-// the socket hooks, and iptables and ipvs get their own feature checks
-// here; today those cases say what this build lacks. No error suggests a
-// mode that this build refuses.
+// --mode iptables needs none of the eBPF features; whether the iptables
+// binaries run is found when the backend is built. --mode auto does not
+// fall back to it yet (that is --fallback-mode's job, still to come), but
+// its errors name it. No error suggests a mode that this build refuses.
 func chooseDataplane(mode string, report loader.Report) (choice, error) {
 	switch mode {
 	case modeAuto:
 		if err := report.RequireSocketLB(); err != nil {
-			return choice{}, fmt.Errorf("--mode auto: kpr cannot run the eBPF dataplane, the only one in this build: %w", err)
+			return choice{}, fmt.Errorf("--mode auto: kpr cannot run the eBPF dataplane, and auto does not fall back yet: %w; "+
+				"on this node run kpr with --mode iptables", err)
 		}
 		return choice{backendEBPF, "the kernel has every feature the eBPF dataplane needs"}, nil
 	case string(backendEBPF):
 		if err := report.RequireSocketLB(); err != nil {
-			return choice{}, fmt.Errorf("--mode ebpf: %w", err)
+			return choice{}, fmt.Errorf("--mode ebpf: %w; or run kpr with --mode iptables", err)
 		}
 		return choice{backendEBPF, "--mode ebpf asked for it, and the kernel has every feature it needs"}, nil
-	case string(backendIPTables), string(backendIPVS):
-		return choice{}, fmt.Errorf("--mode %s: this build of kpr has only the eBPF dataplane, no %s one; "+
-			"run kpr with --mode auto or ebpf on a kernel with the cgroup socket hooks (`kpr probe` shows them), "+
-			"or keep kube-proxy on nodes without them", mode, mode)
+	case string(backendIPTables):
+		return choice{backendIPTables, "--mode iptables asked for it; it needs no eBPF feature"}, nil
+	case string(backendIPVS):
+		return choice{}, fmt.Errorf("--mode ipvs: this build of kpr has no IPVS dataplane; "+
+			"run kpr with --mode iptables, or --mode auto or ebpf on a kernel with the cgroup socket hooks (`kpr probe` shows them), "+
+			"or keep kube-proxy on nodes that need IPVS")
 	}
-	return choice{}, fmt.Errorf("--mode %q: want auto or ebpf (iptables and ipvs are not built yet)", mode)
+	return choice{}, fmt.Errorf("--mode %q: want auto, ebpf or iptables (ipvs is not built yet)", mode)
 }
 
 // builtDataplane is a constructed backend, ready for the watcher.
@@ -75,7 +79,29 @@ func newDataplane(c choice, g *globalFlags, f *runFlags, m *metrics.Metrics, log
 	switch c.backend {
 	case backendEBPF:
 		return newEBPFDataplane(g, f, m, log)
+	case backendIPTables:
+		return newIPTablesDataplane(log)
 	}
 	// chooseDataplane only picks backends built above.
 	return builtDataplane{}, fmt.Errorf("dataplane %q has no constructor in this build: chooseDataplane and newDataplane disagree; report this as a kpr bug", c.backend)
+}
+
+// newIPTablesDataplane programs iptables in kpr's own network namespace
+// (the node's, under the DaemonSet's hostNetwork: true).
+func newIPTablesDataplane(log *zap.Logger) (builtDataplane, error) {
+	log = log.Named("dataplane")
+	opts, err := iptables.NodeOptions(iptables.ExecRunner{}, log)
+	if err != nil {
+		return builtDataplane{}, err
+	}
+	if err := iptables.EnableLocalhostNodePorts(); err != nil {
+		log.Warn("NodePorts on 127.0.0.1 will not be served", zap.Error(err))
+	}
+	plane, err := iptables.New(opts)
+	if err != nil {
+		return builtDataplane{}, err
+	}
+	// The rules stay when kpr exits, as kube-proxy's do; the next kpr's
+	// first full sync takes them over.
+	return builtDataplane{plane: plane, close: func() error { return nil }}, nil
 }

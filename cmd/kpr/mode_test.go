@@ -55,11 +55,16 @@ func TestChooseDataplane(t *testing.T) {
 			[]string{"not permit", loader.FeatureConnect, loader.FeatureLRUHash, "CAP_BPF"}},
 		{"auto on an empty report", "auto", loader.Report{Kernel: "5.4.0-test"}, "",
 			[]string{loader.FeatureConnect, loader.FeatureCgroupLink}},
-		{"iptables", "iptables", full, "", []string{"--mode iptables", "only the eBPF dataplane", "kube-proxy"}},
-		{"ipvs on a kernel without hooks", "ipvs", noRecvmsg, "", []string{"--mode ipvs", "only the eBPF dataplane"}},
-		{"unknown", "nftables", full, "", []string{`"nftables"`, "auto or ebpf"}},
-		{"empty", "", full, "", []string{`--mode ""`, "auto or ebpf"}},
-		{"case matters, as in kube-proxy", "eBPF", full, "", []string{"auto or ebpf"}},
+		{"iptables on a capable kernel", "iptables", full, backendIPTables, nil},
+		{"iptables on a kernel without hooks", "iptables", noRecvmsg, backendIPTables, nil},
+		{"iptables on an empty report", "iptables", loader.Report{Kernel: "5.4.0-test"}, backendIPTables, nil},
+		{"auto without hooks names the iptables mode", "auto", noRecvmsg, "", []string{"--mode auto", "--mode iptables"}},
+		{"ebpf without hooks names the iptables mode", "ebpf", noRecvmsg, "", []string{"--mode ebpf", "--mode iptables"}},
+		{"ipvs on a kernel without hooks", "ipvs", noRecvmsg, "", []string{"--mode ipvs", "no IPVS dataplane", "--mode iptables"}},
+		{"unknown", "nftables", full, "", []string{`"nftables"`, "auto, ebpf or iptables"}},
+		{"empty", "", full, "", []string{`--mode ""`, "auto, ebpf or iptables"}},
+		{"case matters, as in kube-proxy", "eBPF", full, "", []string{"auto, ebpf or iptables"}},
+		{"case matters for iptables too", "IPTables", full, "", []string{"auto, ebpf or iptables"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := chooseDataplane(tc.mode, tc.report)
@@ -78,7 +83,7 @@ func TestChooseDataplane(t *testing.T) {
 				}
 			}
 			// kpr must not send users to a mode it refuses.
-			for _, refused := range []string{"--mode iptables", "--mode ipvs"} {
+			for _, refused := range []string{"--mode ipvs"} {
 				if tc.mode != refused[len("--mode "):] && strings.Contains(err.Error(), refused) {
 					t.Errorf("error %q suggests %s, which this build refuses", err, refused)
 				}

@@ -66,7 +66,7 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.mode, "mode", "auto", "dataplane: auto or ebpf (iptables and ipvs are not built yet)")
+	fl.StringVar(&f.mode, "mode", "auto", "dataplane: auto, ebpf or iptables (ipvs is not built yet)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster config")
 	fl.StringVar(&f.hostnameOverride, "hostname-override", "", "this node's name in the API; default: the hostname")
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
