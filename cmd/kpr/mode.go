@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -57,7 +58,7 @@ func chooseDataplane(mode string, report loader.Report) (choice, error) {
 	case string(backendIPTables):
 		return choice{backendIPTables, "--mode iptables asked for it; it needs no eBPF feature"}, nil
 	case string(backendIPVS):
-		return choice{}, fmt.Errorf("--mode ipvs: this build of kpr has no IPVS dataplane; " +
+		return choice{}, errors.New("--mode ipvs: this build of kpr has no IPVS dataplane; " +
 			"run kpr with --mode iptables, or --mode auto or ebpf on a kernel with the cgroup socket hooks (`kpr probe` shows them), " +
 			"or keep kube-proxy on nodes that need IPVS")
 	}
