@@ -57,3 +57,27 @@ func TestConformanceInANetNS(t *testing.T) {
 		})
 	}
 }
+
+// iptables-save respells what kpr writes (match order, /32, MARK options,
+// probabilities); the drift check must see through that for every shape of
+// rule, or every periodic sync would be a needless full rewrite.
+func TestDriftCheckHoldsOverRealTables(t *testing.T) {
+	requireRoot(t)
+	for _, v := range []Variant{NFT, Legacy} {
+		for name, sps := range goldenCases() {
+			t.Run(string(v)+"/"+name, func(t *testing.T) {
+				run := newNetNS(t)
+				p, err := New(Options{Runner: run, Families: map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.Reconcile(changes(sps...)); err != nil {
+					t.Fatal(err)
+				}
+				if held := runDriftCheck(t, p); !held {
+					t.Fatal("the drift check finds drift in tables the Plane has just written")
+				}
+			})
+		}
+	}
+}

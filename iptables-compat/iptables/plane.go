@@ -39,6 +39,9 @@ type Plane struct {
 	// checked is set once the Plane has read a family's tables and put
 	// the base jumps in place; every Reconcile checks again.
 	checked map[Family]bool
+	// dirty is set by a failed call and cleared by a successful
+	// Reconcile: until then no drift check vouches for the tables.
+	dirty bool
 }
 
 type renderedPort struct {
@@ -176,6 +179,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 						txns[j].fam, txns[j].table, len(changed), undoErr))
 				}
 			}
+			p.dirty = true
 			return err
 		}
 	}
@@ -185,6 +189,9 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		removed = append(removed, dataplane.RemovedUDPBackends(p.programmed[n], next[n])...)
 	}
 	p.programmed, p.rendered = next, nextRendered
+	if full {
+		p.dirty = false
+	}
 	for _, fam := range p.families {
 		p.checked[fam] = true
 	}

@@ -285,3 +285,46 @@ func (v *variantFake) Run(name string, args []string, stdin []byte) ([]byte, err
 	}
 	return v.nft.Run(name, args, stdin)
 }
+
+func runDriftCheck(t *testing.T, p *Plane) bool {
+	t.Helper()
+	c := p.StartDriftCheck()
+	for range 100 {
+		done, held, err := c.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			return held
+		}
+	}
+	t.Fatal("the drift check does not end")
+	return false
+}
+
+// A failed call leaves tables no drift check can vouch for until a
+// Reconcile succeeds, even where the undo put them back.
+func TestDriftCheckAfterAFailedCall(t *testing.T) {
+	tp := newTestPlane(t)
+	sps := goldenCases()["loadbalancer-local-policy"]
+	if err := tp.Reconcile(changes(sps...)); err != nil {
+		t.Fatal(err)
+	}
+	if !runDriftCheck(t, tp.Plane) {
+		t.Fatal("drift right after a Reconcile")
+	}
+	tp.failing.failAt(1, errors.New("injected"))
+	if err := tp.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{sps[0].Name: nil}); err == nil {
+		t.Fatal("Apply succeeded despite the failed write")
+	}
+	tp.failing.failAt(0, nil)
+	if runDriftCheck(t, tp.Plane) {
+		t.Fatal("the drift check holds after a failed call")
+	}
+	if err := tp.Reconcile(changes(sps...)); err != nil {
+		t.Fatal(err)
+	}
+	if !runDriftCheck(t, tp.Plane) {
+		t.Fatal("drift after the repairing Reconcile")
+	}
+}

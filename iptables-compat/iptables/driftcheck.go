@@ -1,0 +1,158 @@
+package iptables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+var _ dataplane.DriftChecker = (*Plane)(nil)
+
+// StartDriftCheck begins a check of the tables against what the Plane
+// wrote: one step per table and family, each one iptables-save. So the
+// periodic sync rewrites the tables only when something changed them.
+func (p *Plane) StartDriftCheck() dataplane.DriftCheck {
+	c := &driftCheck{p: p, dirty: p.dirty}
+	for _, fam := range p.families {
+		for _, table := range tables {
+			c.todo = append(c.todo, tableRef{fam, table})
+		}
+	}
+	return c
+}
+
+type tableRef struct {
+	fam   Family
+	table string
+}
+
+type driftCheck struct {
+	p     *Plane
+	dirty bool
+	todo  []tableRef
+}
+
+func (c *driftCheck) Step() (done, held bool, err error) {
+	if c.dirty || c.p.dirty {
+		return true, false, nil // a failed call: only a Reconcile vouches for the tables
+	}
+	if len(c.todo) == 0 {
+		return true, true, nil
+	}
+	ref := c.todo[0]
+	c.todo = c.todo[1:]
+	text, err := c.p.run.Run(c.p.tools[ref.fam].Save, []string{"-t", ref.table}, nil)
+	if err != nil {
+		return true, false, fmt.Errorf("read the %s %s table: %w", ref.fam, ref.table, err)
+	}
+	parsed, err := parseSave(text)
+	if err != nil {
+		return true, false, fmt.Errorf("read the %s %s table: %w", ref.fam, ref.table, err)
+	}
+	if !c.p.holds(ref, parsed[ref.table]) {
+		return true, false, nil
+	}
+	return len(c.todo) == 0, true, nil
+}
+
+// holds reports whether saved is what the Plane last wrote into the table:
+// the base jumps, no per-ServicePort chain nobody owns, and every chain
+// the Plane writes with the same rules, compared by what each rule does,
+// since iptables-save reorders and respells matches.
+func (p *Plane) holds(ref tableRef, saved *savedTable) bool {
+	if saved == nil || len(missingJumps(ref.table, saved)) > 0 {
+		return false
+	}
+	want := p.input(ref.fam, ref.table, p.rendered, nil, nil)
+	want.rewrite = want.ports
+	if len(staleChains(saved, want.ports)) > 0 {
+		return false
+	}
+	expected := map[string][]string{}
+	for _, l := range strings.Split(string(want.render()), "\n") {
+		if !strings.HasPrefix(l, "-A ") {
+			continue
+		}
+		words, err := splitWords(l)
+		if err != nil {
+			return false
+		}
+		expected[words[1]] = append(expected[words[1]], fingerprint(words))
+	}
+	got := map[string][]string{}
+	for _, r := range saved.rules {
+		if _, ours := expected[r[1]]; ours {
+			got[r[1]] = append(got[r[1]], fingerprint(r))
+		}
+	}
+	for chain, rules := range expected {
+		if !saved.hasChain(chain) || !slices.Equal(got[chain], rules) {
+			return false
+		}
+	}
+	// A chain the Plane declares empty must be there and stay empty.
+	for _, c := range sharedChains(ref.table) {
+		if !saved.hasChain(c) || (expected[c] == nil && len(got[c]) > 0) {
+			return false
+		}
+	}
+	return true
+}
+
+func sharedChains(table string) []string {
+	if table == tableNAT {
+		return []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq}
+	}
+	return []string{chainServices, chainExternalServices, chainForward}
+}
+
+// fingerprint is what a rule does, in a form that is the same for the
+// restore line kpr writes and for iptables-save's spelling of it. MARK's
+// options are left out: iptables-save turns --or-mark and --xor-mark into
+// --set-xmark.
+func fingerprint(r []string) string {
+	var parts []string
+	neg := false
+	for i := 2; i < len(r); i++ {
+		w := r[i]
+		if w == "!" {
+			neg = true
+			continue
+		}
+		arg := ""
+		if i+1 < len(r) {
+			arg = r[i+1]
+		}
+		prefix := ""
+		if neg {
+			prefix = "!"
+		}
+		neg = false
+		switch w {
+		case "-d", "-s":
+			parts = append(parts, prefix+w+"="+normalAddr(arg))
+		case "-p", "--dport", "--src-type", "--dst-type", "--ctstate", "--mark", "-j", "--to-destination",
+			"--seconds", "--name":
+			parts = append(parts, prefix+w+"="+arg)
+		case "--set", "--rcheck":
+			parts = append(parts, prefix+w)
+		case "--probability":
+			f, _ := strconv.ParseFloat(arg, 64)
+			parts = append(parts, prefix+w+"="+strconv.FormatFloat(f, 'f', 6, 64))
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, " ")
+}
+
+// normalAddr drops the /32 or /128 iptables-save adds to an address.
+func normalAddr(s string) string {
+	if p, err := netip.ParsePrefix(s); err == nil && p.IsSingleIP() {
+		return p.Addr().String()
+	}
+	return s
+}
