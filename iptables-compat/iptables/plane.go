@@ -127,9 +127,11 @@ func clone(m map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane
 // transaction is one iptables-restore of one table of one family, and the
 // one that undoes it should a later transaction of the same call fail.
 type transaction struct {
-	fam           Family
-	table         string
-	forward, back []byte
+	fam     Family
+	table   string
+	forward []byte
+	// back renders the undo only when it is needed.
+	back func() []byte
 }
 
 // write brings the tables from p.programmed to next. changed are the
@@ -159,14 +161,15 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		}
 		for _, table := range tables {
 			fwd := p.input(fam, table, nextRendered, p.rendered, changed)
-			back := p.input(fam, table, p.rendered, nextRendered, changed)
+			prev := p.rendered
+			back := func() []byte { return p.input(fam, table, prev, nextRendered, changed).render() }
 			if saved != nil {
 				fwd.jumps = missingJumps(table, saved[table])
 				if full && table == tableNAT {
 					fwd.remove = mergeNames(fwd.remove, staleChains(saved[table], fwd.ports))
 				}
 			}
-			txns = append(txns, transaction{fam: fam, table: table, forward: fwd.render(), back: back.render()})
+			txns = append(txns, transaction{fam: fam, table: table, forward: fwd.render(), back: back})
 		}
 	}
 
@@ -174,7 +177,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		if err := p.restore(t.fam, t.forward); err != nil {
 			err = fmt.Errorf("write the %s %s table: %w", t.fam, t.table, err)
 			for j := i - 1; j >= 0; j-- {
-				if undoErr := p.restore(txns[j].fam, txns[j].back); undoErr != nil {
+				if undoErr := p.restore(txns[j].fam, txns[j].back()); undoErr != nil {
 					err = errors.Join(err, fmt.Errorf("undo the %s %s table (it now holds the new rules of %d ServicePorts): %w",
 						txns[j].fam, txns[j].table, len(changed), undoErr))
 				}
