@@ -4,15 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"slices"
 	"strings"
 )
 
 // savedTable is one table of iptables-save output.
 type savedTable struct {
 	name string
-	// chains are every chain, built-in ones included, in the order saved.
-	chains []string
+	// chains are every chain, built-in ones included, in the order saved;
+	// chainSet the same as a set.
+	chains   []string
+	chainSet map[string]bool
 	// rules are the "-A" rules, each split into words with the quoting
 	// removed ("-A", chain, matches..., "-j", target, ...).
 	rules [][]string
@@ -29,7 +30,7 @@ func parseSave(out []byte) (map[string]*savedTable, error) {
 		switch {
 		case l == "" || strings.HasPrefix(l, "#"):
 		case strings.HasPrefix(l, "*"):
-			cur = &savedTable{name: l[1:]}
+			cur = &savedTable{name: l[1:], chainSet: map[string]bool{}}
 			tables[cur.name] = cur
 		case cur == nil:
 			return nil, fmt.Errorf("iptables-save line %d (%q) comes before any table", n, l)
@@ -38,6 +39,7 @@ func parseSave(out []byte) (map[string]*savedTable, error) {
 		case strings.HasPrefix(l, ":"):
 			name, _, _ := strings.Cut(l[1:], " ")
 			cur.chains = append(cur.chains, name)
+			cur.chainSet[name] = true
 		default:
 			words, err := splitWords(l)
 			if err != nil {
@@ -105,7 +107,7 @@ func (t *savedTable) hasJump(j baseJump) bool {
 
 // hasChain reports whether the table has the chain.
 func (t *savedTable) hasChain(name string) bool {
-	return t != nil && slices.Contains(t.chains, name)
+	return t != nil && t.chainSet[name]
 }
 
 // ruleArg is the word after the first flag in r, "" without one.
