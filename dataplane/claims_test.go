@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
@@ -200,5 +201,82 @@ func TestV4MappedFrontendIsTheSameFrontend(t *testing.T) {
 	mapped := fe("::ffff:10.96.0.1", ExternalIP, "10.244.0.3")
 	if mapped.ID() != fe("10.96.0.1", ClusterIP, "10.244.0.2").ID() {
 		t.Fatal("a v4-mapped address is a different frontend")
+	}
+}
+
+// Random partial syncs, some of them rejected by the dataplane: whatever
+// the history, the state handed to the dataplane never has a frontend
+// twice, and every frontend some ServicePort asks for is served by one of
+// them (a frontend let go never stays unserved while another wants it).
+func TestClaimsKeepEveryFrontendServedOnce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	addrs := []string{"10.96.0.1", "10.96.0.2", "10.96.0.3", "192.0.2.1", "192.0.2.2"}
+	kinds := []FrontendKind{ClusterIP, NodePort, ExternalIP, LoadBalancer}
+	names := []ServicePortName{spn("a"), spn("b"), spn("c"), spn("d"), spn("e")}
+	randomSP := func() *ServicePort {
+		if rng.IntN(4) == 0 {
+			return nil
+		}
+		var fes []Frontend
+		for range 1 + rng.IntN(3) {
+			fes = append(fes, fe(addrs[rng.IntN(len(addrs))], kinds[rng.IntN(len(kinds))], "10.244.0.2"))
+		}
+		return sp(fes...)
+	}
+	for run := range 200 {
+		c, d := NewClaims(), desiredState{}
+		handed := map[ServicePortName]*ServicePort{}
+		for step := range 30 {
+			changes := map[ServicePortName]*ServicePort{}
+			for range 1 + rng.IntN(2) {
+				changes[names[rng.IntN(len(names))]] = randomSP()
+			}
+			var out map[ServicePortName]*ServicePort
+			if step%7 == 0 {
+				all := map[ServicePortName]*ServicePort{}
+				for n, s := range d {
+					all[n] = s
+				}
+				for n, s := range changes {
+					all[n] = s
+				}
+				changes = all
+				out, _ = c.ResolveAll(all)
+			} else {
+				out, _ = c.Resolve(changes, d.held)
+			}
+			if rng.IntN(5) == 0 { // the dataplane did not take it
+				c.Done(false)
+				continue
+			}
+			c.Done(true)
+			d.commit(changes)
+			if step%7 == 0 {
+				clear(handed)
+			}
+			for n, s := range out {
+				if s == nil {
+					delete(handed, n)
+				} else {
+					handed[n] = s
+				}
+			}
+			servedBy := map[FrontendID]ServicePortName{}
+			for n, s := range handed {
+				for _, f := range s.Frontends {
+					if other, ok := servedBy[f.ID()]; ok && other != n {
+						t.Fatalf("run %d step %d: %v handed to both %v and %v", run, step, f.ID(), other, n)
+					}
+					servedBy[f.ID()] = n
+				}
+			}
+			for n, s := range d {
+				for _, f := range s.Frontends {
+					if _, ok := servedBy[f.ID()]; !ok {
+						t.Fatalf("run %d step %d: %v asks for %v and nobody serves it", run, step, n, f.ID())
+					}
+				}
+			}
+		}
 	}
 }
