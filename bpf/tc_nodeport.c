@@ -1,0 +1,461 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Packet-level Service translation at tc, for traffic from other machines:
+ * a NodePort, ExternalIP or LoadBalancer IP reached from outside the node
+ * never passes the socket hooks of sock_lb.c, so these programs, on the
+ * node's external devices, do per packet what kube-proxy's PREROUTING and
+ * POSTROUTING NAT rules do.
+ *
+ * kpr_tc_ingress looks a packet's destination up in kpr_services (the
+ * external scope first, which exists for externalTrafficPolicy: Local, else
+ * the internal one), picks a backend, records the flow in kpr_conntrack and
+ * rewrites the destination (DNAT); the kernel then routes the packet to the
+ * backend. kpr_tc_egress finds the backend's replies in kpr_conntrack and
+ * rewrites their source back to the frontend, so the client sees the
+ * address it talked to.
+ *
+ * Backends are reached through the node's routing without SNAT, so replies
+ * come back through this node only when the backend is on it (which is what
+ * externalTrafficPolicy: Local asks for).
+ *
+ * The maps are those of maps.h, shared with the other objects.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <linux/stddef.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "types.h"
+#include "maps.h"
+#include "addr.h"
+
+#define NSEC_PER_SEC 1000000000ULL
+
+/* A packet kpr lets through, translated or not, goes on to the next program
+ * on the device (TCX_NEXT for tcx, the next filter for clsact), and is
+ * passed when there is none: kpr shares the device with other tools. */
+#define TC_PASS TC_ACT_UNSPEC
+
+/*
+ * Conntrack lifetimes in seconds, set by the loader. The defaults are the
+ * netfilter timeouts kube-proxy runs with: SYN_SENT, established (kube-proxy's
+ * --conntrack-tcp-timeout-established), TIME_WAIT after a FIN, CLOSE after a
+ * RST, and UDP before and after a reply (udp_timeout, udp_timeout_stream).
+ */
+volatile const __u32 ct_tcp_syn_s = 120;
+volatile const __u32 ct_tcp_established_s = 86400;
+volatile const __u32 ct_tcp_fin_s = 120;
+volatile const __u32 ct_tcp_rst_s = 10;
+volatile const __u32 ct_udp_s = 30;
+volatile const __u32 ct_udp_stream_s = 120;
+
+/* A flow's lifetime is written back only when it gains at least this much,
+ * so an established flow does not write its entry on every packet. */
+#define CT_REFRESH_NS NSEC_PER_SEC
+
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
+
+/* The parts of a packet the programs look at. Ports in network order. */
+struct pkt {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+	__u32 l3_off;
+	__u32 l4_off;
+	__u8 proto;
+	__u8 tcp_flags;
+	__u8 v6;
+};
+
+#define STAT_INC(field)                                                \
+	do {                                                           \
+		__u32 zero = 0;                                        \
+		struct nat_stats *s = bpf_map_lookup_elem(&kpr_tc_stats, &zero); \
+		if (s)                                                 \
+			s->field++;                                    \
+	} while (0)
+
+/* Parse an Ethernet frame carrying IPv4 or IPv6 with TCP or UDP. Returns 0
+ * for anything else, and for IPv4 fragments (counted): a non-first fragment
+ * has no ports to look up. */
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	__u8 ports[4];
+
+	p->l3_off = ETH_HLEN;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, p->l3_off, &ip, sizeof(ip)))
+			return 0;
+		if (ip.version != 4 || ip.ihl < 5)
+			return 0;
+		if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+			return 0;
+		if (ip.frag_off & bpf_htons(0x3fff)) { /* MF or an offset */
+			STAT_INC(fragment);
+			return 0;
+		}
+		p->proto = ip.protocol;
+		addr_from_v4(p->saddr, ip.saddr);
+		addr_from_v4(p->daddr, ip.daddr);
+		p->l4_off = p->l3_off + ip.ihl * 4;
+		p->v6 = 0;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, p->l3_off, &ip6, sizeof(ip6)))
+			return 0;
+		/* Extension headers are not followed: no Service traffic
+		 * carries them in practice, and kpr leaves such packets be. */
+		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
+			return 0;
+		p->proto = ip6.nexthdr;
+		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
+		p->l4_off = p->l3_off + sizeof(ip6);
+		p->v6 = 1;
+	} else {
+		return 0;
+	}
+	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)))
+		return 0;
+	__builtin_memcpy(&p->sport, &ports[0], 2);
+	__builtin_memcpy(&p->dport, &ports[2], 2);
+	p->tcp_flags = 0;
+	if (p->proto == IPPROTO_TCP &&
+	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1))
+		return 0;
+	return 1;
+}
+
+/*
+ * Rewrite one address and port of the packet: the destination (dst != 0)
+ * or the source. The IPv4 header checksum and the TCP or UDP checksum
+ * (whose pseudo-header holds the address) are fixed incrementally; a UDP
+ * checksum of 0 (none, IPv4 only) stays 0. Returns 0 on success.
+ */
+static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, int dst,
+				   const __u32 old_addr[4], const __u32 new_addr[4],
+				   __u16 old_port, __u16 new_port)
+{
+	__u32 csum_off = p->l4_off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check)
+							      : offsetof(struct udphdr, check));
+	__u32 port_off = p->l4_off + (dst ? 2 : 0);
+	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__u32 addr_off;
+	__s64 diff;
+
+	if (p->v6) {
+		addr_off = p->l3_off + (dst ? offsetof(struct ipv6hdr, daddr)
+					    : offsetof(struct ipv6hdr, saddr));
+		diff = bpf_csum_diff((__be32 *)old_addr, 16, (__be32 *)new_addr, 16, 0);
+		if (diff < 0)
+			return -1;
+		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | l4_flags))
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, new_addr, 16, 0))
+			return -1;
+	} else {
+		addr_off = p->l3_off + (dst ? offsetof(struct iphdr, daddr)
+					    : offsetof(struct iphdr, saddr));
+		if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check),
+					old_addr[3], new_addr[3], 4))
+			return -1;
+		if (bpf_l4_csum_replace(skb, csum_off, old_addr[3], new_addr[3],
+					BPF_F_PSEUDO_HDR | l4_flags | 4))
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, &new_addr[3], 4, 0))
+			return -1;
+	}
+	if (old_port != new_port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port, l4_flags | 2))
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0))
+			return -1;
+	}
+	return 0;
+}
+
+/* How long a flow lives after a packet, given what it has shown. */
+static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u8 flags)
+{
+	__u32 s;
+
+	if (proto == IPPROTO_TCP) {
+		if (flags & CT_F_RST)
+			s = ct_tcp_rst_s;
+		else if (flags & CT_F_FIN)
+			s = ct_tcp_fin_s;
+		else if (flags & CT_F_REPLIED)
+			s = ct_tcp_established_s;
+		else
+			s = ct_tcp_syn_s;
+	} else {
+		s = (flags & CT_F_REPLIED) ? ct_udp_stream_s : ct_udp_s;
+	}
+	return (__u64)s * NSEC_PER_SEC;
+}
+
+static __always_inline __u8 tcp_close_flags(__u8 tcp_flags)
+{
+	return (tcp_flags & TCP_FLAG_RST ? CT_F_RST : 0) | (tcp_flags & TCP_FLAG_FIN ? CT_F_FIN : 0);
+}
+
+/* Note what a packet shows in the flow's forward entry and extend its
+ * lifetime. */
+static __always_inline void ct_touch(struct ct_value *ct, __u8 proto, __u8 new_flags, __u64 now)
+{
+	__u64 expires;
+
+	if ((ct->flags | new_flags) != ct->flags)
+		ct->flags |= new_flags;
+	expires = now + ct_lifetime_ns(proto, ct->flags);
+	/* A RST or FIN shortens the lifetime, which must be written now. */
+	if (expires > ct->expires_ns + CT_REFRESH_NS || (new_flags & (CT_F_RST | CT_F_FIN)))
+		ct->expires_ns = expires;
+}
+
+/* Whether the backend a flow was sent to is still the one behind its id. */
+static __always_inline int ct_backend_live(const struct ct_value *ct)
+{
+	__u32 id = ct->backend_id;
+	const struct backend *be = bpf_map_lookup_elem(&kpr_backends, &id);
+
+	return be && be->port == ct->port && be->addr[0] == ct->addr[0] &&
+	       be->addr[1] == ct->addr[1] && be->addr[2] == ct->addr[2] &&
+	       be->addr[3] == ct->addr[3];
+}
+
+/* An entry whose flow is over: expired, its backend gone, or a TCP SYN that
+ * opens a new connection on the ports of a closed one. */
+static __always_inline int ct_usable(const struct ct_value *ct, const struct pkt *p, __u64 now)
+{
+	if (now > ct->expires_ns)
+		return 0;
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
+	    (ct->flags & (CT_F_FIN | CT_F_RST)))
+		return 0;
+	return ct_backend_live(ct);
+}
+
+/* splitmix64's finalizer: every output bit depends on every input bit. */
+static __always_inline __u32 mix64(__u64 x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return (__u32)x;
+}
+
+/* The backend slot of a new flow is a function of the flow: should its
+ * conntrack entry be lost (evicted from the LRU map), its next packet picks
+ * the same backend while the Service's backends stay the same. */
+static __always_inline __u32 flow_hash(const struct pkt *p)
+{
+	__u64 a = ((__u64)(p->saddr[0] ^ p->saddr[2]) << 32) | (p->saddr[1] ^ p->saddr[3]);
+	__u64 b = ((__u64)p->sport << 16 | p->dport) ^ ((__u64)p->proto << 32);
+
+	return mix64(a ^ mix64(b));
+}
+
+/* The Service frontend a packet from outside is addressed to, if kpr serves
+ * it from outside: the external scope where the Service has one, and never a
+ * ClusterIP. */
+static __always_inline const struct svc_value *frontend_lookup(const struct pkt *p,
+							       struct svc_key *key)
+{
+	const struct svc_value *master;
+
+	addr_copy(key->addr, p->daddr);
+	key->port = p->dport;
+	key->proto = p->proto;
+	key->scope = SVC_SCOPE_EXTERNAL;
+	key->slot = 0;
+	master = bpf_map_lookup_elem(&kpr_services, key);
+	if (!master) {
+		key->scope = SVC_SCOPE_INTERNAL;
+		master = bpf_map_lookup_elem(&kpr_services, key);
+		if (!master)
+			return NULL;
+	}
+	if (master->kind == SVC_KIND_CLUSTER_IP) {
+		STAT_INC(cluster_ip_outside);
+		return NULL;
+	}
+	return master;
+}
+
+/*
+ * A new flow to a frontend: pick a backend and store both conntrack
+ * entries, the reply one first so that no forward entry exists without it.
+ * On success (0) *fwd holds the forward entry; -1 (counted) drops the packet.
+ */
+static __always_inline int ct_create(const struct pkt *p, const struct ct_key *fkey,
+				     struct svc_key *skey, const struct svc_value *master,
+				     struct ct_value *fwd, __u64 now)
+{
+	struct ct_key rkey = {};
+	struct ct_value rev = {};
+	const struct svc_value *slot;
+	const struct backend *be;
+	__u32 backend_id;
+
+	if (master->count == 0) {
+		STAT_INC(drop_no_backend);
+		return -1;
+	}
+	skey->slot = (flow_hash(p) % master->count) + 1;
+	slot = bpf_map_lookup_elem(&kpr_services, skey);
+	if (!slot) {
+		STAT_INC(drop_no_backend);
+		return -1;
+	}
+	backend_id = slot->backend_id;
+	be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
+	if (!be) {
+		STAT_INC(drop_no_backend);
+		return -1;
+	}
+
+	addr_copy(fwd->addr, be->addr);
+	fwd->port = be->port;
+	fwd->backend_id = backend_id;
+	fwd->rev_nat_id = master->rev_nat_id;
+	fwd->flags = tcp_close_flags(p->tcp_flags);
+	fwd->expires_ns = now + ct_lifetime_ns(p->proto, fwd->flags);
+
+	addr_copy(rkey.saddr, be->addr);
+	addr_copy(rkey.daddr, p->saddr);
+	rkey.sport = be->port;
+	rkey.dport = p->sport;
+	rkey.proto = p->proto;
+	rkey.dir = CT_DIR_REPLY;
+	addr_copy(rev.addr, p->daddr);
+	rev.port = p->dport;
+	rev.backend_id = backend_id;
+	rev.rev_nat_id = master->rev_nat_id;
+
+	if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_ANY) ||
+	    bpf_map_update_elem(&kpr_conntrack, fkey, fwd, BPF_ANY)) {
+		STAT_INC(drop_ct_insert);
+		return -1;
+	}
+	STAT_INC(new_flows);
+	return 0;
+}
+
+SEC("tc")
+int kpr_tc_ingress(struct __sk_buff *skb)
+{
+	struct ct_key fkey = {};
+	struct svc_key skey = {};
+	struct ct_value created = {};
+	const struct svc_value *master;
+	const struct ct_value *to;
+	struct ct_value *ct;
+	struct pkt p = {};
+	__u64 now;
+
+	if (!parse(skb, &p))
+		return TC_PASS;
+
+	addr_copy(fkey.saddr, p.saddr);
+	addr_copy(fkey.daddr, p.daddr);
+	fkey.sport = p.sport;
+	fkey.dport = p.dport;
+	fkey.proto = p.proto;
+	fkey.dir = CT_DIR_FORWARD;
+
+	now = bpf_ktime_get_ns();
+	ct = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
+	if (ct && ct_usable(ct, &p, now)) {
+		ct_touch(ct, p.proto, tcp_close_flags(p.tcp_flags), now);
+		to = ct;
+	} else {
+		/* Not a flow kpr knows (or one that is over): only traffic to
+		 * a frontend goes further, so nothing else ever depends on
+		 * the conntrack map having room. */
+		master = frontend_lookup(&p, &skey);
+		if (!master)
+			return TC_PASS;
+		if (ct_create(&p, &fkey, &skey, master, &created, now))
+			return TC_ACT_SHOT;
+		to = &created;
+	}
+	if (rewrite(skb, &p, 1, p.daddr, to->addr, p.dport, to->port)) {
+		STAT_INC(drop_rewrite);
+		return TC_ACT_SHOT;
+	}
+	STAT_INC(translated);
+	return TC_PASS;
+}
+
+/* A reply of a translated flow (backend -> client) leaves with the
+ * frontend's address and port as its source. */
+SEC("tc")
+int kpr_tc_egress(struct __sk_buff *skb)
+{
+	struct ct_key rkey = {};
+	struct ct_value *rev, *fwd;
+	struct ct_value from;
+	struct pkt p = {};
+	__u8 flags;
+
+	if (!parse(skb, &p))
+		return TC_PASS;
+
+	addr_copy(rkey.saddr, p.saddr);
+	addr_copy(rkey.daddr, p.daddr);
+	rkey.sport = p.sport;
+	rkey.dport = p.dport;
+	rkey.proto = p.proto;
+	rkey.dir = CT_DIR_REPLY;
+	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+	if (!rev)
+		return TC_PASS;
+	/* A copy: the forward lookup below may evict the entry rev points to. */
+	from = *rev;
+
+	/* The forward entry learns of the first reply (the flow is
+	 * established) and of a FIN or RST, which shorten its lifetime. */
+	flags = tcp_close_flags(p.tcp_flags);
+	if (!(rev->flags & CT_F_REPLIED) || flags) {
+		struct ct_key fkey = {};
+
+		rev->flags |= CT_F_REPLIED;
+		addr_copy(fkey.saddr, p.daddr);
+		addr_copy(fkey.daddr, from.addr);
+		fkey.sport = p.dport;
+		fkey.dport = from.port;
+		fkey.proto = p.proto;
+		fkey.dir = CT_DIR_FORWARD;
+		fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
+		if (fwd)
+			ct_touch(fwd, p.proto, flags | CT_F_REPLIED, bpf_ktime_get_ns());
+	}
+
+	if (rewrite(skb, &p, 0, p.saddr, from.addr, p.sport, from.port)) {
+		STAT_INC(drop_rewrite);
+		return TC_ACT_SHOT;
+	}
+	STAT_INC(reversed);
+	return TC_PASS;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
