@@ -305,6 +305,10 @@ static __always_inline const struct svc_value *frontend_lookup(const struct pkt 
  * A new flow to a frontend: pick a backend and store both conntrack
  * entries, the reply one first so that no forward entry exists without it.
  * On success (0) *fwd holds the forward entry; -1 (counted) drops the packet.
+ * A flow whose entries cannot be stored is dropped rather than translated:
+ * its replies could not be restored, and the client would reset them. Only
+ * new flows to a frontend ever need an insert, so a full map never keeps a
+ * packet from reaching the node itself.
  */
 static __always_inline int ct_create(const struct pkt *p, const struct ct_key *fkey,
 				     struct svc_key *skey, const struct svc_value *master,
@@ -351,8 +355,12 @@ static __always_inline int ct_create(const struct pkt *p, const struct ct_key *f
 	rev.backend_id = backend_id;
 	rev.rev_nat_id = master->rev_nat_id;
 
-	if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_ANY) ||
-	    bpf_map_update_elem(&kpr_conntrack, fkey, fwd, BPF_ANY)) {
+	if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_ANY)) {
+		STAT_INC(drop_ct_insert);
+		return -1;
+	}
+	if (bpf_map_update_elem(&kpr_conntrack, fkey, fwd, BPF_ANY)) {
+		bpf_map_delete_elem(&kpr_conntrack, &rkey);
 		STAT_INC(drop_ct_insert);
 		return -1;
 	}

@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
@@ -284,5 +287,54 @@ func TestConntrackTimeoutsAreValidated(t *testing.T) {
 		if _, err := p.loaded.LoadTC(loader.TCOptions{Timeouts: bad}, nil); err == nil {
 			t.Errorf("timeouts %+v accepted", bad)
 		}
+	}
+}
+
+// A conntrack map that refuses inserts (a plain hash map with room for one
+// entry stands in for one that is full) drops only the new flow to a
+// frontend, counted, and leaves no half-made entry; traffic to the node
+// itself passes untouched.
+func TestFailedConntrackInsertDropsOnlyTheNewFlow(t *testing.T) {
+	p := newProgs(t, loader.ConntrackTimeouts{})
+	fam := families[0]
+	fe := ap(fam.node, 30085)
+	p.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, ap(fam.pod1, 8080))
+
+	spec, err := bpf.LoadTcNodeport()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct := spec.Maps[bpf.TcNodeportMapKprConntrack]
+	ct.Type, ct.MaxEntries, ct.Pinning = ebpf.Hash, 1, ebpf.PinNone
+	m := p.loaded.Maps
+	var objs struct {
+		Ingress   *ebpf.Program `ebpf:"kpr_tc_ingress"`
+		Conntrack *ebpf.Map     `ebpf:"kpr_conntrack"`
+	}
+	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		bpf.KprMapKprServices: m.KprServices, bpf.KprMapKprBackends: m.KprBackends, bpf.KprMapKprRevNat: m.KprRevNat,
+		bpf.KprMapKprSockRev: m.KprSockRev, bpf.KprMapKprAffinity: m.KprAffinity, bpf.KprMapKprAffinityMatch: m.KprAffinityMatch,
+		bpf.KprMapKprTcStats: m.KprTcStats,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer objs.Ingress.Close()
+	defer objs.Conntrack.Close()
+
+	if ret, _ := run(t, objs.Ingress, build(t, flow{src: ap(fam.client, 40007), dst: fe, proto: dataplane.TCP, tcpFlags: "S"})); ret != actShot {
+		t.Errorf("new flow with a full conntrack map: verdict %d, want %d (dropped)", int32(ret), actShot)
+	}
+	if s := p.stats(); s.DropCtInsert != 1 || s.Translated != 0 {
+		t.Errorf("counters %+v, want one failed insert and nothing translated", s)
+	}
+	var k bpf.KprCtKey
+	var v bpf.KprCtValue
+	if objs.Conntrack.Iterate().Next(&k, &v) {
+		t.Errorf("a half-made entry stayed behind: %+v", k)
+	}
+	toNode := build(t, flow{src: ap(fam.client, 40008), dst: ap(fam.node, 22), proto: dataplane.TCP, tcpFlags: "S"})
+	if ret, out := run(t, objs.Ingress, toNode); ret != actUnspec || string(out) != string(toNode) {
+		t.Errorf("traffic to the node itself: verdict %d, changed %v; want it passed on untouched", int32(ret), string(out) != string(toNode))
 	}
 }
