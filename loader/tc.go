@@ -196,6 +196,23 @@ func tcPin(bpfRoot, dir, dev string) string {
 	return filepath.Join(linkDir(bpfRoot), tcPinPrefix+dir+"-"+dev)
 }
 
+// tcPins are the tcx link pins under bpfRoot.
+func tcPins(bpfRoot string) []string {
+	pins, _ := filepath.Glob(filepath.Join(linkDir(bpfRoot), tcPinPrefix+"*"))
+	return pins
+}
+
+// tcPinDevice is the device a tcPin names (device names may hold dashes).
+func tcPinDevice(pin string) string {
+	name := filepath.Base(pin)
+	for _, d := range tcDirections {
+		if dev, ok := strings.CutPrefix(name, tcPinPrefix+d.name+"-"); ok {
+			return dev
+		}
+	}
+	return ""
+}
+
 // The legacy filters are told from other tools' by their priority, handle
 // and name; the priority is one no other tool is known to use.
 const (
@@ -248,10 +265,8 @@ func attachTC(bpfRoot string, devices []string, mode TCAttachMode, tc *TC, log *
 		log.Info("tc programs attached", zap.String("device", dev), zap.Stringer("mode", mode))
 	}
 	// Devices no longer named lose kpr's programs.
-	pins, _ := filepath.Glob(filepath.Join(linkDir(bpfRoot), tcPinPrefix+"*"))
-	for _, pin := range pins {
-		dev := pin[strings.LastIndex(pin, "-")+1:]
-		if !want[dev] {
+	for _, pin := range tcPins(bpfRoot) {
+		if dev := tcPinDevice(pin); !want[dev] {
 			if err := removeTCXPin(pin); err != nil {
 				return mode, err
 			}
@@ -412,8 +427,7 @@ func CleanupTC(bpfRoot string, devices []string) error {
 		bpfRoot = DefaultBPFRoot
 	}
 	var errs []error
-	pins, _ := filepath.Glob(filepath.Join(linkDir(bpfRoot), tcPinPrefix+"*"))
-	for _, pin := range pins {
+	for _, pin := range tcPins(bpfRoot) {
 		if err := removeTCXPin(pin); err != nil {
 			errs = append(errs, err)
 		}

@@ -37,32 +37,48 @@ type progs struct {
 	egress  *ebpf.Program
 }
 
-// newProgs loads kpr's maps and tc programs under a private BPF root. The
-// socket hooks go to a cgroup of the test's, which holds no process.
+// newProgs loads kpr's maps and tc programs under a private BPF root,
+// without attaching the tc programs anywhere.
 func newProgs(t testing.TB, timeouts loader.ConntrackTimeouts) *progs {
 	t.Helper()
-	harness.RequireRoot(t)
-	cg, err := harness.NewCgroup(t)
+	loaded := loadDataplane(t, newBPFRoot(t), &loader.TCOptions{Timeouts: timeouts})
+	lb, err := maps.New(loaded.Maps)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &progs{t: t, loaded: loaded, lb: lb, ingress: loaded.TC.Ingress, egress: loaded.TC.Egress}
+}
+
+// newBPFRoot names a private BPF root, removed with everything under it
+// when the test ends (after the dataplanes loaded later are closed).
+func newBPFRoot(t testing.TB) string {
+	t.Helper()
+	harness.RequireRoot(t)
 	bpfRoot := "/sys/fs/bpf/kpr-test-" + randomHex(6)
 	t.Cleanup(func() {
 		if err := loader.Cleanup(bpfRoot); err != nil {
 			t.Errorf("cleanup of %s: %v", bpfRoot, err)
 		}
 	})
+	return bpfRoot
+}
+
+// loadDataplane loads (or adopts, the second time) kpr's dataplane under
+// bpfRoot, its socket hooks on a cgroup of the test's that holds no
+// process, and the tc programs if tc is set.
+func loadDataplane(t testing.TB, bpfRoot string, tc *loader.TCOptions) *loader.Loaded {
+	t.Helper()
+	cg, err := harness.NewCgroup(t)
+	if err != nil {
+		t.Fatal(err)
+	}
 	loaded, err := loader.Load(loader.Options{BPFRoot: bpfRoot, CgroupRoot: cg.Path,
-		Sizes: loader.MapSizes{Conntrack: 4096}, TC: &loader.TCOptions{Timeouts: timeouts}})
+		Sizes: loader.MapSizes{Conntrack: 4096}, TC: tc})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { loaded.Close() })
-	lb, err := maps.New(loaded.Maps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &progs{t: t, loaded: loaded, lb: lb, ingress: loaded.TC.Ingress, egress: loaded.TC.Egress}
+	return loaded
 }
 
 // run runs prog on frame and returns its verdict and the packet it left.
