@@ -58,12 +58,13 @@ type KprCtValue struct {
 	_         structs.HostLayout
 	ExpiresNs uint64
 	Addr      [4]uint32
+	NatAddr   [4]uint32
 	Port      uint16
+	NatPort   uint16
 	Flags     uint8
-	Pad       uint8
+	Pad       [3]uint8
 	BackendId uint32
 	RevNatId  uint32
-	Pad2      uint32
 }
 
 type KprNatStats struct {
@@ -76,6 +77,9 @@ type KprNatStats struct {
 	DropRewrite      uint64
 	ClusterIpOutside uint64
 	Fragment         uint64
+	Snat             uint64
+	DropSnatPorts    uint64
+	Redirected       uint64
 }
 
 type KprRevNatValue struct {

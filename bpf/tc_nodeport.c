@@ -16,9 +16,18 @@
  * rewrites their source back to the frontend, so the client sees the
  * address it talked to.
  *
- * Backends are reached through the node's routing without SNAT, so replies
- * come back through this node only when the backend is on it (which is what
- * externalTrafficPolicy: Local asks for).
+ * A backend on this node is reached through the node's routing: after the
+ * DNAT the kernel routes the packet to the pod, and the reply comes back
+ * through this node, where egress restores it. A backend on another node
+ * (the route to it leaves through one of kpr's devices) gets the flow SNATed
+ * to the node address that route leaves from, with a port of its own, and
+ * the packet is sent out through a FIB lookup and a redirect; the backend's
+ * reply arrives at ingress addressed to that port, is un-SNATed and
+ * un-DNATed there, and is redirected to the client. externalTrafficPolicy:
+ * Local (the external scope) never SNATs: its backends are all local, and
+ * the pod sees the client's address. A local backend is not SNATed under
+ * the Cluster policy either (as Cilium does, and unlike kube-proxy, which
+ * masquerades it to the node): its reply passes this node anyway.
  *
  * The maps are those of maps.h, shared with the other objects.
  */
@@ -57,6 +66,25 @@ volatile const __u32 ct_tcp_fin_s = 120;
 volatile const __u32 ct_tcp_rst_s = 10;
 volatile const __u32 ct_udp_s = 30;
 volatile const __u32 ct_udp_stream_s = 120;
+
+/* The source ports SNATed flows get, host byte order, set by the loader.
+ * Above the kernel's default ephemeral range (32768-60999), so that they
+ * do not meet the node's own connections to the same backend. */
+volatile const __u16 snat_port_min = 61000;
+volatile const __u16 snat_port_max = 65535;
+
+/* How many ports a new SNATed flow tries before it is dropped. */
+#define SNAT_TRIES 16
+
+/* The devices kpr's tc programs are attached to, by ifindex, written by the
+ * loader: a backend whose route leaves through one of them is on another
+ * node. Not pinned: the programs hold it, and a new kpr loads its own. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(max_entries, 256);
+} kpr_tc_devices SEC(".maps");
 
 /* A flow's lifetime is written back only when it gains at least this much,
  * so an established flow does not write its entry on every packet. */
@@ -215,18 +243,49 @@ static __always_inline __u8 tcp_close_flags(__u8 tcp_flags)
 	return (tcp_flags & TCP_FLAG_RST ? CT_F_RST : 0) | (tcp_flags & TCP_FLAG_FIN ? CT_F_FIN : 0);
 }
 
-/* Note what a packet shows in the flow's forward entry and extend its
- * lifetime. */
-static __always_inline void ct_touch(struct ct_value *ct, __u8 proto, __u8 new_flags, __u64 now)
+/* The reply entry key of a flow, from its forward entry: the backend
+ * answering the client, or the node address it was SNATed to. */
+static __always_inline void ct_reply_key(struct ct_key *rkey, const struct ct_value *fwd,
+					 const __u32 client[4], __u16 client_port, __u8 proto)
 {
+	addr_copy(rkey->saddr, fwd->addr);
+	rkey->sport = fwd->port;
+	if (fwd->flags & CT_F_SNAT) {
+		addr_copy(rkey->daddr, fwd->nat_addr);
+		rkey->dport = fwd->nat_port;
+	} else {
+		addr_copy(rkey->daddr, client);
+		rkey->dport = client_port;
+	}
+	rkey->proto = proto;
+	rkey->dir = CT_DIR_REPLY;
+}
+
+/*
+ * Note what a packet shows in the flow's forward entry and extend its
+ * lifetime. A SNATed flow's reply entry gets the same lifetime, since it
+ * holds the flow's port: the allocator takes over only expired ones.
+ */
+static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4], __u16 client_port,
+				     __u8 proto, __u8 new_flags, __u64 now)
+{
+	struct ct_key rkey = {};
+	struct ct_value *rev;
 	__u64 expires;
 
 	if ((ct->flags | new_flags) != ct->flags)
 		ct->flags |= new_flags;
 	expires = now + ct_lifetime_ns(proto, ct->flags);
 	/* A RST or FIN shortens the lifetime, which must be written now. */
-	if (expires > ct->expires_ns + CT_REFRESH_NS || (new_flags & (CT_F_RST | CT_F_FIN)))
-		ct->expires_ns = expires;
+	if (expires <= ct->expires_ns + CT_REFRESH_NS && !(new_flags & (CT_F_RST | CT_F_FIN)))
+		return;
+	ct->expires_ns = expires;
+	if (!(ct->flags & CT_F_SNAT))
+		return;
+	ct_reply_key(&rkey, ct, client, client_port, proto);
+	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+	if (rev)
+		rev->expires_ns = expires;
 }
 
 /* Whether the backend a flow was sent to is still the one behind its id. */
@@ -301,6 +360,126 @@ static __always_inline const struct svc_value *frontend_lookup(const struct pkt 
 	return master;
 }
 
+/* Whether ifindex is one of the devices kpr's programs are on. */
+static __always_inline int is_kpr_device(__u32 ifindex)
+{
+	return bpf_map_lookup_elem(&kpr_tc_devices, &ifindex) != NULL;
+}
+
+static __always_inline void fib_addrs(struct bpf_fib_lookup *fib, const struct pkt *p,
+				      const __u32 src[4], const __u32 dst[4])
+{
+	if (p->v6) {
+		fib->family = AF_INET6;
+		__builtin_memcpy(fib->ipv6_src, src, 16);
+		__builtin_memcpy(fib->ipv6_dst, dst, 16);
+	} else {
+		fib->family = AF_INET;
+		fib->ipv4_src = src[3];
+		fib->ipv4_dst = dst[3];
+	}
+	fib->l4_protocol = p->proto;
+}
+
+/*
+ * Whether the route to a backend leaves through one of kpr's devices, which
+ * makes it a backend on another node; if so, *snat is the address the node
+ * sends from on that route.
+ */
+static __always_inline int backend_remote(struct __sk_buff *skb, const struct pkt *p,
+					  const struct backend *be, __u32 snat[4])
+{
+	struct bpf_fib_lookup fib = {};
+
+	fib_addrs(&fib, p, p->saddr, be->addr);
+	fib.ifindex = skb->ingress_ifindex;
+	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH) !=
+	    BPF_FIB_LKUP_RET_SUCCESS)
+		return 0; /* the kernel decides, after the DNAT */
+	if (!is_kpr_device(fib.ifindex))
+		return 0;
+	if (p->v6) {
+		__builtin_memcpy(snat, fib.ipv6_src, 16);
+	} else {
+		addr_from_v4(snat, fib.ipv4_src);
+	}
+	return 1;
+}
+
+/* A redirect skips the kernel's forwarding, so it decrements the TTL (hop
+ * limit) itself. Returns -1 when the packet must not go on (TTL 1: the
+ * kernel then sends the ICMP error). */
+static __always_inline int dec_ttl(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 off = p->l3_off + (p->v6 ? offsetof(struct ipv6hdr, hop_limit) : offsetof(struct iphdr, ttl));
+	__u8 ttl;
+
+	if (bpf_skb_load_bytes(skb, off, &ttl, 1) || ttl <= 1)
+		return -1;
+	/* IPv4: the TTL is the high byte of a 16-bit word of the header. */
+	if (!p->v6 && bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check),
+					  bpf_htons((__u16)ttl << 8), bpf_htons((__u16)(ttl - 1) << 8), 2))
+		return -1;
+	ttl--;
+	return bpf_skb_store_bytes(skb, off, &ttl, 1, 0) ? -1 : 0;
+}
+
+/*
+ * Send a translated packet (now src -> dst) on its way through a FIB lookup
+ * and a redirect to the device it routes to. Whatever the lookup cannot
+ * settle (fragmentation needed, no route, TTL expiring) goes to the
+ * kernel's own forwarding, which sends the ICMP errors.
+ */
+static __always_inline int fib_redirect(struct __sk_buff *skb, const struct pkt *p,
+					const __u32 src[4], const __u32 dst[4])
+{
+	struct bpf_fib_lookup fib = {};
+	long rc;
+
+	fib_addrs(&fib, p, src, dst);
+	fib.ifindex = skb->ingress_ifindex;
+	/* tot_len 0: the helper checks the skb against the egress MTU,
+	 * GSO-aware. */
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_PASS;
+	if (dec_ttl(skb, p))
+		return TC_PASS;
+	STAT_INC(redirected);
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	if (bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(fib.ifindex, 0);
+}
+
+/*
+ * Store the reply entry of a SNATed flow under a free port of the SNAT
+ * range: the flow's hash picks where to start, and taken ports are skipped.
+ * A port whose holder expired is taken over. Returns the port (network
+ * order) in rkey->dport, or -1 when none of SNAT_TRIES was free.
+ */
+static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
+				      const struct ct_value *rev, __u64 now)
+{
+	__u32 range = (__u32)snat_port_max - snat_port_min + 1;
+	__u32 start = flow_hash(p);
+	const struct ct_value *old;
+	int i;
+
+	for (i = 0; i < SNAT_TRIES; i++) {
+		rkey->dport = bpf_htons((__u16)(snat_port_min + (start + i) % range));
+		if (!bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_NOEXIST))
+			return 0;
+		old = bpf_map_lookup_elem(&kpr_conntrack, rkey);
+		if (old && now > old->expires_ns &&
+		    !bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
+			return 0;
+	}
+	return -1;
+}
+
 /*
  * A new flow to a frontend: pick a backend and store both conntrack
  * entries, the reply one first so that no forward entry exists without it.
@@ -310,15 +489,16 @@ static __always_inline const struct svc_value *frontend_lookup(const struct pkt 
  * new flows to a frontend ever need an insert, so a full map never keeps a
  * packet from reaching the node itself.
  */
-static __always_inline int ct_create(const struct pkt *p, const struct ct_key *fkey,
-				     struct svc_key *skey, const struct svc_value *master,
-				     struct ct_value *fwd, __u64 now)
+static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
+				     const struct ct_key *fkey, struct svc_key *skey,
+				     const struct svc_value *master, struct ct_value *fwd, __u64 now)
 {
 	struct ct_key rkey = {};
 	struct ct_value rev = {};
 	const struct svc_value *slot;
 	const struct backend *be;
 	__u32 backend_id;
+	int err;
 
 	if (master->count == 0) {
 		STAT_INC(drop_no_backend);
@@ -342,24 +522,37 @@ static __always_inline int ct_create(const struct pkt *p, const struct ct_key *f
 	fwd->backend_id = backend_id;
 	fwd->rev_nat_id = master->rev_nat_id;
 	fwd->flags = tcp_close_flags(p->tcp_flags);
+	/* externalTrafficPolicy: Local (the external scope) keeps the
+	 * client's address. */
+	if (skey->scope == SVC_SCOPE_INTERNAL && backend_remote(skb, p, be, fwd->nat_addr))
+		fwd->flags |= CT_F_SNAT;
 	fwd->expires_ns = now + ct_lifetime_ns(p->proto, fwd->flags);
 
-	addr_copy(rkey.saddr, be->addr);
-	addr_copy(rkey.daddr, p->saddr);
-	rkey.sport = be->port;
-	rkey.dport = p->sport;
-	rkey.proto = p->proto;
-	rkey.dir = CT_DIR_REPLY;
 	addr_copy(rev.addr, p->daddr);
 	rev.port = p->dport;
 	rev.backend_id = backend_id;
 	rev.rev_nat_id = master->rev_nat_id;
-
-	if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_ANY)) {
-		STAT_INC(drop_ct_insert);
-		return -1;
+	rev.expires_ns = fwd->expires_ns;
+	rev.flags = fwd->flags & CT_F_SNAT;
+	if (fwd->flags & CT_F_SNAT) {
+		addr_copy(rev.nat_addr, p->saddr);
+		rev.nat_port = p->sport;
+		ct_reply_key(&rkey, fwd, p->saddr, p->sport, p->proto);
+		if (snat_store(p, &rkey, &rev, now)) {
+			STAT_INC(drop_snat_ports);
+			return -1;
+		}
+		fwd->nat_port = rkey.dport;
+		STAT_INC(snat);
+	} else {
+		ct_reply_key(&rkey, fwd, p->saddr, p->sport, p->proto);
+		if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_ANY)) {
+			STAT_INC(drop_ct_insert);
+			return -1;
+		}
 	}
-	if (bpf_map_update_elem(&kpr_conntrack, fkey, fwd, BPF_ANY)) {
+	err = bpf_map_update_elem(&kpr_conntrack, fkey, fwd, BPF_ANY);
+	if (err) {
 		bpf_map_delete_elem(&kpr_conntrack, &rkey);
 		STAT_INC(drop_ct_insert);
 		return -1;
@@ -368,20 +561,88 @@ static __always_inline int ct_create(const struct pkt *p, const struct ct_key *f
 	return 0;
 }
 
+/*
+ * A reply passed: the forward entry learns of the first one (the flow is
+ * established) and of a FIN or RST, which shorten its lifetime. rev is the
+ * reply entry, from its copy; client the flow's client.
+ */
+static __always_inline void note_reply(struct ct_value *rev, const struct ct_value *from,
+				       const struct pkt *p, const __u32 client[4], __u16 client_port)
+{
+	struct ct_key fkey = {};
+	struct ct_value *fwd;
+	__u8 flags = tcp_close_flags(p->tcp_flags);
+
+	if ((rev->flags & CT_F_REPLIED) && !flags)
+		return;
+	rev->flags |= CT_F_REPLIED;
+	addr_copy(fkey.saddr, client);
+	addr_copy(fkey.daddr, from->addr);
+	fkey.sport = client_port;
+	fkey.dport = from->port;
+	fkey.proto = p->proto;
+	fkey.dir = CT_DIR_FORWARD;
+	fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
+	if (fwd)
+		ct_touch(fwd, client, client_port, p->proto, flags | CT_F_REPLIED, bpf_ktime_get_ns());
+}
+
+static __always_inline int snat_port(__u16 port)
+{
+	__u16 h = bpf_ntohs(port);
+
+	return h >= snat_port_min && h <= snat_port_max;
+}
+
+/* Ingress: a reply of a SNATed flow, from the backend on another node to
+ * the node address and port the flow was given. Returns -1 when the packet
+ * is no such reply. */
+static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ct_key rkey = {};
+	struct ct_value *rev;
+	struct ct_value from;
+
+	addr_copy(rkey.saddr, p->saddr);
+	addr_copy(rkey.daddr, p->daddr);
+	rkey.sport = p->sport;
+	rkey.dport = p->dport;
+	rkey.proto = p->proto;
+	rkey.dir = CT_DIR_REPLY;
+	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+	if (!rev || !(rev->flags & CT_F_SNAT))
+		return -1;
+	from = *rev;
+	note_reply(rev, &from, p, from.nat_addr, from.nat_port);
+	/* To the client, from the frontend. */
+	if (rewrite(skb, p, 1, p->daddr, from.nat_addr, p->dport, from.nat_port) ||
+	    rewrite(skb, p, 0, p->saddr, from.addr, p->sport, from.port)) {
+		STAT_INC(drop_rewrite);
+		return TC_ACT_SHOT;
+	}
+	STAT_INC(reversed);
+	return fib_redirect(skb, p, from.addr, from.nat_addr);
+}
+
 SEC("tc")
 int kpr_tc_ingress(struct __sk_buff *skb)
 {
 	struct ct_key fkey = {};
 	struct svc_key skey = {};
-	struct ct_value created = {};
+	struct ct_value to = {};
 	const struct svc_value *master;
-	const struct ct_value *to;
 	struct ct_value *ct;
 	struct pkt p = {};
 	__u64 now;
+	int ret;
 
 	if (!parse(skb, &p))
 		return TC_PASS;
+	if (snat_port(p.dport)) {
+		ret = snat_reply(skb, &p);
+		if (ret != -1)
+			return ret;
+	}
 
 	addr_copy(fkey.saddr, p.saddr);
 	addr_copy(fkey.daddr, p.daddr);
@@ -393,8 +654,8 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 	now = bpf_ktime_get_ns();
 	ct = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
 	if (ct && ct_usable(ct, &p, now)) {
-		ct_touch(ct, p.proto, tcp_close_flags(p.tcp_flags), now);
-		to = ct;
+		ct_touch(ct, p.saddr, p.sport, p.proto, tcp_close_flags(p.tcp_flags), now);
+		to = *ct;
 	} else {
 		/* Not a flow kpr knows (or one that is over): only traffic to
 		 * a frontend goes further, so nothing else ever depends on
@@ -402,28 +663,32 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 		master = frontend_lookup(&p, &skey);
 		if (!master)
 			return TC_PASS;
-		if (ct_create(&p, &fkey, &skey, master, &created, now))
+		if (ct_create(skb, &p, &fkey, &skey, master, &to, now))
 			return TC_ACT_SHOT;
-		to = &created;
 	}
-	if (rewrite(skb, &p, 1, p.daddr, to->addr, p.dport, to->port)) {
+	if (rewrite(skb, &p, 1, p.daddr, to.addr, p.dport, to.port)) {
 		STAT_INC(drop_rewrite);
 		return TC_ACT_SHOT;
 	}
 	STAT_INC(translated);
-	return TC_PASS;
+	if (!(to.flags & CT_F_SNAT))
+		return TC_PASS; /* a local backend: the kernel routes it there */
+	if (rewrite(skb, &p, 0, p.saddr, to.nat_addr, p.sport, to.nat_port)) {
+		STAT_INC(drop_rewrite);
+		return TC_ACT_SHOT;
+	}
+	return fib_redirect(skb, &p, to.nat_addr, to.addr);
 }
 
-/* A reply of a translated flow (backend -> client) leaves with the
- * frontend's address and port as its source. */
+/* Egress: a reply of a flow to a local backend (backend -> client) leaves
+ * with the frontend's address and port as its source. */
 SEC("tc")
 int kpr_tc_egress(struct __sk_buff *skb)
 {
 	struct ct_key rkey = {};
-	struct ct_value *rev, *fwd;
+	struct ct_value *rev;
 	struct ct_value from;
 	struct pkt p = {};
-	__u8 flags;
 
 	if (!parse(skb, &p))
 		return TC_PASS;
@@ -435,28 +700,11 @@ int kpr_tc_egress(struct __sk_buff *skb)
 	rkey.proto = p.proto;
 	rkey.dir = CT_DIR_REPLY;
 	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
-	if (!rev)
+	if (!rev || (rev->flags & CT_F_SNAT))
 		return TC_PASS;
 	/* A copy: the forward lookup below may evict the entry rev points to. */
 	from = *rev;
-
-	/* The forward entry learns of the first reply (the flow is
-	 * established) and of a FIN or RST, which shorten its lifetime. */
-	flags = tcp_close_flags(p.tcp_flags);
-	if (!(rev->flags & CT_F_REPLIED) || flags) {
-		struct ct_key fkey = {};
-
-		rev->flags |= CT_F_REPLIED;
-		addr_copy(fkey.saddr, p.daddr);
-		addr_copy(fkey.daddr, from.addr);
-		fkey.sport = p.dport;
-		fkey.dport = from.port;
-		fkey.proto = p.proto;
-		fkey.dir = CT_DIR_FORWARD;
-		fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
-		if (fwd)
-			ct_touch(fwd, p.proto, flags | CT_F_REPLIED, bpf_ktime_get_ns());
-	}
+	note_reply(rev, &from, &p, p.daddr, p.dport);
 
 	if (rewrite(skb, &p, 0, p.saddr, from.addr, p.sport, from.port)) {
 		STAT_INC(drop_rewrite);

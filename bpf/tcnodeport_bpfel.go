@@ -23,6 +23,7 @@ const (
 	TcNodeportMapKprRevNat         = "kpr_rev_nat"
 	TcNodeportMapKprServices       = "kpr_services"
 	TcNodeportMapKprSockRev        = "kpr_sock_rev"
+	TcNodeportMapKprTcDevices      = "kpr_tc_devices"
 	TcNodeportMapKprTcStats        = "kpr_tc_stats"
 	TcNodeportProgKprTcEgress      = "kpr_tc_egress"
 	TcNodeportProgKprTcIngress     = "kpr_tc_ingress"
@@ -32,6 +33,8 @@ const (
 	TcNodeportVarCtTcpSynS         = "ct_tcp_syn_s"
 	TcNodeportVarCtUdpS            = "ct_udp_s"
 	TcNodeportVarCtUdpStreamS      = "ct_udp_stream_s"
+	TcNodeportVarSnatPortMax       = "snat_port_max"
+	TcNodeportVarSnatPortMin       = "snat_port_min"
 )
 
 // LoadTcNodeport returns the embedded CollectionSpec for TcNodeport.
@@ -91,6 +94,7 @@ type TcNodeportMapSpecs struct {
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
+	KprTcDevices     *ebpf.MapSpec `ebpf:"kpr_tc_devices"`
 	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
 
@@ -104,6 +108,8 @@ type TcNodeportVariableSpecs struct {
 	CtTcpSynS         *ebpf.VariableSpec `ebpf:"ct_tcp_syn_s"`
 	CtUdpS            *ebpf.VariableSpec `ebpf:"ct_udp_s"`
 	CtUdpStreamS      *ebpf.VariableSpec `ebpf:"ct_udp_stream_s"`
+	SnatPortMax       *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // TcNodeportObjects contains all objects after they have been loaded into the kernel.
@@ -133,6 +139,7 @@ type TcNodeportMaps struct {
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
+	KprTcDevices     *ebpf.Map `ebpf:"kpr_tc_devices"`
 	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
 
@@ -145,6 +152,7 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
+		m.KprTcDevices,
 		m.KprTcStats,
 	)
 }
@@ -159,6 +167,8 @@ type TcNodeportVariables struct {
 	CtTcpSynS         *ebpf.Variable `ebpf:"ct_tcp_syn_s"`
 	CtUdpS            *ebpf.Variable `ebpf:"ct_udp_s"`
 	CtUdpStreamS      *ebpf.Variable `ebpf:"ct_udp_stream_s"`
+	SnatPortMax       *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // TcNodeportPrograms contains all programs after they have been loaded into the kernel.

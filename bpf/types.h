@@ -145,6 +145,8 @@ enum ct_flags {
 	CT_F_REPLIED = 1,	/* a reply has passed: TCP established, UDP a stream */
 	CT_F_FIN = 2,		/* TCP FIN seen in either direction */
 	CT_F_RST = 4,		/* TCP RST seen in either direction */
+	CT_F_SNAT = 8,		/* the flow leaves from a node address (nat_addr):
+				 * its backend is on another node */
 };
 
 struct ct_key {
@@ -158,15 +160,20 @@ struct ct_key {
 };
 
 struct ct_value {
-	__u64 expires_ns;	/* forward only: bpf_ktime_get_ns() past which the
-				 * flow is over and its next packet picks anew */
+	__u64 expires_ns;	/* bpf_ktime_get_ns() past which the flow is over
+				 * and its next packet picks anew; a reply entry
+				 * of a SNATed flow keeps its port until then */
 	__u32 addr[4];		/* forward: the backend; reply: the frontend */
+	__u32 nat_addr[4];	/* CT_F_SNAT only. forward: the node address the
+				 * flow leaves from; reply: the client */
 	__u16 port;		/* network byte order */
-	__u8 flags;		/* enum ct_flags, kept in the forward entry */
-	__u8 pad;
-	__u32 backend_id;	/* forward: the backend's id in kpr_backends */
+	__u16 nat_port;		/* CT_F_SNAT only, network byte order.
+				 * forward: the source port; reply: the client's */
+	__u8 flags;		/* enum ct_flags, kept in the forward entry
+				 * (and CT_F_SNAT in both) */
+	__u8 pad[3];
+	__u32 backend_id;	/* the backend's id in kpr_backends */
 	__u32 rev_nat_id;	/* the frontend's id in kpr_rev_nat */
-	__u32 pad2;
 };
 
 /*
@@ -183,4 +190,7 @@ struct nat_stats {
 	__u64 drop_rewrite;	/* a header rewrite failed */
 	__u64 cluster_ip_outside; /* a ClusterIP from outside, passed untouched */
 	__u64 fragment;		/* IP fragments, passed untranslated */
+	__u64 snat;		/* new flows SNATed to a backend on another node */
+	__u64 drop_snat_ports;	/* new flow dropped: no free SNAT port */
+	__u64 redirected;	/* packets sent out through a FIB lookup */
 };

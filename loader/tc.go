@@ -75,6 +75,11 @@ type TCOptions struct {
 	Devices  []string
 	Mode     TCAttachMode
 	Timeouts ConntrackTimeouts
+	// SNATPorts is the range of source ports (first, last) flows to a
+	// backend on another node get. Zero keeps the default, 61000-65535:
+	// above the kernel's default ephemeral range, so that they never meet
+	// the node's own connections.
+	SNATPorts [2]uint16
 }
 
 // TC is the loaded tc programs.
@@ -84,11 +89,14 @@ type TC struct {
 	// Mode is how the programs were attached (TCAttachTCX or
 	// TCAttachLegacy); TCAttachAuto when they were not.
 	Mode TCAttachMode
+	// devices is the programs' set of kpr's devices (by ifindex), which
+	// tells a backend on another node from a local one.
+	devices *ebpf.Map
 }
 
 // Close releases this process's handles on the programs. Attachments stay.
 func (t *TC) Close() error {
-	return errors.Join(t.Ingress.Close(), t.Egress.Close())
+	return errors.Join(t.Ingress.Close(), t.Egress.Close(), t.devices.Close())
 }
 
 // LoadTC loads the tc programs against l's maps and attaches them to
@@ -109,14 +117,18 @@ func (l *Loaded) LoadTC(opts TCOptions, log *zap.Logger) (*TC, error) {
 	if err := setTimeouts(spec, opts.Timeouts); err != nil {
 		return nil, err
 	}
+	if err := setSNATPorts(spec, opts.SNATPorts); err != nil {
+		return nil, err
+	}
 	var objs struct {
 		Ingress *ebpf.Program `ebpf:"kpr_tc_ingress"`
 		Egress  *ebpf.Program `ebpf:"kpr_tc_egress"`
+		Devices *ebpf.Map     `ebpf:"kpr_tc_devices"`
 	}
 	if err := loadAgainstShared(spec, l.sizes, l.shared, l.cache, &objs); err != nil {
 		return nil, fmt.Errorf("load tc programs: %w", err)
 	}
-	tc := &TC{Ingress: objs.Ingress, Egress: objs.Egress}
+	tc := &TC{Ingress: objs.Ingress, Egress: objs.Egress, devices: objs.Devices}
 	if len(opts.Devices) > 0 {
 		if tc.Mode, err = attachTC(l.BPFRoot, opts.Devices, opts.Mode, tc, log); err != nil {
 			tc.Close()
@@ -147,6 +159,22 @@ func setTimeouts(spec *ebpf.CollectionSpec, t ConntrackTimeouts) error {
 		if err := spec.Variables[name].Set(uint32(secs)); err != nil {
 			return fmt.Errorf("configure tc programs: %w", err)
 		}
+	}
+	return nil
+}
+
+func setSNATPorts(spec *ebpf.CollectionSpec, r [2]uint16) error {
+	if r == [2]uint16{} {
+		return nil
+	}
+	if r[0] < 1024 || r[1] < r[0] {
+		return fmt.Errorf("SNAT port range %d-%d: give first <= last, both from 1024 to 65535", r[0], r[1])
+	}
+	if err := spec.Variables[bpf.TcNodeportVarSnatPortMin].Set(r[0]); err != nil {
+		return fmt.Errorf("configure tc programs: %w", err)
+	}
+	if err := spec.Variables[bpf.TcNodeportVarSnatPortMax].Set(r[1]); err != nil {
+		return fmt.Errorf("configure tc programs: %w", err)
 	}
 	return nil
 }
@@ -232,11 +260,22 @@ func attachTC(bpfRoot string, devices []string, mode TCAttachMode, tc *TC, log *
 	if auto {
 		mode = TCAttachTCX
 	}
+	ifaces := make([]netlink.Link, 0, len(devices))
 	for _, dev := range devices {
 		iface, err := netlink.LinkByName(dev)
 		if err != nil {
 			return mode, fmt.Errorf("find device %s to attach the tc programs to: %w (check --devices)", dev, err)
 		}
+		// Before any program runs: a packet must never find its own
+		// device missing from the set.
+		if err := tc.devices.Put(uint32(iface.Attrs().Index), uint8(1)); err != nil {
+			return mode, fmt.Errorf("record device %s for the tc programs: %w", dev, err)
+		}
+		ifaces = append(ifaces, iface)
+	}
+	for _, iface := range ifaces {
+		dev := iface.Attrs().Name
+		var err error
 		for _, d := range tcDirections {
 			if mode == TCAttachTCX {
 				err = attachTCX(bpfRoot, iface, d, d.prog(tc), log)

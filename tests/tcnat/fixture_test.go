@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"net/netip"
+	"reflect"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -126,16 +127,17 @@ func (p *progs) stats() bpf.KprNatStats {
 	if err := p.loaded.Maps.KprTcStats.Lookup(uint32(0), &per); err != nil {
 		p.t.Fatal(err)
 	}
+	// Every field is a uint64 counter: sum them all, whatever fields
+	// the struct gains.
 	var sum bpf.KprNatStats
+	total := reflect.ValueOf(&sum).Elem()
 	for _, s := range per {
-		sum.Translated += s.Translated
-		sum.Reversed += s.Reversed
-		sum.NewFlows += s.NewFlows
-		sum.DropNoBackend += s.DropNoBackend
-		sum.DropCtInsert += s.DropCtInsert
-		sum.DropRewrite += s.DropRewrite
-		sum.ClusterIpOutside += s.ClusterIpOutside
-		sum.Fragment += s.Fragment
+		v := reflect.ValueOf(s)
+		for i := 0; i < v.NumField(); i++ {
+			if f := total.Field(i); f.Kind() == reflect.Uint64 {
+				f.SetUint(f.Uint() + v.Field(i).Uint())
+			}
+		}
 	}
 	return sum
 }

@@ -238,38 +238,45 @@ func bulkTransfer(t *testing.T, mode loader.TCAttachMode) {
 		t.Run(fam.name, func(t *testing.T) {
 			fe := netip.AddrPortFrom(nodeAddr(fam.v6), 30081)
 			top.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, top.backends(fe.Addr(), dataplane.TCP, top.pods...)...)
-			c, err := harness.DialTCP(top.client.NetNS, fe, 3*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if err := c.SetDeadline(time.Now().Add(60 * time.Second)); err != nil {
-				t.Fatal(err)
-			}
-			r := bufio.NewReader(c)
-			if _, err := r.ReadString('\n'); err != nil {
-				t.Fatalf("greeting: %v", err)
-			}
-			data := make([]byte, 10<<20)
-			if _, err := rand.Read(data); err != nil {
-				t.Fatal(err)
-			}
-			errc := make(chan error, 1)
-			go func() {
-				_, err := c.Write(data)
-				errc <- err
-			}()
-			got := make([]byte, len(data))
-			if _, err := io.ReadFull(r, got); err != nil {
-				t.Fatalf("read the echo back: %v", err)
-			}
-			if err := <-errc; err != nil {
-				t.Fatalf("send: %v", err)
-			}
-			if sha256.Sum256(got) != sha256.Sum256(data) {
-				t.Fatalf("10 MB came back altered")
-			}
+			echo10MB(t, top.client.NetNS, fe)
 		})
+	}
+}
+
+// echo10MB sends 10 MB of random bytes to the echo server behind fe and
+// fails unless the same bytes come back.
+func echo10MB(t *testing.T, ns *harness.NetNS, fe netip.AddrPort) {
+	t.Helper()
+	c, err := harness.DialTCP(ns, fe, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(60 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatalf("greeting: %v", err)
+	}
+	data := make([]byte, 10<<20)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(data)
+		errc <- err
+	}()
+	got := make([]byte, len(data))
+	if _, err := io.ReadFull(r, got); err != nil {
+		t.Fatalf("read the echo back: %v", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	if sha256.Sum256(got) != sha256.Sum256(data) {
+		t.Fatalf("10 MB came back altered")
 	}
 }
 
