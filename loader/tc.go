@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // The packet-level programs of bpf/tc_nodeport.c, on the node's external
@@ -28,8 +29,8 @@ import (
 // a later kpr swaps its programs in place: BPF_LINK_UPDATE for a tcx link,
 // a filter replace (same priority and handle) for the legacy path.
 //
-// Devices are named, and looked up, in the calling thread's network
-// namespace.
+// Devices are named, and looked up, in TCOptions.NetNS, or else in the
+// calling thread's network namespace.
 
 // TCAttachMode picks how the tc programs are attached.
 type TCAttachMode int
@@ -72,7 +73,11 @@ type ConntrackTimeouts struct {
 type TCOptions struct {
 	// Devices are the interfaces to attach to. Empty loads the programs
 	// without attaching them.
-	Devices  []string
+	Devices []string
+	// NetNS is the network namespace file (/proc/PID/ns/net or a bind
+	// mount) the devices are in: the node's own network. Empty means the
+	// calling thread's.
+	NetNS    string
 	Mode     TCAttachMode
 	Timeouts ConntrackTimeouts
 	// SNATPorts is the range of source ports (first, last) flows to a
@@ -130,7 +135,16 @@ func (l *Loaded) LoadTC(opts TCOptions, log *zap.Logger) (*TC, error) {
 	}
 	tc := &TC{Ingress: objs.Ingress, Egress: objs.Egress, devices: objs.Devices}
 	if len(opts.Devices) > 0 {
-		if tc.Mode, err = attachTC(l.BPFRoot, opts.Devices, opts.Mode, tc, log); err != nil {
+		attach := func() (err error) {
+			tc.Mode, err = attachTC(l.BPFRoot, opts.Devices, opts.Mode, tc, log)
+			return err
+		}
+		if opts.NetNS != "" {
+			err = netnsexec.InPath(opts.NetNS, attach)
+		} else {
+			err = attach()
+		}
+		if err != nil {
 			tc.Close()
 			return nil, err
 		}

@@ -93,16 +93,11 @@ func newLAN(t *testing.T, tcOpts loader.TCOptions) *lan {
 		waitReachable(t, l.client.NetNS, a.Addr())
 	}
 
-	loaded := loadDataplane(t, newBPFRoot(t), nil)
-	var tc *loader.TC
-	tcOpts.Devices = []string{extDev}
-	err = harness.Do(l.node1.NetNS, func() (err error) {
-		tc, err = loaded.LoadTC(tcOpts, nil)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The devices are found in the namespace TCOptions.NetNS names, as
+	// `kpr run --host-netns` has it.
+	tcOpts.Devices, tcOpts.NetNS = []string{extDev}, l.node1.NetNS.Path
+	loaded := loadDataplane(t, newBPFRoot(t), &tcOpts)
+	tc := loaded.TC
 	lb, err := maps.New(loaded.Maps)
 	if err != nil {
 		t.Fatal(err)
