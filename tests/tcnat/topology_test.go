@@ -55,6 +55,19 @@ var (
 
 func newTopology(t *testing.T, pods int, mode loader.TCAttachMode) *topology {
 	t.Helper()
+	top := buildTopology(t, pods)
+	loaded := loadDataplane(t, newBPFRoot(t), &loader.TCOptions{Devices: []string{extDev}, Mode: mode, NetNS: top.node.NetNS.Path})
+	lb, err := maps.New(loaded.Maps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top.progs = &progs{t: t, loaded: loaded, lb: lb, ingress: loaded.TC.Ingress, egress: loaded.TC.Egress}
+	return top
+}
+
+// buildTopology makes the namespaces, links and pods, without kpr.
+func buildTopology(t *testing.T, pods int) *topology {
+	t.Helper()
 	harness.RequireRoot(t)
 	node, err := harness.NewNode(t, harness.Options{UplinkName: extDev})
 	if err != nil {
@@ -85,21 +98,6 @@ func newTopology(t *testing.T, pods int, mode loader.TCAttachMode) *topology {
 		}
 		top.pods = append(top.pods, pod)
 	}
-
-	loaded := loadDataplane(t, newBPFRoot(t), nil)
-	var tc *loader.TC
-	err = harness.Do(node.NetNS, func() (err error) {
-		tc, err = loaded.LoadTC(loader.TCOptions{Devices: []string{extDev}, Mode: mode}, nil)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lb, err := maps.New(loaded.Maps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	top.progs = &progs{t: t, loaded: loaded, lb: lb, ingress: tc.Ingress, egress: tc.Egress}
 	return top
 }
 
