@@ -195,6 +195,9 @@ func Load(opts Options) (*Loaded, error) {
 			loaded.Close()
 			return nil, err
 		}
+	} else if err := detachTCX(opts.BPFRoot, log); err != nil {
+		loaded.Close()
+		return nil, err
 	}
 	log.Info("dataplane loaded",
 		zap.String("bpfRoot", opts.BPFRoot), zap.String("cgroupRoot", opts.CgroupRoot),

@@ -363,6 +363,19 @@ func attachTCX(bpfRoot string, iface netlink.Link, d tcDirection, prog *ebpf.Pro
 	return nil
 }
 
+// detachTCX removes the tcx links a previous kpr pinned, for a kpr started
+// without tc programs: the devices it named are no longer named. (Clsact
+// filters are not pinned; `kpr cleanup --devices` removes them.)
+func detachTCX(bpfRoot string, log *zap.Logger) error {
+	for _, pin := range tcPins(bpfRoot) {
+		if err := removeTCXPin(pin); err != nil {
+			return err
+		}
+		log.Info("tc programs detached from a device no longer named", zap.String("device", tcPinDevice(pin)))
+	}
+	return nil
+}
+
 // removeTCXPin detaches the tcx link pinned at pin, if any.
 func removeTCXPin(pin string) error {
 	l, err := link.LoadPinnedLink(pin, nil)

@@ -16,6 +16,7 @@ import (
 // tcState is what one device carries, seen from inside its namespace.
 type tcState struct {
 	tcx     map[string][]ebpf.ProgramID // per direction
+	links   []link.ID                   // of the tcx programs
 	filters map[string][]string         // BPF filter names per direction (clsact)
 	clsact  bool
 }
@@ -39,6 +40,9 @@ func deviceState(t *testing.T, ns *harness.NetNS, dev string) tcState {
 			}
 			for _, p := range res.Programs {
 				s.tcx[dir] = append(s.tcx[dir], p.ID)
+				if id, ok := p.LinkID(); ok {
+					s.links = append(s.links, id)
+				}
 			}
 		}
 		qdiscs, err := netlink.QdiscList(iface)
@@ -86,16 +90,7 @@ func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
 // devices of ns, as a (re)started kpr would.
 func attachIn(t *testing.T, ns *harness.NetNS, bpfRoot string, mode loader.TCAttachMode, devices ...string) *loader.TC {
 	t.Helper()
-	loaded := loadDataplane(t, bpfRoot, nil)
-	var tc *loader.TC
-	err := harness.Do(ns, func() (err error) {
-		tc, err = loaded.LoadTC(loader.TCOptions{Devices: devices, Mode: mode}, nil)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tc
+	return loadDataplane(t, bpfRoot, &loader.TCOptions{Devices: devices, Mode: mode, NetNS: ns.Path}).TC
 }
 
 // checkAttached fails unless dev carries exactly tc's two programs, the way
@@ -168,9 +163,14 @@ func TestTCAttachAndCleanup(t *testing.T) {
 				t.Fatalf("attached with %s, asked for %s", first.Mode, mode)
 			}
 			checkAttached(t, node.NetNS, dev, first, mode)
-			// A restart: a new kpr adopts the pins and swaps its programs in.
+			// A restart: a new kpr adopts the pins and swaps its programs in
+			// (tcx: into the same links).
+			before := deviceState(t, node.NetNS, dev)
 			second := attachIn(t, node.NetNS, bpfRoot, mode, dev)
 			checkAttached(t, node.NetNS, dev, second, mode)
+			if after := deviceState(t, node.NetNS, dev); !slices.Equal(before.links, after.links) {
+				t.Errorf("the restart replaced the tcx links %v with %v instead of swapping programs in", before.links, after.links)
+			}
 			if progID(t, first.Ingress) == progID(t, second.Ingress) {
 				t.Fatal("the restarted kpr reused the first one's program: the swap is not shown")
 			}
@@ -233,5 +233,23 @@ func TestTCAttachUnknownDevice(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "nosuchdev0") {
 		t.Errorf("attach to a missing device: %v, want an error naming it", err)
+	}
+}
+
+// A kpr started without tc programs takes the previous one's off the
+// devices: the operator no longer names them.
+func TestLoadWithoutTCDetachesThePreviousOnes(t *testing.T) {
+	node, err := harness.NewNode(t, harness.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bpfRoot := newBPFRoot(t)
+	attachIn(t, node.NetNS, bpfRoot, loader.TCAttachTCX, node.Uplink)
+	if s := deviceState(t, node.NetNS, node.Uplink); s.empty() {
+		t.Fatal("nothing attached")
+	}
+	loadDataplane(t, bpfRoot, nil)
+	if s := deviceState(t, node.NetNS, node.Uplink); !s.empty() {
+		t.Errorf("a kpr without --devices left %+v on %s", s, node.Uplink)
 	}
 }
