@@ -116,57 +116,73 @@ struct pkt {
 			s->field++;                                    \
 	} while (0)
 
-/* Parse an Ethernet frame carrying IPv4 or IPv6 with TCP or UDP. Returns 0
- * for anything else, and for IPv4 fragments (counted): a non-first fragment
- * has no ports to look up. */
+/* The headers parse reads: Ethernet, IPv4 with the longest options (or
+ * IPv6), and TCP up to its flags. */
+#define PARSE_LEN (ETH_HLEN + 60 + 14)
+
+/* Parse an Ethernet frame carrying IPv4 or IPv6 with TCP or UDP, reading
+ * the headers in place. Returns 0 for anything else, and for IPv4 fragments
+ * (counted): a non-first fragment has no ports to look up. */
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
-	__u8 ports[4];
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u8 *l4;
 
+	/* Headers outside the linear part (rare at tc) are pulled in once. */
+	if (data + PARSE_LEN > data_end && skb->len > data_end - data) {
+		bpf_skb_pull_data(skb, skb->len < PARSE_LEN ? skb->len : PARSE_LEN);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+	}
 	p->l3_off = ETH_HLEN;
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
-		struct iphdr ip;
+		struct iphdr *ip = data + ETH_HLEN;
 
-		if (bpf_skb_load_bytes(skb, p->l3_off, &ip, sizeof(ip)))
+		if ((void *)(ip + 1) > data_end)
 			return 0;
-		if (ip.version != 4 || ip.ihl < 5)
+		if (ip->version != 4 || ip->ihl < 5)
 			return 0;
-		if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+		if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
 			return 0;
-		if (ip.frag_off & bpf_htons(0x3fff)) { /* MF or an offset */
+		if (ip->frag_off & bpf_htons(0x3fff)) { /* MF or an offset */
 			STAT_INC(fragment);
 			return 0;
 		}
-		p->proto = ip.protocol;
-		addr_from_v4(p->saddr, ip.saddr);
-		addr_from_v4(p->daddr, ip.daddr);
-		p->l4_off = p->l3_off + ip.ihl * 4;
+		p->proto = ip->protocol;
+		addr_from_v4(p->saddr, ip->saddr);
+		addr_from_v4(p->daddr, ip->daddr);
+		p->l4_off = ETH_HLEN + ip->ihl * 4;
 		p->v6 = 0;
+		l4 = (__u8 *)ip + ip->ihl * 4;
 	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr ip6;
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
 
-		if (bpf_skb_load_bytes(skb, p->l3_off, &ip6, sizeof(ip6)))
+		if ((void *)(ip6 + 1) > data_end)
 			return 0;
 		/* Extension headers are not followed: no Service traffic
 		 * carries them in practice, and kpr leaves such packets be. */
-		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
+		if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
 			return 0;
-		p->proto = ip6.nexthdr;
-		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
-		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
-		p->l4_off = p->l3_off + sizeof(ip6);
+		p->proto = ip6->nexthdr;
+		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+		p->l4_off = ETH_HLEN + sizeof(*ip6);
 		p->v6 = 1;
+		l4 = (__u8 *)(ip6 + 1);
 	} else {
 		return 0;
 	}
-	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)))
+	if (l4 + 4 > (__u8 *)data_end)
 		return 0;
-	__builtin_memcpy(&p->sport, &ports[0], 2);
-	__builtin_memcpy(&p->dport, &ports[2], 2);
+	__builtin_memcpy(&p->sport, l4, 2);
+	__builtin_memcpy(&p->dport, l4 + 2, 2);
 	p->tcp_flags = 0;
-	if (p->proto == IPPROTO_TCP &&
-	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1))
-		return 0;
+	if (p->proto == IPPROTO_TCP) {
+		if (l4 + 14 > (__u8 *)data_end)
+			return 0;
+		p->tcp_flags = l4[13];
+	}
 	return 1;
 }
 
@@ -299,8 +315,13 @@ static __always_inline int ct_backend_live(const struct ct_value *ct)
 	       be->addr[3] == ct->addr[3];
 }
 
-/* An entry whose flow is over: expired, its backend gone, or a TCP SYN that
- * opens a new connection on the ports of a closed one. */
+/*
+ * An entry whose flow is over: expired, a TCP SYN that opens a new
+ * connection on the ports of a closed one, or a backend that is gone. The
+ * backend is checked when the lifetime is due to be extended, once a second
+ * at most, not on every packet: a flow leaves a removed backend within a
+ * second.
+ */
 static __always_inline int ct_usable(const struct ct_value *ct, const struct pkt *p, __u64 now)
 {
 	if (now > ct->expires_ns)
@@ -308,6 +329,8 @@ static __always_inline int ct_usable(const struct ct_value *ct, const struct pkt
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
 	    (ct->flags & (CT_F_FIN | CT_F_RST)))
 		return 0;
+	if (now + ct_lifetime_ns(p->proto, ct->flags) <= ct->expires_ns + CT_REFRESH_NS)
+		return 1;
 	return ct_backend_live(ct);
 }
 

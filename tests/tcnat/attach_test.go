@@ -45,6 +45,7 @@ func deviceState(t *testing.T, ns *harness.NetNS, dev string) tcState {
 				}
 			}
 		}
+		slices.Sort(s.links)
 		qdiscs, err := netlink.QdiscList(iface)
 		if err != nil {
 			return err

@@ -27,9 +27,6 @@ type flow struct {
 
 func (f flow) String() string { return fmt.Sprintf("%s %s->%s", f.proto, f.src, f.dst) }
 
-// reply is the flow seen from the other end.
-func (f flow) reply() flow { return flow{src: f.dst, dst: f.src, proto: f.proto, tcpFlags: "A"} }
-
 var payload = []byte("kpr tc test payload: the bytes after the headers must come through unchanged")
 
 // build serializes f as an Ethernet frame with valid checksums.

@@ -179,7 +179,8 @@ func TestConntrackKeepsAFlowOnItsBackend(t *testing.T) {
 }
 
 // A flow whose backend left the Service moves to a live backend with its
-// next packet, and its reply is restored from the new backend.
+// next packet a second later, and its reply is restored from the new
+// backend.
 func TestFlowOfRemovedBackendMovesToALiveOne(t *testing.T) {
 	p := newProgs(t, loader.ConntrackTimeouts{})
 	for _, fam := range families {
@@ -201,6 +202,8 @@ func TestFlowOfRemovedBackendMovesToALiveOne(t *testing.T) {
 				}
 			}
 			p.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.UDP, b2)
+			// A flow's backend is checked once a second, not per packet.
+			time.Sleep(1100 * time.Millisecond)
 			if _, got := p.in(onB1); got.dst != b2 {
 				t.Fatalf("after its backend left, %s went to %s, want %s", onB1, got.dst, b2)
 			}
