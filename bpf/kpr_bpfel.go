@@ -80,6 +80,7 @@ type KprNatStats struct {
 	Snat             uint64
 	DropSnatPorts    uint64
 	Redirected       uint64
+	IcmpTranslated   uint64
 }
 
 type KprRevNatValue struct {

@@ -90,6 +90,13 @@ struct {
  * so an established flow does not write its entry on every packet. */
 #define CT_REFRESH_NS NSEC_PER_SEC
 
+/* From linux/icmp.h and linux/icmpv6.h, which pull in libc headers. */
+#define ICMP_DEST_UNREACH 3
+#define ICMP_TIME_EXCEEDED 11
+#define ICMPV6_DEST_UNREACH 1
+#define ICMPV6_PKT_TOOBIG 2
+#define ICMPV6_TIME_EXCEED 3
+
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
@@ -120,8 +127,12 @@ struct pkt {
  * IPv6), and TCP up to its flags. */
 #define PARSE_LEN (ETH_HLEN + 60 + 14)
 
-/* Parse an Ethernet frame carrying IPv4 or IPv6 with TCP or UDP, reading
- * the headers in place. Returns 0 for anything else, and for IPv4 fragments
+#define PARSED_L4 1
+#define PARSED_ICMP 2
+
+/* Parse an Ethernet frame carrying IPv4 or IPv6 with TCP or UDP
+ * (PARSED_L4), reading the headers in place, or ICMP (PARSED_ICMP: only the
+ * IP header is parsed). Returns 0 for anything else, and for IPv4 fragments
  * (counted): a non-first fragment has no ports to look up. */
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
@@ -143,7 +154,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			return 0;
 		if (ip->version != 4 || ip->ihl < 5)
 			return 0;
-		if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP &&
+		    ip->protocol != IPPROTO_ICMP)
 			return 0;
 		if (ip->frag_off & bpf_htons(0x3fff)) { /* MF or an offset */
 			STAT_INC(fragment);
@@ -162,7 +174,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			return 0;
 		/* Extension headers are not followed: no Service traffic
 		 * carries them in practice, and kpr leaves such packets be. */
-		if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
+		if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP &&
+		    ip6->nexthdr != IPPROTO_ICMPV6)
 			return 0;
 		p->proto = ip6->nexthdr;
 		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
@@ -173,6 +186,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	} else {
 		return 0;
 	}
+	if (p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6)
+		return PARSED_ICMP;
 	if (l4 + 4 > (__u8 *)data_end)
 		return 0;
 	__builtin_memcpy(&p->sport, l4, 2);
@@ -647,6 +662,191 @@ static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p
 	return fib_redirect(skb, p, from.addr, from.nat_addr);
 }
 
+static __always_inline int addr_eq(const __u32 a[4], const __u32 b[4])
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/*
+ * The packet an ICMP error is about: destination unreachable (which
+ * carries "fragmentation needed" and "packet too big") or time exceeded,
+ * quoting an IP header and the first 8 bytes of TCP or UDP. Read with
+ * bpf_skb_load_bytes: this is not the hot path. Returns 0 for any other
+ * ICMP message.
+ */
+static __always_inline int parse_icmp_error(struct __sk_buff *skb, const struct pkt *p, struct pkt *in)
+{
+	__u8 type, ports[4];
+
+	if (bpf_skb_load_bytes(skb, p->l4_off, &type, 1))
+		return 0;
+	if (p->v6 ? type != ICMPV6_DEST_UNREACH && type != ICMPV6_PKT_TOOBIG && type != ICMPV6_TIME_EXCEED
+		  : type != ICMP_DEST_UNREACH && type != ICMP_TIME_EXCEEDED)
+		return 0;
+	in->l3_off = p->l4_off + 8;
+	in->v6 = p->v6;
+	if (!p->v6) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, in->l3_off, &ip, sizeof(ip)) || ip.version != 4 || ip.ihl < 5)
+			return 0;
+		in->proto = ip.protocol;
+		addr_from_v4(in->saddr, ip.saddr);
+		addr_from_v4(in->daddr, ip.daddr);
+		in->l4_off = in->l3_off + ip.ihl * 4;
+	} else {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, in->l3_off, &ip6, sizeof(ip6)))
+			return 0;
+		in->proto = ip6.nexthdr;
+		__builtin_memcpy(in->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(in->daddr, &ip6.daddr, 16);
+		in->l4_off = in->l3_off + sizeof(ip6);
+	}
+	if (in->proto != IPPROTO_TCP && in->proto != IPPROTO_UDP)
+		return 0;
+	if (bpf_skb_load_bytes(skb, in->l4_off, ports, sizeof(ports)))
+		return 0;
+	__builtin_memcpy(&in->sport, &ports[0], 2);
+	__builtin_memcpy(&in->dport, &ports[2], 2);
+	return 1;
+}
+
+/* Rewrite the source (dst == 0) or destination address of an ICMP
+ * message's own IP header; ICMPv6 has it in its checksum's pseudo-header. */
+static __always_inline int rewrite_icmp_outer(struct __sk_buff *skb, const struct pkt *p, int dst,
+					      const __u32 old_addr[4], const __u32 new_addr[4])
+{
+	__s64 diff;
+
+	if (p->v6) {
+		diff = bpf_csum_diff((__be32 *)old_addr, 16, (__be32 *)new_addr, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, p->l4_off + 2, 0, diff, BPF_F_PSEUDO_HDR))
+			return -1;
+		return bpf_skb_store_bytes(skb, p->l3_off + (dst ? offsetof(struct ipv6hdr, daddr)
+								 : offsetof(struct ipv6hdr, saddr)),
+					   new_addr, 16, 0) ? -1 : 0;
+	}
+	if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), old_addr[3], new_addr[3], 4))
+		return -1;
+	return bpf_skb_store_bytes(skb, p->l3_off + (dst ? offsetof(struct iphdr, daddr)
+							 : offsetof(struct iphdr, saddr)),
+				   &new_addr[3], 4, 0) ? -1 : 0;
+}
+
+/*
+ * Rewrite the source (dst == 0) or destination address and port of the
+ * packet an ICMP error quotes. The quoted IPv4 header checksum and the ICMP
+ * checksum, which covers the quote, are fixed; the quoted TCP or UDP
+ * checksum is left as it is, since receivers of ICMP errors ignore it.
+ */
+static __always_inline int rewrite_quoted(struct __sk_buff *skb, const struct pkt *p, const struct pkt *in,
+					  int dst, const __u32 old_addr[4], const __u32 new_addr[4],
+					  __u16 old_port, __u16 new_port)
+{
+	__u32 icmp_csum = p->l4_off + 2;
+	__s64 diff;
+
+	if (in->v6) {
+		diff = bpf_csum_diff((__be32 *)old_addr, 16, (__be32 *)new_addr, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, icmp_csum, 0, diff, 0))
+			return -1;
+		if (bpf_skb_store_bytes(skb, in->l3_off + (dst ? offsetof(struct ipv6hdr, daddr)
+								: offsetof(struct ipv6hdr, saddr)),
+					new_addr, 16, 0))
+			return -1;
+	} else {
+		__u32 check_off = in->l3_off + offsetof(struct iphdr, check);
+		__u16 old_check, new_check;
+
+		if (bpf_skb_load_bytes(skb, check_off, &old_check, 2) ||
+		    bpf_l3_csum_replace(skb, check_off, old_addr[3], new_addr[3], 4) ||
+		    bpf_skb_load_bytes(skb, check_off, &new_check, 2))
+			return -1;
+		if (bpf_l4_csum_replace(skb, icmp_csum, old_addr[3], new_addr[3], 4) ||
+		    bpf_l4_csum_replace(skb, icmp_csum, old_check, new_check, 2))
+			return -1;
+		if (bpf_skb_store_bytes(skb, in->l3_off + (dst ? offsetof(struct iphdr, daddr)
+								: offsetof(struct iphdr, saddr)),
+					&new_addr[3], 4, 0))
+			return -1;
+	}
+	if (old_port == new_port)
+		return 0;
+	if (bpf_l4_csum_replace(skb, icmp_csum, old_port, new_port, 2))
+		return -1;
+	return bpf_skb_store_bytes(skb, in->l4_off + (dst ? 2 : 0), &new_port, 2, 0) ? -1 : 0;
+}
+
+/*
+ * Ingress: an ICMP error about a reply a local backend sent (quoting
+ * frontend -> client, as the reply left), from somewhere on the path to the
+ * client. It goes to the backend, about the packet as the backend sent it,
+ * so that path MTU discovery works through a NodePort.
+ */
+static __always_inline int icmp_ingress(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ct_key fkey = {};
+	const struct ct_value *ct;
+	struct ct_value to;
+	struct pkt in = {};
+
+	if (!parse_icmp_error(skb, p, &in))
+		return TC_PASS;
+	addr_copy(fkey.saddr, in.daddr);
+	addr_copy(fkey.daddr, in.saddr);
+	fkey.sport = in.dport;
+	fkey.dport = in.sport;
+	fkey.proto = in.proto;
+	fkey.dir = CT_DIR_FORWARD;
+	ct = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
+	if (!ct || (ct->flags & CT_F_SNAT))
+		return TC_PASS;
+	to = *ct;
+	if ((addr_eq(p->daddr, in.saddr) && rewrite_icmp_outer(skb, p, 1, p->daddr, to.addr)) ||
+	    rewrite_quoted(skb, p, &in, 0, in.saddr, to.addr, in.sport, to.port)) {
+		STAT_INC(drop_rewrite);
+		return TC_ACT_SHOT;
+	}
+	STAT_INC(icmp_translated);
+	return TC_PASS;
+}
+
+/*
+ * Egress: an ICMP error toward a client about its packet to a local backend
+ * (quoting client -> backend, as it was after the DNAT): from this node's
+ * forwarding (fragmentation needed on the way to the pod), or from the
+ * backend itself, whose address then leaves as the frontend's too.
+ */
+static __always_inline int icmp_egress(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ct_key rkey = {};
+	const struct ct_value *rev;
+	struct ct_value from;
+	struct pkt in = {};
+
+	if (!parse_icmp_error(skb, p, &in))
+		return TC_PASS;
+	addr_copy(rkey.saddr, in.daddr);
+	addr_copy(rkey.daddr, in.saddr);
+	rkey.sport = in.dport;
+	rkey.dport = in.sport;
+	rkey.proto = in.proto;
+	rkey.dir = CT_DIR_REPLY;
+	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+	if (!rev || (rev->flags & CT_F_SNAT))
+		return TC_PASS;
+	from = *rev;
+	if ((addr_eq(p->saddr, in.daddr) && rewrite_icmp_outer(skb, p, 0, p->saddr, from.addr)) ||
+	    rewrite_quoted(skb, p, &in, 1, in.daddr, from.addr, in.dport, from.port)) {
+		STAT_INC(drop_rewrite);
+		return TC_ACT_SHOT;
+	}
+	STAT_INC(icmp_translated);
+	return TC_PASS;
+}
+
 SEC("tc")
 int kpr_tc_ingress(struct __sk_buff *skb)
 {
@@ -659,7 +859,10 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 	__u64 now;
 	int ret;
 
-	if (!parse(skb, &p))
+	ret = parse(skb, &p);
+	if (ret == PARSED_ICMP)
+		return icmp_ingress(skb, &p);
+	if (ret != PARSED_L4)
 		return TC_PASS;
 	if (snat_port(p.dport)) {
 		ret = snat_reply(skb, &p);
@@ -712,8 +915,12 @@ int kpr_tc_egress(struct __sk_buff *skb)
 	struct ct_value *rev;
 	struct ct_value from;
 	struct pkt p = {};
+	int ret;
 
-	if (!parse(skb, &p))
+	ret = parse(skb, &p);
+	if (ret == PARSED_ICMP)
+		return icmp_egress(skb, &p);
+	if (ret != PARSED_L4)
 		return TC_PASS;
 
 	addr_copy(rkey.saddr, p.saddr);

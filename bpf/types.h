@@ -193,4 +193,5 @@ struct nat_stats {
 	__u64 snat;		/* new flows SNATed to a backend on another node */
 	__u64 drop_snat_ports;	/* new flow dropped: no free SNAT port */
 	__u64 redirected;	/* packets sent out through a FIB lookup */
+	__u64 icmp_translated;	/* ICMP errors about a translated flow, rewritten */
 };

@@ -250,7 +250,7 @@ func echo10MB(t *testing.T, ns *harness.NetNS, fe netip.AddrPort) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(60 * time.Second)); err != nil {
+	if err := c.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	r := bufio.NewReader(c)
@@ -450,4 +450,32 @@ func peerServerInNode(t *testing.T, node *harness.Node, port uint16) {
 			c.Close()
 		}
 	}()
+}
+
+// Path MTU discovery through a NodePort: the pods sit behind a bridge with a
+// smaller MTU than the client's link, so the node's forwarding answers the
+// client's full-sized segments with "fragmentation needed" (IPv4) or
+// "packet too big" (IPv6) about the translated packet. Translated back, the
+// error reaches the client's connection, which shrinks its segments, and a
+// 10 MB echo completes.
+func TestPathMTUThroughNodePort(t *testing.T) {
+	top := newTopology(t, 1, loader.TCAttachAuto)
+	nl := top.node.NetNS.Netlink()
+	br, err := nl.LinkByName(top.node.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nl.LinkSetMTU(br, 1280); err != nil {
+		t.Fatalf("lower the MTU of %s: %v", top.node.Bridge, err)
+	}
+	for _, fam := range topoFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			fe := netip.AddrPortFrom(nodeAddr(fam.v6), 30083)
+			top.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, top.backends(fe.Addr(), dataplane.TCP, top.pods...)...)
+			echo10MB(t, top.client.NetNS, fe)
+		})
+	}
+	if s := top.stats(); s.IcmpTranslated == 0 {
+		t.Errorf("counters %+v: no ICMP error was translated, so the test did not exercise path MTU discovery", s)
+	}
 }
