@@ -86,6 +86,12 @@ struct {
 	__uint(max_entries, 256);
 } kpr_tc_devices SEC(".maps");
 
+/* The conntrack enums reach BTF only through a use of their type: these
+ * constants are that use, so that Go can check its copies of the values
+ * (maps/conntrack.go) against this object. Nothing reads them. */
+volatile const enum ct_dir btf_ct_dir = CT_DIR_FORWARD;
+volatile const enum ct_flags btf_ct_flags = CT_F_REPLIED;
+
 /* A flow's lifetime is written back only when it gains at least this much,
  * so an established flow does not write its entry on every packet. */
 #define CT_REFRESH_NS NSEC_PER_SEC

@@ -27,6 +27,8 @@ const (
 	TcNodeportMapKprTcStats        = "kpr_tc_stats"
 	TcNodeportProgKprTcEgress      = "kpr_tc_egress"
 	TcNodeportProgKprTcIngress     = "kpr_tc_ingress"
+	TcNodeportVarBtfCtDir          = "btf_ct_dir"
+	TcNodeportVarBtfCtFlags        = "btf_ct_flags"
 	TcNodeportVarCtTcpEstablishedS = "ct_tcp_established_s"
 	TcNodeportVarCtTcpFinS         = "ct_tcp_fin_s"
 	TcNodeportVarCtTcpRstS         = "ct_tcp_rst_s"
@@ -102,6 +104,8 @@ type TcNodeportMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type TcNodeportVariableSpecs struct {
+	BtfCtDir          *ebpf.VariableSpec `ebpf:"btf_ct_dir"`
+	BtfCtFlags        *ebpf.VariableSpec `ebpf:"btf_ct_flags"`
 	CtTcpEstablishedS *ebpf.VariableSpec `ebpf:"ct_tcp_established_s"`
 	CtTcpFinS         *ebpf.VariableSpec `ebpf:"ct_tcp_fin_s"`
 	CtTcpRstS         *ebpf.VariableSpec `ebpf:"ct_tcp_rst_s"`
@@ -161,6 +165,8 @@ func (m *TcNodeportMaps) Close() error {
 //
 // It can be passed to LoadTcNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type TcNodeportVariables struct {
+	BtfCtDir          *ebpf.Variable `ebpf:"btf_ct_dir"`
+	BtfCtFlags        *ebpf.Variable `ebpf:"btf_ct_flags"`
 	CtTcpEstablishedS *ebpf.Variable `ebpf:"ct_tcp_established_s"`
 	CtTcpFinS         *ebpf.Variable `ebpf:"ct_tcp_fin_s"`
 	CtTcpRstS         *ebpf.Variable `ebpf:"ct_tcp_rst_s"`

@@ -10,7 +10,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"net/netip"
-	"reflect"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -123,23 +122,21 @@ func (p *progs) upsert(kind dataplane.FrontendKind, scope maps.Scope, fe netip.A
 // stats sums the per-CPU counters.
 func (p *progs) stats() bpf.KprNatStats {
 	p.t.Helper()
-	var per []bpf.KprNatStats
-	if err := p.loaded.Maps.KprTcStats.Lookup(uint32(0), &per); err != nil {
+	sum, err := maps.TCStats(p.loaded.Maps.KprTcStats)
+	if err != nil {
 		p.t.Fatal(err)
 	}
-	// Every field is a uint64 counter: sum them all, whatever fields
-	// the struct gains.
-	var sum bpf.KprNatStats
-	total := reflect.ValueOf(&sum).Elem()
-	for _, s := range per {
-		v := reflect.ValueOf(s)
-		for i := 0; i < v.NumField(); i++ {
-			if f := total.Field(i); f.Kind() == reflect.Uint64 {
-				f.SetUint(f.Uint() + v.Field(i).Uint())
-			}
-		}
-	}
 	return sum
+}
+
+// flows lists the conntrack map's flows.
+func (p *progs) flows() []maps.ConntrackFlow {
+	p.t.Helper()
+	flows, err := maps.ConntrackFlows(p.loaded.Maps.KprConntrack)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return flows
 }
 
 // forwardEntry reads the conntrack entry of f (as the client sent it).

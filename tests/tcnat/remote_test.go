@@ -209,6 +209,19 @@ func TestNodePortToBackendOnAnotherNode(t *testing.T) {
 				t.Errorf("UDP to %s: %q from %s, %v; want %s from %s", fe, who, from, err, l.remote.Name, fe)
 			}
 			echo10MB(t, l.client.NetNS, fe)
+			snated := 0
+			for _, f := range l.flows() {
+				if f.Frontend != peerFE {
+					continue
+				}
+				if f.SNAT != netip.AddrPortFrom(nodeAddr(fam.v6), peer.Port()) {
+					t.Errorf("conntrack shows flow %+v, want it SNATed to %s:%d", f, nodeAddr(fam.v6), peer.Port())
+				}
+				snated++
+			}
+			if snated != 1 {
+				t.Errorf("conntrack shows %d flows to %s, want the one asked", snated, peerFE)
+			}
 		})
 	}
 	if s := l.stats(); s.Snat == 0 || s.Redirected == 0 {

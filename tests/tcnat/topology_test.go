@@ -16,7 +16,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
@@ -384,19 +383,15 @@ func peerBackends(fe netip.Addr, port uint16, pods ...*harness.Pod) []netip.Addr
 }
 
 // forwardsOnlyTo reports whether flows to fe have conntrack entries, all
-// of which send them to addr; otherwise it describes an entry that does not.
+// of which send them to addr; otherwise it describes a flow that does not.
 func (top *topology) forwardsOnlyTo(fe netip.AddrPort, addr netip.Addr) (string, bool) {
-	want, front := addr16(addr), addr16(fe.Addr())
 	found := false
-	var k bpf.KprCtKey
-	var v bpf.KprCtValue
-	it := top.loaded.Maps.KprConntrack.Iterate()
-	for it.Next(&k, &v) {
-		if k.Dir != 0 || k.Daddr != front || k.Dport != htons(fe.Port()) {
+	for _, f := range top.flows() {
+		if f.Frontend != fe {
 			continue
 		}
-		if v.Addr != want {
-			return fmt.Sprintf("%+v", v), false
+		if f.Backend.Addr() != addr {
+			return fmt.Sprintf("%+v", f), false
 		}
 		found = true
 	}
