@@ -81,6 +81,7 @@ type KprNatStats struct {
 	DropSnatPorts    uint64
 	Redirected       uint64
 	IcmpTranslated   uint64
+	AffinityHit      uint64
 }
 
 type KprRevNatValue struct {
@@ -150,6 +151,14 @@ type KprSvcValue struct {
 	Pad             uint8
 }
 
+type KprTcAffinityKey struct {
+	_        structs.HostLayout
+	Client   [4]uint32
+	RevNatId uint32
+	Scope    uint8
+	Pad      [3]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -161,6 +170,7 @@ const (
 	KprMapKprRevNat        = "kpr_rev_nat"
 	KprMapKprServices      = "kpr_services"
 	KprMapKprSockRev       = "kpr_sock_rev"
+	KprMapKprTcAffinity    = "kpr_tc_affinity"
 	KprMapKprTcStats       = "kpr_tc_stats"
 	KprProgKprConnect4     = "kpr_connect4"
 	KprProgKprConnect6     = "kpr_connect6"
@@ -242,6 +252,7 @@ type KprMapSpecs struct {
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
+	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
 	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
 
@@ -283,6 +294,7 @@ type KprMaps struct {
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
+	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
 	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
 
@@ -295,6 +307,7 @@ func (m *KprMaps) Close() error {
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
+		m.KprTcAffinity,
 		m.KprTcStats,
 	)
 }

@@ -89,3 +89,13 @@ struct {
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_tc_stats SEC(".maps");
+
+/* ClientIP affinity of the tc programs (struct tc_affinity_key), sized
+ * like kpr_affinity (--map-size-affinity). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct tc_affinity_key);
+	__type(value, struct affinity_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_tc_affinity SEC(".maps");

@@ -24,6 +24,7 @@ const (
 	SockTermMapKprServices      = "kpr_services"
 	SockTermMapKprSockRev       = "kpr_sock_rev"
 	SockTermMapKprSockTerm      = "kpr_sock_term"
+	SockTermMapKprTcAffinity    = "kpr_tc_affinity"
 	SockTermMapKprTcStats       = "kpr_tc_stats"
 	SockTermProgKprSockTermUdp  = "kpr_sock_term_udp"
 )
@@ -85,6 +86,7 @@ type SockTermMapSpecs struct {
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
 	KprSockTerm      *ebpf.MapSpec `ebpf:"kpr_sock_term"`
+	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
 	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
 
@@ -122,6 +124,7 @@ type SockTermMaps struct {
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
 	KprSockTerm      *ebpf.Map `ebpf:"kpr_sock_term"`
+	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
 	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
 
@@ -135,6 +138,7 @@ func (m *SockTermMaps) Close() error {
 		m.KprServices,
 		m.KprSockRev,
 		m.KprSockTerm,
+		m.KprTcAffinity,
 		m.KprTcStats,
 	)
 }

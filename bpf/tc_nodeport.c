@@ -524,6 +524,36 @@ static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 	return -1;
 }
 
+/* The backend this client last used for the Service, if the affinity has
+ * not timed out and that backend still serves the Service in this scope;
+ * else 0. */
+static __always_inline __u32 tc_affinity_lookup(const struct pkt *p, const struct svc_value *master,
+						__u8 scope, __u64 now)
+{
+	struct tc_affinity_key key = {.rev_nat_id = master->rev_nat_id, .scope = scope};
+	struct affinity_match_key match = {.rev_nat_id = master->rev_nat_id, .scope = scope};
+	const struct affinity_value *val;
+
+	addr_copy(key.client, p->saddr);
+	val = bpf_map_lookup_elem(&kpr_tc_affinity, &key);
+	if (!val || now - val->last_used_ns > (__u64)master->affinity_timeout * NSEC_PER_SEC)
+		return 0;
+	match.backend_id = val->backend_id;
+	if (!bpf_map_lookup_elem(&kpr_affinity_match, &match))
+		return 0;
+	return match.backend_id;
+}
+
+static __always_inline void tc_affinity_update(const struct pkt *p, const struct svc_value *master,
+					       __u8 scope, __u32 backend_id, __u64 now)
+{
+	struct tc_affinity_key key = {.rev_nat_id = master->rev_nat_id, .scope = scope};
+	struct affinity_value val = {.last_used_ns = now, .backend_id = backend_id};
+
+	addr_copy(key.client, p->saddr);
+	bpf_map_update_elem(&kpr_tc_affinity, &key, &val, BPF_ANY);
+}
+
 /*
  * A new flow to a frontend: pick a backend and store both conntrack
  * entries, the reply one first so that no forward entry exists without it.
@@ -548,18 +578,31 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 		STAT_INC(drop_no_backend);
 		return -1;
 	}
-	skey->slot = (flow_hash(p) % master->count) + 1;
-	slot = bpf_map_lookup_elem(&kpr_services, skey);
-	if (!slot) {
-		STAT_INC(drop_no_backend);
-		return -1;
+	be = NULL;
+	if (master->affinity_timeout) {
+		backend_id = tc_affinity_lookup(p, master, skey->scope, now);
+		if (backend_id)
+			be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
+		if (be)
+			STAT_INC(affinity_hit);
 	}
-	backend_id = slot->backend_id;
-	be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
 	if (!be) {
-		STAT_INC(drop_no_backend);
-		return -1;
+		skey->slot = (flow_hash(p) % master->count) + 1;
+		slot = bpf_map_lookup_elem(&kpr_services, skey);
+		skey->slot = 0;
+		if (!slot) {
+			STAT_INC(drop_no_backend);
+			return -1;
+		}
+		backend_id = slot->backend_id;
+		be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
+		if (!be) {
+			STAT_INC(drop_no_backend);
+			return -1;
+		}
 	}
+	if (master->affinity_timeout)
+		tc_affinity_update(p, master, skey->scope, backend_id, now);
 
 	addr_copy(fwd->addr, be->addr);
 	fwd->port = be->port;

@@ -23,6 +23,7 @@ const (
 	TcNodeportMapKprRevNat         = "kpr_rev_nat"
 	TcNodeportMapKprServices       = "kpr_services"
 	TcNodeportMapKprSockRev        = "kpr_sock_rev"
+	TcNodeportMapKprTcAffinity     = "kpr_tc_affinity"
 	TcNodeportMapKprTcDevices      = "kpr_tc_devices"
 	TcNodeportMapKprTcStats        = "kpr_tc_stats"
 	TcNodeportProgKprTcEgress      = "kpr_tc_egress"
@@ -96,6 +97,7 @@ type TcNodeportMapSpecs struct {
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
+	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
 	KprTcDevices     *ebpf.MapSpec `ebpf:"kpr_tc_devices"`
 	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
@@ -143,6 +145,7 @@ type TcNodeportMaps struct {
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
+	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
 	KprTcDevices     *ebpf.Map `ebpf:"kpr_tc_devices"`
 	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
@@ -156,6 +159,7 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
+		m.KprTcAffinity,
 		m.KprTcDevices,
 		m.KprTcStats,
 	)

@@ -177,6 +177,18 @@ struct ct_value {
 };
 
 /*
+ * ClientIP session affinity of the tc programs: from outside, the client is
+ * an address. The value is struct affinity_value, and a backend counts only
+ * while kpr_affinity_match has it for the Service, as at the socket layer.
+ */
+struct tc_affinity_key {
+	__u32 client[4];
+	__u32 rev_nat_id;
+	__u8 scope;	/* enum svc_scope */
+	__u8 pad[3];
+};
+
+/*
  * Per-CPU counters of the tc programs, one field per reason, in the single
  * entry of kpr_tc_stats. New reasons are appended.
  */
@@ -194,4 +206,5 @@ struct nat_stats {
 	__u64 drop_snat_ports;	/* new flow dropped: no free SNAT port */
 	__u64 redirected;	/* packets sent out through a FIB lookup */
 	__u64 icmp_translated;	/* ICMP errors about a translated flow, rewritten */
+	__u64 affinity_hit;	/* new flows sent to their client's affinity backend */
 };

@@ -341,3 +341,39 @@ func TestFailedConntrackInsertDropsOnlyTheNewFlow(t *testing.T) {
 		t.Errorf("traffic to the node itself: verdict %d, changed %v; want it passed on untouched", int32(ret), string(out) != string(toNode))
 	}
 }
+
+// ClientIP affinity from outside: new flows of one client address go to the
+// backend its first flow got, until the timeout; other clients spread.
+func TestClientIPAffinity(t *testing.T) {
+	p := newProgs(t, loader.ConntrackTimeouts{})
+	fam := families[0]
+	fe := ap(fam.node, 30087)
+	svc := maps.Service{VIPKey: maps.VIPKey{VIP: maps.VIP{Addr: fe.Addr(), Port: fe.Port(), Proto: dataplane.TCP}},
+		Kind: dataplane.NodePort, AffinityTimeout: 60}
+	for i := 0; i < 4; i++ {
+		svc.Backends = append(svc.Backends, dataplane.Backend{Addr: netip.AddrFrom4([4]byte{10, 244, 0, byte(20 + i)}), Port: 8080})
+	}
+	if err := p.lb.Upsert(svc); err != nil {
+		t.Fatal(err)
+	}
+	clients := map[netip.AddrPort]bool{}
+	for c := byte(1); c <= 8; c++ {
+		client := netip.AddrFrom4([4]byte{198, 51, 100, c})
+		var first netip.AddrPort
+		for port := uint16(44000); port < 44008; port++ {
+			_, got := p.in(flow{src: ap(client, port), dst: fe, proto: dataplane.TCP, tcpFlags: "S"})
+			if !first.IsValid() {
+				first = got.dst
+			} else if got.dst != first {
+				t.Errorf("client %s: flow from port %d went to %s, its first flow to %s", client, port, got.dst, first)
+			}
+		}
+		clients[first] = true
+	}
+	if len(clients) < 2 {
+		t.Errorf("8 clients all stuck to %v: the first pick does not spread", clients)
+	}
+	if s := p.stats(); s.AffinityHit != 8*7 {
+		t.Errorf("affinity hits %d, want %d", s.AffinityHit, 8*7)
+	}
+}
