@@ -2,6 +2,7 @@ package tcnat
 
 import (
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 
@@ -309,16 +310,21 @@ func TestFailedConntrackInsertDropsOnlyTheNewFlow(t *testing.T) {
 	}
 	ct := spec.Maps[bpf.TcNodeportMapKprConntrack]
 	ct.Type, ct.MaxEntries, ct.Pinning = ebpf.Hash, 1, ebpf.PinNone
-	m := p.loaded.Maps
+	// Every other pinned map is the loaded dataplane's, found by the
+	// name in KprMaps' struct tags.
+	replacements := map[string]*ebpf.Map{}
+	loadedMaps := reflect.ValueOf(p.loaded.Maps).Elem()
+	for i := 0; i < loadedMaps.NumField(); i++ {
+		name := loadedMaps.Type().Field(i).Tag.Get("ebpf")
+		if ms := spec.Maps[name]; ms != nil && ms.Pinning == ebpf.PinByName {
+			replacements[name] = loadedMaps.Field(i).Interface().(*ebpf.Map)
+		}
+	}
 	var objs struct {
 		Ingress   *ebpf.Program `ebpf:"kpr_tc_ingress"`
 		Conntrack *ebpf.Map     `ebpf:"kpr_conntrack"`
 	}
-	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
-		bpf.KprMapKprServices: m.KprServices, bpf.KprMapKprBackends: m.KprBackends, bpf.KprMapKprRevNat: m.KprRevNat,
-		bpf.KprMapKprSockRev: m.KprSockRev, bpf.KprMapKprAffinity: m.KprAffinity, bpf.KprMapKprAffinityMatch: m.KprAffinityMatch,
-		bpf.KprMapKprTcStats: m.KprTcStats,
-	}})
+	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements})
 	if err != nil {
 		t.Fatal(err)
 	}
