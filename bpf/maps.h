@@ -90,8 +90,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_tc_stats SEC(".maps");
 
-/* ClientIP affinity of the tc programs (struct tc_affinity_key), sized
- * like kpr_affinity (--map-size-affinity). */
+/* ClientIP affinity of the tc programs (struct tc_affinity_key), one entry
+ * per (client address, Service with affinity). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct tc_affinity_key);

@@ -245,6 +245,5 @@ func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
 	set(bpf.KprMapKprRevNat, s.RevNat)
 	set(bpf.KprMapKprSockRev, s.SockRev)
 	set(bpf.KprMapKprAffinity, s.Affinity)
-	set(bpf.KprMapKprTcAffinity, s.Affinity)
 	set(bpf.KprMapKprConntrack, s.Conntrack)
 }
