@@ -829,32 +829,49 @@ static __always_inline int rewrite_quoted(struct __sk_buff *skb, const struct pk
 }
 
 /*
- * Ingress: an ICMP error about a reply a local backend sent (quoting
- * frontend -> client, as the reply left), from somewhere on the path to the
- * client. It goes to the backend, about the packet as the backend sent it,
- * so that path MTU discovery works through a NodePort.
+ * Ingress: an ICMP error about a packet of a translated flow, so that path
+ * MTU discovery works through a NodePort. Either about a reply kpr sent to
+ * the client (quoting frontend -> client, from somewhere on the path to the
+ * client): it goes to the backend, about the packet as the backend sent it
+ * (from the node's SNAT address and port, for a SNATed flow). Or, for a
+ * SNATed flow, about a packet kpr sent to the backend on another node
+ * (quoting node -> backend): it goes to the client, about the packet the
+ * client sent. The kernel routes the translated error on.
  */
 static __always_inline int icmp_ingress(struct __sk_buff *skb, const struct pkt *p)
 {
-	struct ct_key fkey = {};
+	struct ct_key key = {};
 	const struct ct_value *ct;
-	struct ct_value to;
+	struct ct_value e;
 	struct pkt in = {};
+	int err;
 
 	if (!parse_icmp_error(skb, p, &in))
 		return TC_PASS;
-	addr_copy(fkey.saddr, in.daddr);
-	addr_copy(fkey.daddr, in.saddr);
-	fkey.sport = in.dport;
-	fkey.dport = in.sport;
-	fkey.proto = in.proto;
-	fkey.dir = CT_DIR_FORWARD;
-	ct = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
-	if (!ct || (ct->flags & CT_F_SNAT))
-		return TC_PASS;
-	to = *ct;
-	if ((addr_eq(p->daddr, in.saddr) && rewrite_icmp_outer(skb, p, 1, p->daddr, to.addr)) ||
-	    rewrite_quoted(skb, p, &in, 0, in.saddr, to.addr, in.sport, to.port)) {
+	addr_copy(key.saddr, in.daddr);
+	addr_copy(key.daddr, in.saddr);
+	key.sport = in.dport;
+	key.dport = in.sport;
+	key.proto = in.proto;
+	key.dir = CT_DIR_FORWARD;
+	ct = bpf_map_lookup_elem(&kpr_conntrack, &key);
+	if (ct) {
+		e = *ct;
+		err = (addr_eq(p->daddr, in.saddr) && rewrite_icmp_outer(skb, p, 1, p->daddr, e.addr)) ||
+		      rewrite_quoted(skb, p, &in, 0, in.saddr, e.addr, in.sport, e.port);
+		if (!err && (e.flags & CT_F_SNAT))
+			err = rewrite_quoted(skb, p, &in, 1, in.daddr, e.nat_addr, in.dport, e.nat_port);
+	} else {
+		key.dir = CT_DIR_REPLY;
+		ct = bpf_map_lookup_elem(&kpr_conntrack, &key);
+		if (!ct || !(ct->flags & CT_F_SNAT))
+			return TC_PASS;
+		e = *ct; /* nat_addr:nat_port is the client, addr:port the frontend */
+		err = (addr_eq(p->daddr, in.saddr) && rewrite_icmp_outer(skb, p, 1, p->daddr, e.nat_addr)) ||
+		      rewrite_quoted(skb, p, &in, 0, in.saddr, e.nat_addr, in.sport, e.nat_port) ||
+		      rewrite_quoted(skb, p, &in, 1, in.daddr, e.addr, in.dport, e.port);
+	}
+	if (err) {
 		STAT_INC(drop_rewrite);
 		return TC_ACT_SHOT;
 	}

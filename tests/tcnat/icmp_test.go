@@ -5,10 +5,12 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
@@ -154,5 +156,51 @@ func TestICMPErrorsFollowTheTranslation(t *testing.T) {
 	}
 	if s := p.stats(); s.IcmpTranslated != 6 {
 		t.Errorf("counters %+v, want 6 ICMP errors translated", s)
+	}
+}
+
+// ICMP errors about a SNATed flow (its backend on another node) are
+// translated too: one from the client's side goes to the backend about the
+// packet it sent (to the node's SNAT port), one from the backend's side goes
+// to the client about the packet it sent (to the frontend). The flow's
+// entries are written by hand, as the SNAT path needs real routes.
+func TestICMPErrorsOfSNATedFlows(t *testing.T) {
+	p := newProgs(t, loader.ConntrackTimeouts{})
+	routers := map[string]netip.Addr{"IPv4": netip.MustParseAddr("192.168.100.1"), "IPv6": netip.MustParseAddr("fd00:100::1")}
+	const snatFlag, repliedFlag = 8, 1 // CT_F_SNAT, CT_F_REPLIED (bpf/types.h)
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			p.t = t
+			client, fe, be, snat := ap(fam.client, 40020), ap(fam.node, 30088), ap(fam.pod2, 8080), ap(fam.node, 61500)
+			expires := monotonicNow(t) + uint64(100*time.Second)
+			fwdKey := bpf.KprCtKey{Saddr: addr16(client.Addr()), Daddr: addr16(fe.Addr()), Sport: htons(client.Port()), Dport: htons(fe.Port()), Proto: uint8(dataplane.TCP)}
+			fwd := bpf.KprCtValue{ExpiresNs: expires, Addr: addr16(be.Addr()), Port: htons(be.Port()),
+				NatAddr: addr16(snat.Addr()), NatPort: htons(snat.Port()), Flags: snatFlag | repliedFlag}
+			revKey := bpf.KprCtKey{Saddr: addr16(be.Addr()), Daddr: addr16(snat.Addr()), Sport: htons(be.Port()), Dport: htons(snat.Port()), Proto: uint8(dataplane.TCP), Dir: 1}
+			rev := bpf.KprCtValue{ExpiresNs: expires, Addr: addr16(fe.Addr()), Port: htons(fe.Port()),
+				NatAddr: addr16(client.Addr()), NatPort: htons(client.Port()), Flags: snatFlag}
+			ct := p.loaded.Maps.KprConntrack
+			if err := ct.Put(&fwdKey, &fwd); err != nil {
+				t.Fatal(err)
+			}
+			if err := ct.Put(&revKey, &rev); err != nil {
+				t.Fatal(err)
+			}
+
+			// From the client's side, about the reply kpr sent.
+			_, out := run(t, p.ingress, buildICMPError(t, routers[fam.name], fe.Addr(), flow{src: fe, dst: client, proto: dataplane.TCP}))
+			got := parseICMPError(t, out)
+			if got.dst != be.Addr() || got.quoted.src != be || got.quoted.dst != snat {
+				t.Errorf("client-side error goes to %s quoting %s->%s, want to %s quoting %s->%s",
+					got.dst, got.quoted.src, got.quoted.dst, be.Addr(), be, snat)
+			}
+			// From the backend's side, about the packet kpr sent it.
+			_, out = run(t, p.ingress, buildICMPError(t, fam.pod1, snat.Addr(), flow{src: snat, dst: be, proto: dataplane.TCP}))
+			got = parseICMPError(t, out)
+			if got.dst != client.Addr() || got.quoted.src != client || got.quoted.dst != fe {
+				t.Errorf("backend-side error goes to %s quoting %s->%s, want to %s quoting %s->%s",
+					got.dst, got.quoted.src, got.quoted.dst, client.Addr(), client, fe)
+			}
+		})
 	}
 }
