@@ -5,8 +5,8 @@
 // Each .c file is one program object: sock_lb.c the socket hooks (Kpr),
 // sock_term.c the socket-termination iterator (SockTerm), tc_nodeport.c the
 // packet-level translation at tc for traffic from other machines
-// (TcNodeport). They share the
-// pinned maps of maps.h and the types of types.h.
+// (TcNodeport). They share the pinned maps of maps.h and the types of
+// types.h.
 package bpf
 
 // The structs and enums of types.h reach Go only through bpf2go: never
