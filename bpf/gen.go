@@ -3,8 +3,10 @@
 // needs no clang; `make generate` reproduces them.
 //
 // Each .c file is one program object: sock_lb.c the socket hooks (Kpr),
-// sock_term.c the socket-termination iterator (SockTerm). They share the
-// pinned maps of maps.h and the types of types.h.
+// sock_term.c the socket-termination iterator (SockTerm), tc_nodeport.c the
+// packet-level translation at tc for traffic from other machines
+// (TcNodeport). They share the pinned maps of maps.h and the types of
+// types.h.
 package bpf
 
 // The structs and enums of types.h reach Go only through bpf2go: never
@@ -21,3 +23,4 @@ package bpf
 //go:generate -command bpf2go go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -I/usr/include/${KPR_BPF_MULTIARCH}" -target bpfel
 //go:generate bpf2go -type svc_key -type svc_value -type backend -type rev_nat_value -type sock_rev_key -type sock_rev_value -type affinity_key -type affinity_value -type affinity_match_key Kpr sock_lb.c -- -I.
 //go:generate bpf2go -no-global-types SockTerm sock_term.c -- -I.
+//go:generate bpf2go -no-global-types TcNodeport tc_nodeport.c -- -I.

@@ -43,6 +43,47 @@ type KprBackend struct {
 	State uint8
 }
 
+type KprCtKey struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Dir   uint8
+	Pad   uint16
+}
+
+type KprCtValue struct {
+	_         structs.HostLayout
+	ExpiresNs uint64
+	Addr      [4]uint32
+	NatAddr   [4]uint32
+	Port      uint16
+	NatPort   uint16
+	Flags     uint8
+	Pad       [3]uint8
+	BackendId uint32
+	RevNatId  uint32
+}
+
+type KprNatStats struct {
+	_                structs.HostLayout
+	Translated       uint64
+	Reversed         uint64
+	NewFlows         uint64
+	DropNoBackend    uint64
+	DropCtInsert     uint64
+	DropRewrite      uint64
+	ClusterIpOutside uint64
+	Fragment         uint64
+	Snat             uint64
+	DropSnatPorts    uint64
+	Redirected       uint64
+	IcmpTranslated   uint64
+	AffinityHit      uint64
+}
+
 type KprRevNatValue struct {
 	_    structs.HostLayout
 	Addr [4]uint32
@@ -110,6 +151,14 @@ type KprSvcValue struct {
 	Pad             uint8
 }
 
+type KprTcAffinityKey struct {
+	_        structs.HostLayout
+	Client   [4]uint32
+	RevNatId uint32
+	Scope    uint8
+	Pad      [3]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -117,9 +166,12 @@ const (
 	KprMapKprAffinity      = "kpr_affinity"
 	KprMapKprAffinityMatch = "kpr_affinity_match"
 	KprMapKprBackends      = "kpr_backends"
+	KprMapKprConntrack     = "kpr_conntrack"
 	KprMapKprRevNat        = "kpr_rev_nat"
 	KprMapKprServices      = "kpr_services"
 	KprMapKprSockRev       = "kpr_sock_rev"
+	KprMapKprTcAffinity    = "kpr_tc_affinity"
+	KprMapKprTcStats       = "kpr_tc_stats"
 	KprProgKprConnect4     = "kpr_connect4"
 	KprProgKprConnect6     = "kpr_connect6"
 	KprProgKprGetpeer4     = "kpr_getpeer4"
@@ -196,9 +248,12 @@ type KprMapSpecs struct {
 	KprAffinity      *ebpf.MapSpec `ebpf:"kpr_affinity"`
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
+	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
+	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
+	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
 
 // KprVariableSpecs contains global variables before they are loaded into the kernel.
@@ -235,9 +290,12 @@ type KprMaps struct {
 	KprAffinity      *ebpf.Map `ebpf:"kpr_affinity"`
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
+	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
+	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
+	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
 
 func (m *KprMaps) Close() error {
@@ -245,9 +303,12 @@ func (m *KprMaps) Close() error {
 		m.KprAffinity,
 		m.KprAffinityMatch,
 		m.KprBackends,
+		m.KprConntrack,
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
+		m.KprTcAffinity,
+		m.KprTcStats,
 	)
 }
 

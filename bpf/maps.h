@@ -69,3 +69,33 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_affinity_match SEC(".maps");
+
+/* Conntrack of the tc programs (struct ct_key in types.h). Pinned, so flows
+ * survive a restart of kpr. Sized like kube-proxy's minimum
+ * nf_conntrack_max; two entries per flow. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 131072);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_conntrack SEC(".maps");
+
+/* The tc programs' counters (struct nat_stats), one per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nat_stats);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_tc_stats SEC(".maps");
+
+/* ClientIP affinity of the tc programs (struct tc_affinity_key), one entry
+ * per (client address, Service with affinity). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct tc_affinity_key);
+	__type(value, struct affinity_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_tc_affinity SEC(".maps");

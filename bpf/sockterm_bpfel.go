@@ -19,10 +19,13 @@ const (
 	SockTermMapKprAffinity      = "kpr_affinity"
 	SockTermMapKprAffinityMatch = "kpr_affinity_match"
 	SockTermMapKprBackends      = "kpr_backends"
+	SockTermMapKprConntrack     = "kpr_conntrack"
 	SockTermMapKprRevNat        = "kpr_rev_nat"
 	SockTermMapKprServices      = "kpr_services"
 	SockTermMapKprSockRev       = "kpr_sock_rev"
 	SockTermMapKprSockTerm      = "kpr_sock_term"
+	SockTermMapKprTcAffinity    = "kpr_tc_affinity"
+	SockTermMapKprTcStats       = "kpr_tc_stats"
 	SockTermProgKprSockTermUdp  = "kpr_sock_term_udp"
 )
 
@@ -78,10 +81,13 @@ type SockTermMapSpecs struct {
 	KprAffinity      *ebpf.MapSpec `ebpf:"kpr_affinity"`
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
+	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
 	KprSockTerm      *ebpf.MapSpec `ebpf:"kpr_sock_term"`
+	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
+	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
 
 // SockTermVariableSpecs contains global variables before they are loaded into the kernel.
@@ -113,10 +119,13 @@ type SockTermMaps struct {
 	KprAffinity      *ebpf.Map `ebpf:"kpr_affinity"`
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
+	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
 	KprSockTerm      *ebpf.Map `ebpf:"kpr_sock_term"`
+	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
+	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
 
 func (m *SockTermMaps) Close() error {
@@ -124,10 +133,13 @@ func (m *SockTermMaps) Close() error {
 		m.KprAffinity,
 		m.KprAffinityMatch,
 		m.KprBackends,
+		m.KprConntrack,
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
 		m.KprSockTerm,
+		m.KprTcAffinity,
+		m.KprTcStats,
 	)
 }
 

@@ -126,3 +126,85 @@ struct sock_term_key {
 	__u16 backend_port;	/* network byte order */
 	__u16 frontend_port;	/* network byte order */
 };
+
+/*
+ * Packet-level conntrack of the tc programs (tc_nodeport.c), for traffic
+ * that arrives from other machines. A translated flow has two entries: the
+ * forward one, keyed by the packet as the client sent it (client ->
+ * frontend), names the backend its first packet picked; the reply one,
+ * keyed by the backend's reply (backend -> client), names the frontend the
+ * client talked to, so the reply can be restored to it.
+ */
+enum ct_dir {
+	CT_DIR_FORWARD = 0,
+	CT_DIR_REPLY = 1,
+};
+
+/* ct_value.flags: what the flow has shown so far. */
+enum ct_flags {
+	CT_F_REPLIED = 1,	/* a reply has passed: TCP established, UDP a stream */
+	CT_F_FIN = 2,		/* TCP FIN seen in either direction */
+	CT_F_RST = 4,		/* TCP RST seen in either direction */
+	CT_F_SNAT = 8,		/* the flow leaves from a node address (nat_addr):
+				 * its backend is on another node */
+};
+
+struct ct_key {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;	/* network byte order */
+	__u16 dport;	/* network byte order */
+	__u8 proto;	/* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 dir;	/* enum ct_dir */
+	__u16 pad;
+};
+
+struct ct_value {
+	__u64 expires_ns;	/* bpf_ktime_get_ns() past which the flow is over
+				 * and its next packet picks anew; a reply entry
+				 * of a SNATed flow keeps its port until then */
+	__u32 addr[4];		/* forward: the backend; reply: the frontend */
+	__u32 nat_addr[4];	/* CT_F_SNAT only. forward: the node address the
+				 * flow leaves from; reply: the client */
+	__u16 port;		/* network byte order */
+	__u16 nat_port;		/* CT_F_SNAT only, network byte order.
+				 * forward: the source port; reply: the client's */
+	__u8 flags;		/* enum ct_flags, kept in the forward entry
+				 * (and CT_F_SNAT in both) */
+	__u8 pad[3];
+	__u32 backend_id;	/* the backend's id in kpr_backends */
+	__u32 rev_nat_id;	/* the frontend's id in kpr_rev_nat */
+};
+
+/*
+ * ClientIP session affinity of the tc programs: from outside, the client is
+ * an address. The value is struct affinity_value, and a backend counts only
+ * while kpr_affinity_match has it for the Service, as at the socket layer.
+ */
+struct tc_affinity_key {
+	__u32 client[4];
+	__u32 rev_nat_id;
+	__u8 scope;	/* enum svc_scope */
+	__u8 pad[3];
+};
+
+/*
+ * Per-CPU counters of the tc programs, one field per reason, in the single
+ * entry of kpr_tc_stats. New reasons are appended.
+ */
+struct nat_stats {
+	__u64 translated;	/* packets to a frontend rewritten to a backend */
+	__u64 reversed;		/* replies rewritten back to the frontend */
+	__u64 new_flows;	/* conntrack entries created */
+	__u64 drop_no_backend;	/* frontend without a backend for this traffic */
+	__u64 drop_ct_insert;	/* new flow dropped: its conntrack entries could
+				 * not be stored */
+	__u64 drop_rewrite;	/* a header rewrite failed */
+	__u64 cluster_ip_outside; /* a ClusterIP from outside, passed untouched */
+	__u64 fragment;		/* IP fragments, passed untranslated */
+	__u64 snat;		/* new flows SNATed to a backend on another node */
+	__u64 drop_snat_ports;	/* new flow dropped: no free SNAT port */
+	__u64 redirected;	/* packets sent out through a FIB lookup */
+	__u64 icmp_translated;	/* ICMP errors about a translated flow, rewritten */
+	__u64 affinity_hit;	/* new flows sent to their client's affinity backend */
+};

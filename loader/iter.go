@@ -28,24 +28,11 @@ func loadSockTerm(sizes MapSizes, shared map[string]*ebpf.Map, cache *btf.Cache)
 	if err != nil {
 		return sockTerm{}, fmt.Errorf("parse embedded BPF object: %w", err)
 	}
-	// A replacement must match its spec's size: size this object's copy
-	// of the shared maps as the hooks' object was sized.
-	applySizes(spec, sizes)
-	replacements := map[string]*ebpf.Map{}
-	for _, name := range pinnedIn(spec) {
-		m, ok := shared[name]
-		if !ok {
-			return sockTerm{}, fmt.Errorf("load %s: it uses pinned map %s, which the socket hooks' object lacks; "+
-				"every object must take its pinned maps from bpf/maps.h", bpf.SockTermProgKprSockTermUdp, name)
-		}
-		replacements[name] = m
-	}
 	var objs struct {
 		Prog    *ebpf.Program `ebpf:"kpr_sock_term_udp"`
 		Targets *ebpf.Map     `ebpf:"kpr_sock_term"`
 	}
-	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements, Cache: cache})
-	if err != nil {
+	if err := loadAgainstShared(spec, sizes, shared, cache, &objs); err != nil {
 		return sockTerm{}, fmt.Errorf("load %s: %w", bpf.SockTermProgKprSockTermUdp, err)
 	}
 	return sockTerm{prog: objs.Prog, targets: objs.Targets}, nil

@@ -21,6 +21,8 @@ type MapSizes struct {
 	RevNat   uint32 // one per frontend
 	SockRev  uint32 // per-socket reverse entries (LRU)
 	Affinity uint32 // session affinity entries (LRU)
+	// Conntrack entries of the tc programs (LRU), two per flow.
+	Conntrack uint32
 }
 
 // Options say where to pin and where to attach.
@@ -35,7 +37,10 @@ type Options struct {
 	// to its sockets. Empty means OwnNetNS.
 	HostNetNS string
 	Sizes     MapSizes
-	Log       *zap.Logger
+	// TC, when set, also loads the packet-level programs for traffic from
+	// other machines and attaches them to TC.Devices (see LoadTC).
+	TC  *TCOptions
+	Log *zap.Logger
 }
 
 // Loaded is a running dataplane: its maps, held open for the control plane.
@@ -50,6 +55,14 @@ type Loaded struct {
 	// is pinned: only this process runs the iterator.
 	SockTerm        *ebpf.Program
 	SockTermTargets *ebpf.Map
+	// TC is the tc programs, once LoadTC (or Options.TC) loaded them.
+	TC *TC
+
+	// What other objects are loaded with: the hooks' pinned maps (owned
+	// by Maps), their sizes, and the decoded kernel BTF.
+	shared map[string]*ebpf.Map
+	sizes  MapSizes
+	cache  *btf.Cache
 }
 
 // Close releases this process's handles. Pinned maps and links stay, and
@@ -58,6 +71,9 @@ func (l *Loaded) Close() error {
 	var errs []error
 	if l.SockTerm != nil {
 		errs = append(errs, l.SockTerm.Close(), l.SockTermTargets.Close())
+	}
+	if l.TC != nil {
+		errs = append(errs, l.TC.Close())
 	}
 	return errors.Join(append(errs, l.Maps.Close())...)
 }
@@ -155,7 +171,8 @@ func Load(opts Options) (*Loaded, error) {
 		kprMaps.Close()
 		return nil, err
 	}
-	loaded := &Loaded{Maps: &kprMaps, BPFRoot: opts.BPFRoot, CgroupRoot: opts.CgroupRoot, Features: report}
+	loaded := &Loaded{Maps: &kprMaps, BPFRoot: opts.BPFRoot, CgroupRoot: opts.CgroupRoot, Features: report,
+		shared: shared, sizes: opts.Sizes, cache: cache}
 	// The socket-termination iterator is optional: a kernel without it
 	// still gets every hook.
 	if report.Has(FeatureUDPSockTerm) {
@@ -172,6 +189,15 @@ func Load(opts Options) (*Loaded, error) {
 		log.Warn("kernel cannot destroy stale UDP sockets (needs iter/udp and bpf_sock_destroy, Linux 6.5+): "+
 			"a connected UDP socket keeps sending to a removed backend until the application reconnects",
 			zap.Error(err))
+	}
+	if opts.TC != nil {
+		if _, err := loaded.LoadTC(*opts.TC, log); err != nil {
+			loaded.Close()
+			return nil, err
+		}
+	} else if err := detachTCX(opts.BPFRoot, log); err != nil {
+		loaded.Close()
+		return nil, err
 	}
 	log.Info("dataplane loaded",
 		zap.String("bpfRoot", opts.BPFRoot), zap.String("cgroupRoot", opts.CgroupRoot),
@@ -219,4 +245,5 @@ func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
 	set(bpf.KprMapKprRevNat, s.RevNat)
 	set(bpf.KprMapKprSockRev, s.SockRev)
 	set(bpf.KprMapKprAffinity, s.Affinity)
+	set(bpf.KprMapKprConntrack, s.Conntrack)
 }

@@ -17,7 +17,7 @@ import (
 // (bpf/maps.h), never a list kept by hand.
 
 // objects are kpr's program objects. Every map any of them pins is kpr's.
-var objects = []func() (*ebpf.CollectionSpec, error){bpf.LoadKpr, bpf.LoadSockTerm}
+var objects = []func() (*ebpf.CollectionSpec, error){bpf.LoadKpr, bpf.LoadSockTerm, bpf.LoadTcNodeport}
 
 // pinnedIn returns the names of the maps spec pins by name, sorted.
 func pinnedIn(spec *ebpf.CollectionSpec) []string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -10,6 +11,7 @@ import (
 
 func newCleanupCommand(g *globalFlags) *cobra.Command {
 	var cgroupRoot string
+	var devices []string
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Detach kpr's programs and remove its pinned maps and links",
@@ -20,6 +22,14 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 				return fmt.Errorf("cleanup of %s: %w", g.bpfRoot, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed kpr dataplane pinned under %s\n", g.bpfRoot)
+			// The tcx links went with the pins; clsact filters are found
+			// on the devices themselves.
+			if len(devices) > 0 {
+				if err := loader.CleanupTC(g.bpfRoot, devices); err != nil {
+					return fmt.Errorf("remove kpr's tc programs from %s: %w", strings.Join(devices, ","), err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed kpr's tc programs from %s\n", strings.Join(devices, ","))
+			}
 			// Programs whose pins were lost still translate: find them
 			// through the cgroup itself.
 			if cgroupRoot == "" {
@@ -37,5 +47,7 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cgroupRoot, "cgroup-root", "", "cgroup v2 directory the programs were attached to (default: the cgroup2 root)")
+	cmd.Flags().StringSliceVar(&devices, "devices", nil, "devices kpr run --devices attached the tc programs to: their clsact filters "+
+		"(kernels without tcx) are removed with the qdisc kpr added; tcx links go with the pins either way")
 	return cmd
 }

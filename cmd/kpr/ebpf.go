@@ -16,9 +16,13 @@ import (
 
 // newEBPFDataplane loads kpr's BPF programs, or adopts the pinned ones, and
 // builds the eBPF backend over their maps, with UDP socket termination
-// where the kernel can run it.
+// where the kernel can run it and the tc programs on --devices.
 func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
-	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.cgroupRoot, HostNetNS: f.hostNetNS, Sizes: f.sizes, Log: log})
+	tc, err := f.tcOptions()
+	if err != nil {
+		return builtDataplane{}, err
+	}
+	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.cgroupRoot, HostNetNS: f.hostNetNS, Sizes: f.sizes, TC: tc, Log: log})
 	if err != nil {
 		return builtDataplane{}, err
 	}

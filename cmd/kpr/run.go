@@ -43,6 +43,11 @@ type runFlags struct {
 	metricsAddr       string
 	profiling         bool
 	sizes             loader.MapSizes
+	// The packet-level programs for traffic from other machines.
+	devices   []string
+	tcAttach  string
+	conntrack loader.ConntrackTimeouts
+	snatPorts string
 }
 
 func newRunCommand(g *globalFlags) *cobra.Command {
@@ -88,7 +93,46 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.SockRev, "map-size-sockrev", 0, "entries of the per-socket reverse map (LRU); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
+	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map (LRU, two per flow); 0 keeps the default 131072")
+	fl.StringSliceVar(&f.devices, "devices", nil, "network devices (of --host-netns) whose traffic from other machines to NodePorts, ExternalIPs and "+
+		"LoadBalancer IPs kpr translates per packet (tc programs); empty serves such traffic nowhere")
+	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to --devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, or clsact")
+	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps 61000-65535")
+	fl.DurationVar(&f.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", 0, "lifetime of an answered TCP flow in the tc programs' conntrack; 0 keeps 24h, as kube-proxy sets it")
+	fl.DurationVar(&f.conntrack.TCPSyn, "conntrack-tcp-timeout-syn", 0, "lifetime of a TCP flow whose SYN got no answer yet; 0 keeps 2m (netfilter's SYN_SENT)")
+	fl.DurationVar(&f.conntrack.TCPFin, "conntrack-tcp-timeout-fin", 0, "lifetime of a TCP flow after a FIN; 0 keeps 2m (netfilter's TIME_WAIT)")
+	fl.DurationVar(&f.conntrack.TCPRst, "conntrack-tcp-timeout-rst", 0, "lifetime of a TCP flow after a RST; 0 keeps 10s (netfilter's CLOSE)")
+	fl.DurationVar(&f.conntrack.UDP, "conntrack-udp-timeout", 0, "lifetime of a UDP flow without an answer; 0 keeps 30s (netfilter's udp_timeout)")
+	fl.DurationVar(&f.conntrack.UDPStream, "conntrack-udp-timeout-stream", 0, "lifetime of an answered UDP flow; 0 keeps 2m (netfilter's udp_timeout_stream)")
 	return cmd
+}
+
+// tcOptions are the tc programs' options from the flags, nil without
+// --devices.
+func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
+	if len(f.devices) == 0 {
+		return nil, nil
+	}
+	// The devices are the node's own: in --host-netns where it is given.
+	opts := &loader.TCOptions{Devices: f.devices, NetNS: f.hostNetNS, Timeouts: f.conntrack}
+	switch f.tcAttach {
+	case "auto":
+		opts.Mode = loader.TCAttachAuto
+	case "tcx":
+		opts.Mode = loader.TCAttachTCX
+	case "clsact":
+		opts.Mode = loader.TCAttachLegacy
+	default:
+		return nil, fmt.Errorf("--tc-attach %q: give auto, tcx or clsact", f.tcAttach)
+	}
+	if f.snatPorts != "" {
+		var first, last uint16
+		if _, err := fmt.Sscanf(f.snatPorts, "%d-%d", &first, &last); err != nil {
+			return nil, fmt.Errorf("--snat-port-range %q: give FIRST-LAST, such as 61000-65535", f.snatPorts)
+		}
+		opts.SNATPorts = [2]uint16{first, last}
+	}
+	return opts, nil
 }
 
 // gcPercent trades CPU for memory, which a per-node agent is charged for on
@@ -106,6 +150,9 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 	cfg, err := f.watcherConfig()
 	if err != nil {
+		return err
+	}
+	if _, err := f.tcOptions(); err != nil {
 		return err
 	}
 	// Bad flags and unsuitable kernels fail here, before kpr contacts the

@@ -1,0 +1,130 @@
+package tcnat
+
+import (
+	"context"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kpr-io/kpr/tests/cluster"
+	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/kprproc"
+	"github.com/kpr-io/kpr/tests/kubeobj"
+)
+
+// `kpr run --devices` against a real API server: Services created as
+// Kubernetes objects are served to the client outside the node, a NodePort
+// on the node's address and an ExternalIP with externalTrafficPolicy:
+// Local, which reaches only the node's own endpoint.
+func TestKprRunServesTrafficFromOutside(t *testing.T) {
+	harness.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cl := cluster.StartForTest(t, cluster.Options{APIServerArgs: map[string]string{"request-timeout": "5s"}})
+	api := kubeobj.Client{Interface: cl.Client}
+	top := buildTopology(t, 2)
+	const nodeName = "kpr-tcnat-node"
+	if err := cl.CreateNode(ctx, nodeName, []string{nodeAddrs[0].Addr().String()},
+		map[string]string{v1.LabelHostname: nodeName}); err != nil {
+		t.Fatal(err)
+	}
+	// The socket hooks go to a cgroup of the test's that holds no process:
+	// only the tc programs matter here.
+	cg, err := harness.NewCgroup(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kpr, err := kprproc.Start(kprproc.Options{
+		Kubeconfig: cl.KubeconfigPath, NodeName: nodeName, CgroupRoot: cg.Path,
+		Args:    []string{"--host-netns", top.node.NetNS.Path, "--devices", extDev},
+		LogPath: filepath.Join(t.TempDir(), "kpr.log"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kpr log:\n%s", kpr.Log())
+		}
+		if err := kpr.Cleanup(); err != nil {
+			t.Errorf("kpr cleanup: %v", err)
+		}
+	})
+	if err := kpr.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const ns = "tcnat"
+	if _, err := api.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	endpoints := func(svc *v1.Service, nodes ...string) {
+		t.Helper()
+		var eps []kubeobj.Endpoint
+		for i, p := range top.pods {
+			eps = append(eps, kubeobj.Endpoint{Addr: p.IPv4, NodeName: nodes[i]})
+		}
+		if err := api.ApplySlice(ctx, kubeobj.Slice(svc, svc.Name+"-ipv4", discoveryv1.AddressTypeIPv4, eps...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	np := kubeobj.Service(ns, "np", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
+	np.Spec.Type = v1.ServiceTypeNodePort
+	np, err = api.CreateService(ctx, np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoints(np, nodeName, nodeName)
+	onNode := netip.AddrPortFrom(nodeAddrs[0].Addr(), uint16(np.Spec.Ports[0].NodePort))
+	seen := waitWho(t, top.client.NetNS, onNode, 2)
+	t.Logf("NodePort %s from outside reached %v", onNode, seen)
+
+	extIP := netip.MustParseAddr("203.0.113.9")
+	local := kubeobj.Service(ns, "local", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
+	local.Spec.ExternalIPs = []string{extIP.String()}
+	local.Spec.Type = v1.ServiceTypeNodePort
+	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	local, err = api.CreateService(ctx, local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoints(local, nodeName, "kpr-tcnat-elsewhere")
+	seen = waitWho(t, top.client.NetNS, netip.AddrPortFrom(extIP, 80), 1)
+	if !seen[top.pods[0].Name] {
+		t.Errorf("externalTrafficPolicy: Local from outside reached %v, want only the local %s", seen, top.pods[0].Name)
+	}
+}
+
+// waitWho waits until fe answers from ns, then asks it 12 more times, and
+// returns the backends that answered; it fails unless want of them did.
+func waitWho(t *testing.T, ns *harness.NetNS, fe netip.AddrPort, want int) map[string]bool {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := harness.WhoTCP(ns, fe, time.Second)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never answered from outside: %v", fe, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		who, err := harness.WhoTCP(ns, fe, 3*time.Second)
+		if err != nil {
+			t.Fatalf("%s from outside: %v", fe, err)
+		}
+		seen[who] = true
+	}
+	if len(seen) != want {
+		t.Errorf("%s from outside reached %v, want %d backends", fe, seen, want)
+	}
+	return seen
+}
