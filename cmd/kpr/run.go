@@ -43,10 +43,10 @@ type runFlags struct {
 	metricsAddr       string
 	profiling         bool
 	sizes             loader.MapSizes
+	kubeProxy         kubeProxyFlags // compat.go
 }
 
-func newRunCommand(g *globalFlags) *cobra.Command {
-	f := &runFlags{}
+func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the node daemon: watch the Kubernetes API and program the dataplane",
@@ -55,11 +55,23 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 			"serving; `kpr cleanup` removes it. A restart with other --map-size-* values carries the pinned maps' " +
 			"contents over into maps of the new sizes, without a moment in which Services are not translated.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.kubeProxy.showVersion {
+				fmt.Fprintln(cmd.OutOrStdout(), versionString())
+				return nil
+			}
+			ignored, err := resolveSettings(f, g, cmd.Flags().Changed)
+			if err != nil {
+				return err
+			}
 			log, err := g.logger()
 			if err != nil {
 				return err
 			}
 			defer log.Sync()
+			log.Info("kpr starting", zap.String("version", versionString()))
+			if !ignored.empty() {
+				log.Warn("kpr ignores these kube-proxy settings: it has no use for them", ignored.fields()...)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return run(ctx, g, f, log)
@@ -88,6 +100,7 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.SockRev, "map-size-sockrev", 0, "entries of the per-socket reverse map (LRU); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
+	addKubeProxyFlags(fl, &f.kubeProxy)
 	return cmd
 }
 
@@ -120,7 +133,8 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 	log.Info("dataplane selected", zap.String("mode", f.mode), zap.String("backend", string(chosen.backend)),
 		zap.String("reason", chosen.reason))
-	client, err := apiclient.New(f.kubeconfig)
+	client, err := apiclient.New(apiclient.Connection{Kubeconfig: f.kubeconfig, Master: f.kubeProxy.master,
+		QPS: f.kubeProxy.qps, Burst: int(f.kubeProxy.burst), ContentType: f.kubeProxy.contentType})
 	if err != nil {
 		return err
 	}
