@@ -1,16 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -18,84 +14,12 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/restmapper"
 
 	"github.com/kpr-io/kpr/tests/cluster"
+	"github.com/kpr-io/kpr/tests/deploy"
 	"github.com/kpr-io/kpr/tests/harness"
 	"github.com/kpr-io/kpr/tests/kprproc"
 )
-
-// deployNamespace and deployServiceAccount are where deploy/base puts kpr.
-const (
-	deployNamespace      = "kpr-system"
-	deployServiceAccount = "kpr"
-)
-
-// deployBase is the kustomize base's directory.
-func deployBase() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "deploy", "base")
-}
-
-// readManifests returns the objects of the YAML file path, in order.
-func readManifests(t *testing.T, path string) []*unstructured.Unstructured {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	var objs []*unstructured.Unstructured
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
-			return objs
-		} else if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		if len(u.Object) > 0 {
-			objs = append(objs, u)
-		}
-	}
-}
-
-// applier creates objects through the dynamic client, as `kubectl create`
-// would, with strict field validation so that a misspelt field fails.
-type applier struct {
-	dyn    dynamic.Interface
-	mapper *restmapper.DeferredDiscoveryRESTMapper
-}
-
-func newApplier(t *testing.T, c *cluster.Cluster) *applier {
-	dyn, err := dynamic.NewForConfig(c.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &applier{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.Client.Discovery()))}
-}
-
-func (a *applier) create(ctx context.Context, u *unstructured.Unstructured, dryRun bool) error {
-	gvk := u.GroupVersionKind()
-	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", gvk, u.GetName(), err)
-	}
-	opts := metav1.CreateOptions{FieldValidation: "Strict"}
-	if dryRun {
-		opts.DryRun = []string{metav1.DryRunAll}
-	}
-	var r dynamic.ResourceInterface = a.dyn.Resource(m.Resource)
-	if m.Scope.Name() == "namespace" {
-		r = a.dyn.Resource(m.Resource).Namespace(u.GetNamespace())
-	}
-	if _, err := r.Create(ctx, u, opts); err != nil {
-		return fmt.Errorf("create %s %s/%s: %w", gvk.Kind, u.GetNamespace(), u.GetName(), err)
-	}
-	return nil
-}
 
 // TestDeployBase checks deploy/base against a real API server: every
 // manifest passes a server-side dry run, the ServiceAccount may do what
@@ -105,53 +29,60 @@ func TestDeployBase(t *testing.T) {
 	c := cluster.StartForTest(t, cluster.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	a := newApplier(t, c)
-	base := deployBase()
-
+	a, err := deploy.NewApplier(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := deploy.BaseDir()
 	files, err := filepath.Glob(filepath.Join(base, "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in %s: %v", base, err)
 	}
+	read := func(path string) []*unstructured.Unstructured {
+		t.Helper()
+		objs, err := deploy.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return objs
+	}
+
+	// Every manifest file, as `kubectl apply -f` would send it. DryRunAll
+	// creates the Namespace for real, which the subtests below need.
+	var objs []*unstructured.Unstructured
+	for _, f := range files {
+		if filepath.Base(f) != "kustomization.yaml" {
+			objs = append(objs, read(f)...)
+		}
+	}
+	dryRunErr := a.DryRunAll(ctx, objs)
 	t.Run("every manifest passes a server-side dry run", func(t *testing.T) {
-		// The namespace is created for real first: a dry run of the
-		// objects in it needs it to exist.
-		for _, ns := range readManifests(t, filepath.Join(base, "namespace.yaml")) {
-			if err := a.create(ctx, ns, true); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.create(ctx, ns, false); err != nil {
-				t.Fatal(err)
-			}
+		if dryRunErr != nil {
+			t.Fatal(dryRunErr)
 		}
-		checked := 0
-		for _, f := range files {
-			if filepath.Base(f) == "kustomization.yaml" || filepath.Base(f) == "namespace.yaml" {
-				continue
-			}
-			for _, obj := range readManifests(t, f) {
-				if err := a.create(ctx, obj, true); err != nil {
-					t.Errorf("%s: %v", filepath.Base(f), err)
-				}
-				checked++
-			}
+		kinds := map[string]int{}
+		for _, o := range objs {
+			kinds[o.GetKind()]++
 		}
-		if checked < 6 {
-			t.Errorf("dry-ran %d objects, want the ServiceAccount, RBAC, both ConfigMaps and the DaemonSet", checked)
+		for kind, n := range map[string]int{"Namespace": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ConfigMap": 2, "DaemonSet": 1} {
+			if kinds[kind] != n {
+				t.Errorf("%d %s objects in deploy/base, want %d", kinds[kind], kind, n)
+			}
 		}
 	})
 
 	// From here on the ServiceAccount and its RBAC exist for real.
 	for _, name := range []string{"serviceaccount.yaml", "rbac.yaml"} {
-		for _, obj := range readManifests(t, filepath.Join(base, name)) {
-			if err := a.create(ctx, obj, false); err != nil {
+		for _, obj := range read(filepath.Join(base, name)) {
+			if err := a.Create(ctx, obj, false); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 
 	t.Run("the ServiceAccount may do what kpr needs and no more", func(t *testing.T) {
-		user := "system:serviceaccount:" + deployNamespace + ":" + deployServiceAccount
-		groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + deployNamespace, "system:authenticated"}
+		user := "system:serviceaccount:" + deploy.Namespace + ":" + deploy.ServiceAccount
+		groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + deploy.Namespace, "system:authenticated"}
 		type access struct{ verb, group, resource, subresource, namespace string }
 		allowed := []access{
 			{"list", "", "services", "", ""}, {"watch", "", "services", "", ""}, {"get", "", "services", "", "default"},
@@ -160,7 +91,7 @@ func TestDeployBase(t *testing.T) {
 			{"create", "", "events", "", "default"}, {"patch", "", "events", "", "default"},
 		}
 		denied := []access{
-			{"get", "", "secrets", "", deployNamespace}, {"list", "", "secrets", "", ""},
+			{"get", "", "secrets", "", deploy.Namespace}, {"list", "", "secrets", "", ""},
 			{"create", "", "pods", "exec", "default"}, {"get", "", "pods", "", "default"},
 			{"create", "", "services", "", "default"}, {"update", "", "services", "", "default"},
 			{"patch", "", "services", "", "default"}, {"delete", "", "services", "", "default"},
@@ -193,7 +124,7 @@ func TestDeployBase(t *testing.T) {
 
 	t.Run("kpr comes up through the in-cluster configuration", func(t *testing.T) {
 		harness.RequireRoot(t)
-		tok, err := c.Client.CoreV1().ServiceAccounts(deployNamespace).CreateToken(ctx, deployServiceAccount,
+		tok, err := c.Client.CoreV1().ServiceAccounts(deploy.Namespace).CreateToken(ctx, deploy.ServiceAccount,
 			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
