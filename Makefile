@@ -48,6 +48,7 @@ unit:
 ## test: everything CI runs: generated-code check, lint, all tests (root tests need root)
 test: deps generate-check lint tools
 	$(GO) test $(GOFLAGS_TEST) ./...
+	cd tests/deploy/kustomize && $(GO) test $(GOFLAGS_TEST) ./...
 
 ## bench: kpr against upstream kube-proxy (docs/benchmarks.md), the control
 ## plane (docs/control-plane-performance.md) and connect() through the socket
