@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,8 +161,10 @@ func TestDeployBase(t *testing.T) {
 			// the API server itself.
 			{"KUBERNETES_SERVICE_HOST names the API server", apiHost, apiPort, nil},
 			// The environment still names the unreachable Service;
-			// --master reaches the API server directly.
-			{"--master bypasses the Service", "127.0.0.1", unreachable, []string{"--master=" + api.Host}},
+			// --master reaches the API server directly. kube-proxy
+			// flags kpr has no use for are accepted, with a warning.
+			{"--master bypasses the Service", "127.0.0.1", unreachable,
+				[]string{"--master=" + api.Host, "--masquerade-all", "--conntrack-max-per-core=0"}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				cg, err := harness.NewCgroup(t)
@@ -191,6 +194,13 @@ func TestDeployBase(t *testing.T) {
 				defer cancel()
 				if err := p.WaitSynced(syncCtx); err != nil {
 					t.Fatal(err)
+				}
+				const warning = "kpr ignores these kube-proxy settings"
+				if n := strings.Count(p.Log(), warning); len(tc.args) > 1 && n != 1 {
+					t.Errorf("%d start-up warnings about kube-proxy settings, want one", n)
+				}
+				if len(tc.args) > 1 && !strings.Contains(p.Log(), "--conntrack-max-per-core=0") {
+					t.Error("the start-up warning does not name --conntrack-max-per-core")
 				}
 			})
 		}
