@@ -10,9 +10,14 @@ export GOFLAGS := -buildvcs=false
 
 all: build
 
+# VERSION is stamped into the binary (`kpr --version`); the image build
+# passes the same value as its VERSION build argument.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS_VERSION := -X main.version=$(VERSION)
+
 ## build: the kpr binary into bin/ (no clang needed: the BPF objects are committed)
 build:
-	$(GO) build -o bin/kpr ./cmd/kpr
+	$(GO) build -ldflags '$(LDFLAGS_VERSION)' -o bin/kpr ./cmd/kpr
 
 ## deps: Debian packages the BPF build and the tests need (only what is missing)
 deps:
@@ -43,6 +48,7 @@ unit:
 ## test: everything CI runs: generated-code check, lint, all tests (root tests need root)
 test: deps generate-check lint tools
 	$(GO) test $(GOFLAGS_TEST) ./...
+	cd tests/deploy/kustomize && $(GO) test $(GOFLAGS_TEST) ./...
 
 ## bench: kpr against upstream kube-proxy (docs/benchmarks.md), the control
 ## plane (docs/control-plane-performance.md) and connect() through the socket

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -18,9 +21,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// New returns a client for kubeconfig, or for the in-cluster config when
-// kubeconfig is empty. Its reads wait out a short API server outage (see
-// reconnectTransport).
 // Scheme holds the API types kpr's clients decode: core/v1 (Services,
 // Nodes, Events) and discovery/v1 (EndpointSlices).
 var Scheme = func() *runtime.Scheme {
@@ -36,22 +36,101 @@ type Clients struct {
 	Discovery rest.Interface // discovery.k8s.io/v1, under /apis
 }
 
-// New returns the clients for kubeconfig, or for the in-cluster config
-// when kubeconfig is empty.
-func New(kubeconfig string) (*Clients, error) {
+// Connection says how kpr reaches the API server: kube-proxy's
+// clientConnection settings and its --master.
+type Connection struct {
+	// Kubeconfig is a kubeconfig file; empty means the Pod's
+	// ServiceAccount (the in-cluster configuration).
+	Kubeconfig string
+	// Master is the API server's address, host:port or a URL, in place
+	// of the kubeconfig's server or of the in-cluster address. A node
+	// whose Service translation is kpr itself needs it (or an
+	// overriding KUBERNETES_SERVICE_HOST and _PORT): the "kubernetes"
+	// Service's ClusterIP only works once kpr has synced, which it
+	// cannot do through that ClusterIP.
+	Master string
+	// QPS and Burst limit the request rate; zero keeps client-go's
+	// defaults (5 and 10, kube-proxy's too).
+	QPS   float32
+	Burst int
+	// ContentType is the encoding of requests; empty means protobuf.
+	ContentType string
+}
+
+// serviceAccountDir holds the Pod's ServiceAccount token and the
+// cluster's CA, where the kubelet mounts them (and where client-go's
+// in-cluster configuration reads them). A variable so tests can point it
+// at files of their own.
+var serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// New returns the clients for c.
+func New(c Connection) (*Clients, error) {
+	cfg, err := RESTConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	return ForConfig(cfg)
+}
+
+// RESTConfig builds the client configuration for c: the kubeconfig with
+// its server replaced by Master, or the ServiceAccount's credentials with
+// Master as the address, or, with neither, client-go's in-cluster
+// configuration (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT, which
+// a DaemonSet may set to the API server's own address).
+func RESTConfig(c Connection) (*rest.Config, error) {
+	master := c.Master
+	if master != "" && !strings.Contains(master, "://") {
+		master = "https://" + master
+	}
 	var cfg *rest.Config
 	var err error
 	switch {
-	case kubeconfig == "":
-		if cfg, err = rest.InClusterConfig(); err != nil {
-			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
+	case c.Kubeconfig != "":
+		if cfg, err = clientcmd.BuildConfigFromFlags(master, c.Kubeconfig); err != nil {
+			return nil, fmt.Errorf("load kubeconfig %s: %w", c.Kubeconfig, err)
+		}
+	case master != "":
+		if cfg, err = serviceAccountConfig(master); err != nil {
+			return nil, err
 		}
 	default:
-		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
-			return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+		if cfg, err = rest.InClusterConfig(); err != nil {
+			return nil, fmt.Errorf("no --kubeconfig or --master given and not running in a cluster: %w", err)
 		}
 	}
-	return ForConfig(cfg)
+	if c.QPS != 0 {
+		cfg.QPS = c.QPS
+	}
+	if c.Burst != 0 {
+		cfg.Burst = c.Burst
+	}
+	switch c.ContentType {
+	case "":
+	case runtime.ContentTypeJSON, runtime.ContentTypeProtobuf:
+		cfg.ContentType = c.ContentType
+	default:
+		return nil, fmt.Errorf("content type %q: want %s or %s", c.ContentType, runtime.ContentTypeProtobuf, runtime.ContentTypeJSON)
+	}
+	return cfg, nil
+}
+
+// serviceAccountConfig is the in-cluster configuration with host in place
+// of the address the environment names: the ServiceAccount's token (read
+// again as the kubelet rotates it) and the cluster's CA.
+func serviceAccountConfig(host string) (*rest.Config, error) {
+	token := filepath.Join(serviceAccountDir, corev1.ServiceAccountTokenKey)
+	ca := filepath.Join(serviceAccountDir, corev1.ServiceAccountRootCAKey)
+	for _, f := range []string{token, ca} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("--master without --kubeconfig authenticates as the Pod's ServiceAccount, "+
+				"but its credentials are missing (give --kubeconfig outside a Pod): %w", err)
+		}
+	}
+	return &rest.Config{
+		Host:            host,
+		BearerTokenFile: token,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: ca},
+	}, nil
 }
 
 // ForConfig returns the clients for cfg (which it does not modify). Their
@@ -63,8 +142,17 @@ func ForConfig(cfg *rest.Config) (*Clients, error) {
 	// to client-go's default: it is the cheaper encoding to decode for
 	// the initial lists of a large cluster. JSON stays acceptable for
 	// types without protobuf.
-	cfg.ContentType = runtime.ContentTypeProtobuf
-	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	// A configuration that asks for JSON (kube-proxy's --kube-api-content-type)
+	// gets JSON both ways.
+	if cfg.ContentType == "" {
+		cfg.ContentType = runtime.ContentTypeProtobuf
+	}
+	if cfg.AcceptContentTypes == "" {
+		cfg.AcceptContentTypes = cfg.ContentType
+		if cfg.ContentType != runtime.ContentTypeJSON {
+			cfg.AcceptContentTypes += "," + runtime.ContentTypeJSON
+		}
+	}
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return &reconnectTransport{next: rt, interval: 500 * time.Millisecond, max: 30 * time.Second}
 	})

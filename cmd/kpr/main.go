@@ -21,14 +21,18 @@ type globalFlags struct {
 }
 
 func main() {
-	if err := newRootCommand().Execute(); err != nil {
+	root := newRootCommand()
+	root.SetArgs(kubeProxyArgs(os.Args[1:], root))
+	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kpr:", err)
 		os.Exit(1)
 	}
 }
 
-func newRootCommand() *cobra.Command {
-	g := &globalFlags{}
+func newRootCommand() *cobra.Command { return newRootCommandFor(&globalFlags{}, &runFlags{}) }
+
+// newRootCommandFor binds the flags to g and f, which tests read.
+func newRootCommandFor(g *globalFlags, f *runFlags) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kpr",
 		Short:         "kpr is a pure-eBPF replacement for kube-proxy",
@@ -38,7 +42,7 @@ func newRootCommand() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.bpfRoot, "bpf-root", loader.DefaultBPFRoot, "bpffs directory holding kpr's pinned maps and links")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "json", "log format: json or console")
-	root.AddCommand(newRunCommand(g), newDumpCommand(g), newProbeCommand(), newCleanupCommand(g))
+	root.AddCommand(newRunCommand(g, f), newDumpCommand(g), newProbeCommand(), newCleanupCommand(g))
 	return root
 }
 

@@ -48,10 +48,10 @@ type runFlags struct {
 	tcAttach  string
 	conntrack loader.ConntrackTimeouts
 	snatPorts string
+	kubeProxy         kubeProxyFlags // compat.go
 }
 
-func newRunCommand(g *globalFlags) *cobra.Command {
-	f := &runFlags{}
+func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the node daemon: watch the Kubernetes API and program the dataplane",
@@ -60,11 +60,23 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 			"serving; `kpr cleanup` removes it. A restart with other --map-size-* values carries the pinned maps' " +
 			"contents over into maps of the new sizes, without a moment in which Services are not translated.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.kubeProxy.showVersion {
+				fmt.Fprintln(cmd.OutOrStdout(), versionString())
+				return nil
+			}
+			ignored, err := resolveSettings(f, g, cmd.Flags().Changed)
+			if err != nil {
+				return err
+			}
 			log, err := g.logger()
 			if err != nil {
 				return err
 			}
 			defer log.Sync()
+			log.Info("kpr starting", zap.String("version", versionString()))
+			if !ignored.empty() {
+				log.Warn("kpr ignores these kube-proxy settings: it has no use for them", ignored.fields()...)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return run(ctx, g, f, log)
@@ -104,6 +116,7 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 	fl.DurationVar(&f.conntrack.TCPRst, "conntrack-tcp-timeout-rst", 0, "lifetime of a TCP flow after a RST; 0 keeps 10s (netfilter's CLOSE)")
 	fl.DurationVar(&f.conntrack.UDP, "conntrack-udp-timeout", 0, "lifetime of a UDP flow without an answer; 0 keeps 30s (netfilter's udp_timeout)")
 	fl.DurationVar(&f.conntrack.UDPStream, "conntrack-udp-timeout-stream", 0, "lifetime of an answered UDP flow; 0 keeps 2m (netfilter's udp_timeout_stream)")
+	addKubeProxyFlags(fl, &f.kubeProxy)
 	return cmd
 }
 
@@ -167,7 +180,8 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 	log.Info("dataplane selected", zap.String("mode", f.mode), zap.String("backend", string(chosen.backend)),
 		zap.String("reason", chosen.reason))
-	client, err := apiclient.New(f.kubeconfig)
+	client, err := apiclient.New(apiclient.Connection{Kubeconfig: f.kubeconfig, Master: f.kubeProxy.master,
+		QPS: f.kubeProxy.qps, Burst: int(f.kubeProxy.burst), ContentType: f.kubeProxy.contentType})
 	if err != nil {
 		return err
 	}

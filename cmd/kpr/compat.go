@@ -1,0 +1,250 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// kubeProxyFlags are kube-proxy's command-line flags that `kpr run` takes
+// besides its own, so that a kube-proxy DaemonSet's arguments (kubeadm's
+// `--config=/var/lib/kube-proxy/config.conf --hostname-override=$(NODE_NAME)`)
+// start kpr unchanged. Flags both share (--kubeconfig, --hostname-override,
+// --cluster-cidr, --nodeport-addresses, --healthz-bind-address,
+// --metrics-bind-address, --profiling) are kpr's own.
+type kubeProxyFlags struct {
+	config      string
+	master      string
+	proxyMode   string
+	bindAddress string
+	qps         float32
+	burst       int32
+	contentType string
+	verbosity   int
+	// kube-proxy's per-mode periods; resolve maps those of the mode kpr
+	// runs onto --sync-period and --min-sync-period.
+	iptablesSync, iptablesMinSync, ipvsSync, ipvsMinSync time.Duration
+	masqueradeAll                                        bool
+	showVersion                                          bool
+	// ignored collects "--name=value" of the kube-proxy flags given that
+	// mean nothing to kpr, for the start-up warning.
+	ignored []string
+}
+
+// kubeProxyOnlyFlags are kube-proxy's flags that kpr accepts and ignores,
+// with whether each is a boolean (which may be given without a value).
+// Each is a setting of a mechanism kpr does not have: iptables marks and
+// conntrack sysctls (the conntrack timeouts kube-proxy also has are kpr
+// flags of its own: they set the tc programs' conntrack lifetimes), IPVS, local-traffic detection, the OOM score (the
+// kubelet's job for a Pod), the config watcher, component-base logging.
+var kubeProxyOnlyFlags = map[string]bool{
+	"bind-address-hard-fail":           true,
+	"config-sync-period":               false,
+	"conntrack-max-per-core":           false,
+	"conntrack-min":                    false,
+	"conntrack-tcp-be-liberal":         true,
+	"conntrack-tcp-timeout-close-wait": false,
+	"detect-local-mode":                false,
+	"feature-gates":                    false,
+	"healthz-port":                     false,
+	"iptables-localhost-nodeports":     true,
+	"iptables-masquerade-bit":          false,
+	"ipvs-exclude-cidrs":               false,
+	"ipvs-scheduler":                   false,
+	"ipvs-strict-arp":                  true,
+	"ipvs-tcp-timeout":                 false,
+	"ipvs-tcpfin-timeout":              false,
+	"ipvs-udp-timeout":                 false,
+	"log-flush-frequency":              false,
+	"log-json-info-buffer-size":        false,
+	"log-json-split-stream":            true,
+	"log-text-info-buffer-size":        false,
+	"log-text-split-stream":            true,
+	"logging-format":                   false,
+	"metrics-port":                     false,
+	"oom-score-adj":                    false,
+	"pod-bridge-interface":             false,
+	"pod-interface-name-prefix":        false,
+	"show-hidden-metrics-for-version":  false,
+	"vmodule":                          false,
+}
+
+// kubeProxyExitFlags are kube-proxy's flags that make it do a one-off job
+// and exit. Running the daemon instead would surprise whoever gave them,
+// so kpr refuses them and says what to run.
+var kubeProxyExitFlags = map[string]string{
+	"cleanup":         "kpr cleanup removes kpr's dataplane; it is a subcommand: `kpr cleanup`",
+	"init-only":       "kpr needs no separate privileged initialisation; drop the flag",
+	"write-config-to": "kpr does not write kube-proxy configurations; `kube-proxy --write-config-to` does",
+}
+
+func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
+	fl.StringVar(&k.config, "config", "", "kube-proxy's configuration file (a KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1); flags override it")
+	fl.StringVar(&k.master, "master", "", "the API server's address (host:port or URL), in place of the kubeconfig's server or the in-cluster address; "+
+		"without --kubeconfig kpr authenticates as its Pod's ServiceAccount. Nodes where kpr is the only Service proxy need it: "+
+		"the kubernetes Service's ClusterIP works only once kpr has synced")
+	fl.StringVar(&k.master, "k8s-api-server", "", "the same as --master")
+	fl.StringVar(&k.proxyMode, "proxy-mode", "", "kube-proxy's name for --mode")
+	fl.StringVar(&k.bindAddress, "bind-address", "", "kube-proxy's idea of the node's primary IP; kpr takes the node's addresses from its Node object, so only 0.0.0.0 and :: are without effect")
+	fl.Float32Var(&k.qps, "kube-api-qps", 0, "requests per second to the API server; 0 keeps client-go's default (5)")
+	fl.Int32Var(&k.burst, "kube-api-burst", 0, "request burst to the API server; 0 keeps client-go's default (10)")
+	fl.StringVar(&k.contentType, "kube-api-content-type", "", "encoding of requests to the API server: application/vnd.kubernetes.protobuf (the default) or application/json")
+	fl.IntVarP(&k.verbosity, "v", "v", 0, "kube-proxy's log verbosity: 4 or more means --log-level debug")
+	fl.DurationVar(&k.iptablesSync, "iptables-sync-period", 0, "kube-proxy's --sync-period (unless --proxy-mode is ipvs)")
+	fl.DurationVar(&k.iptablesMinSync, "iptables-min-sync-period", 0, "kube-proxy's --min-sync-period (unless --proxy-mode is ipvs)")
+	fl.DurationVar(&k.ipvsSync, "ipvs-sync-period", 0, "kube-proxy's --sync-period with --proxy-mode ipvs")
+	fl.DurationVar(&k.ipvsMinSync, "ipvs-min-sync-period", 0, "kube-proxy's --min-sync-period with --proxy-mode ipvs")
+	fl.BoolVar(&k.masqueradeAll, "masquerade-all", false, "accepted for kube-proxy compatibility; kpr translates addresses without SNAT, so true is warned about")
+	fl.BoolVar(&k.showVersion, "version", false, "print kpr's version and exit")
+	for _, name := range sortedKeys(kubeProxyOnlyFlags) {
+		f := fl.VarPF(&ignoredFlag{name: name, into: &k.ignored}, name, "", "kube-proxy's flag; it means nothing to kpr, which warns and goes on")
+		if kubeProxyOnlyFlags[name] {
+			f.NoOptDefVal = "true"
+		}
+	}
+	for _, name := range sortedKeys(kubeProxyExitFlags) {
+		f := fl.VarPF(&exitFlag{name: name}, name, "", "kube-proxy's flag, refused: "+kubeProxyExitFlags[name])
+		if name != "write-config-to" {
+			f.NoOptDefVal = "true"
+		}
+	}
+}
+
+// ignoredFlag is a kube-proxy flag kpr accepts and does nothing with
+// beyond naming it in the start-up warning.
+type ignoredFlag struct {
+	name  string
+	value string
+	into  *[]string
+}
+
+func (f *ignoredFlag) String() string { return f.value }
+func (f *ignoredFlag) Type() string   { return "kube-proxy" }
+func (f *ignoredFlag) Set(v string) error {
+	f.value = v
+	*f.into = append(*f.into, "--"+f.name+"="+v)
+	return nil
+}
+
+// exitFlag is a kube-proxy flag for a one-off job, refused when given.
+type exitFlag struct{ name string }
+
+func (f *exitFlag) String() string { return "" }
+func (f *exitFlag) Type() string   { return "kube-proxy" }
+func (f *exitFlag) Set(v string) error {
+	if f.name != "write-config-to" && v == "false" {
+		return nil
+	}
+	return fmt.Errorf("kube-proxy's --%s is a one-off job, not a daemon setting: %s", f.name, kubeProxyExitFlags[f.name])
+}
+
+// resolveProxyMode makes --proxy-mode the mode, unless --mode is given
+// too; it runs before the configuration file is applied, which it
+// overrides.
+func resolveProxyMode(k *kubeProxyFlags, f *runFlags, changed func(string) bool) error {
+	if !changed("proxy-mode") || k.proxyMode == "" {
+		return nil
+	}
+	if changed("mode") && k.proxyMode != f.mode {
+		return fmt.Errorf("--mode %q and --proxy-mode %q disagree; give one of them", f.mode, k.proxyMode)
+	}
+	f.mode = k.proxyMode
+	return nil
+}
+
+// resolveKubeProxyFlags applies the other kube-proxy flags given (changed
+// names them) to kpr's settings, where kpr's own flag was not given too,
+// and returns the flags kpr ignores. It runs after the configuration file
+// is applied, which flags override; f.mode is final by then, and the sync
+// periods that apply depend on it.
+func resolveKubeProxyFlags(k *kubeProxyFlags, f *runFlags, g *globalFlags, changed func(string) bool) ([]string, error) {
+	ignored := slices.Clone(k.ignored)
+	sync, minSync := "iptables-sync-period", "iptables-min-sync-period"
+	syncVal, minSyncVal := k.iptablesSync, k.iptablesMinSync
+	otherSync, otherMinSync := "ipvs-sync-period", "ipvs-min-sync-period"
+	if f.mode == string(backendIPVS) {
+		sync, minSync, otherSync, otherMinSync = otherSync, otherMinSync, sync, minSync
+		syncVal, minSyncVal = k.ipvsSync, k.ipvsMinSync
+	}
+	if changed(sync) && !changed("sync-period") {
+		f.syncPeriod = syncVal
+	}
+	if changed(minSync) && !changed("min-sync-period") {
+		f.minSyncPeriod = minSyncVal
+	}
+	for _, name := range []string{otherSync, otherMinSync} {
+		if changed(name) {
+			ignored = append(ignored, "--"+name+" (kube-proxy uses it only in another mode)")
+		}
+	}
+	if changed("bind-address") {
+		ip := net.ParseIP(k.bindAddress)
+		if ip == nil {
+			return nil, fmt.Errorf("--bind-address %q: want an IP address", k.bindAddress)
+		}
+		if !ip.IsUnspecified() {
+			ignored = append(ignored, "--bind-address="+k.bindAddress+" (kpr takes the node's addresses from its Node object)")
+		}
+	}
+	if k.masqueradeAll {
+		ignored = append(ignored, "--masquerade-all (kpr's dataplanes do not SNAT Service traffic)")
+	}
+	if changed("v") && !changed("log-level") {
+		g.logLevel = logLevelForVerbosity(k.verbosity)
+	}
+	return ignored, nil
+}
+
+// logLevelForVerbosity maps klog's verbosity onto kpr's levels: by klog's
+// convention 4 and above is debugging output.
+func logLevelForVerbosity(v int) string {
+	if v >= 4 {
+		return "debug"
+	}
+	return "info"
+}
+
+// kubeProxyArgs lets kpr be started with a kube-proxy command line, which
+// names no subcommand: arguments that are all flags, other than a lone
+// --help, are `kpr run`'s (`kpr --version` too: run's --version prints
+// it; cobra's own version flag would link text/template, whose reflection
+// keeps the linker from dropping unused methods, 4 MB of binary).
+// Anything else is left to cobra.
+func kubeProxyArgs(args []string, root *cobra.Command) []string {
+	if len(args) == 0 {
+		return args
+	}
+	subcommands := map[string]bool{"help": true, "completion": true}
+	for _, c := range root.Commands() {
+		subcommands[c.Name()] = true
+		for _, a := range c.Aliases {
+			subcommands[a] = true
+		}
+	}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if subcommands[a] || a == "-h" || a == "--help" {
+			return args
+		}
+	}
+	if !strings.HasPrefix(args[0], "-") {
+		return args
+	}
+	return append([]string{"run"}, args...)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

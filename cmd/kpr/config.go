@@ -1,0 +1,251 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
+)
+
+// kubeProxyCodecs decode KubeProxyConfiguration files strictly: unknown
+// and duplicate fields are reported (and the file is still used, as
+// kube-proxy does, so a typo costs a warning and not the node).
+var kubeProxyCodecs = func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	utilruntime.Must(kubeproxyconfig.AddToScheme(s))
+	return serializer.NewCodecFactory(s, serializer.EnableStrict)
+}()
+
+// ignoredSettings are the kube-proxy settings given that kpr does not
+// use, all named in one warning at start-up.
+type ignoredSettings struct {
+	// unsupported are the configuration file's fields, path=value.
+	unsupported []string
+	// unknown are the file's fields that KubeProxyConfiguration lacks.
+	unknown []string
+	// flags are kube-proxy flags, --name=value.
+	flags []string
+}
+
+func (s ignoredSettings) empty() bool {
+	return len(s.unsupported)+len(s.unknown)+len(s.flags) == 0
+}
+
+// fields are the warning's fields, one per non-empty list.
+func (s ignoredSettings) fields() []zap.Field {
+	var fs []zap.Field
+	for _, l := range []struct {
+		key  string
+		list []string
+	}{{"unsupportedConfigFields", s.unsupported}, {"unknownConfigFields", s.unknown}, {"ignoredFlags", s.flags}} {
+		if len(l.list) > 0 {
+			fs = append(fs, zap.Strings(l.key, l.list))
+		}
+	}
+	return fs
+}
+
+// resolveSettings folds kube-proxy's configuration file and flags into
+// kpr's settings, with kube-proxy's precedence: kpr's own flags, then
+// kube-proxy's flags, then the file, then the defaults. changed names the
+// flags given on the command line.
+func resolveSettings(f *runFlags, g *globalFlags, changed func(string) bool) (ignoredSettings, error) {
+	var ignored ignoredSettings
+	k := &f.kubeProxy
+	if err := resolveProxyMode(k, f, changed); err != nil {
+		return ignored, err
+	}
+	if k.config != "" {
+		cfg, unknown, err := loadKubeProxyConfig(k.config)
+		if err != nil {
+			return ignored, err
+		}
+		ignored.unknown = unknown
+		if ignored.unsupported, err = applyKubeProxyConfig(cfg, f, g, changed); err != nil {
+			return ignored, err
+		}
+	}
+	var err error
+	ignored.flags, err = resolveKubeProxyFlags(k, f, g, changed)
+	return ignored, err
+}
+
+// loadKubeProxyConfig reads a kube-proxy configuration file. unknown lists
+// the fields the file has and the type does not (typos, or fields of a
+// newer kube-proxy).
+func loadKubeProxyConfig(path string) (cfg *kubeproxyconfig.KubeProxyConfiguration, unknown []string, err error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--config: %w", err)
+	}
+	obj, gvk, err := kubeProxyCodecs.UniversalDeserializer().Decode(data, nil, nil)
+	if strict, ok := runtime.AsStrictDecodingError(err); ok {
+		for _, e := range strict.Errors() {
+			unknown = append(unknown, e.Error())
+		}
+	} else if err != nil {
+		return nil, nil, fmt.Errorf("--config %s: want a %s KubeProxyConfiguration: %w", path, kubeproxyconfig.SchemeGroupVersion, err)
+	}
+	cfg, ok := obj.(*kubeproxyconfig.KubeProxyConfiguration)
+	if !ok {
+		return nil, nil, fmt.Errorf("--config %s holds a %s, want a %s KubeProxyConfiguration", path, gvk, kubeproxyconfig.SchemeGroupVersion)
+	}
+	return cfg, unknown, nil
+}
+
+// applyKubeProxyConfig copies what kpr supports of cfg into f and g, for
+// each setting whose kpr flag was not given (changed names the flags
+// given: flags override the file, as in kube-proxy). It returns the fields
+// cfg sets that kpr does not support, by their JSON paths.
+//
+// A field counts as set when it is not its type's zero value: kube-proxy
+// defaults zero fields, and kubeadm writes every field out, mostly as
+// zeros. Supported fields are consumed as they are applied; whatever set
+// field is left is unsupported, so a field kpr has never heard of is named
+// rather than ignored.
+func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFlags, g *globalFlags, changed func(string) bool) ([]string, error) {
+	set, err := setFields(cfg)
+	if err != nil {
+		return nil, err
+	}
+	consume := func(path string) { delete(set, path) }
+	// apply sets a kpr flag from a file field, unless the flag was given.
+	apply := func(flag, path string, do func()) {
+		if _, ok := set[path]; !ok {
+			return
+		}
+		consume(path)
+		if !changed(flag) {
+			do()
+		}
+	}
+	for _, name := range []string{"apiVersion", "kind"} {
+		consume(name)
+	}
+
+	cc := cfg.ClientConnection
+	apply("kubeconfig", "clientConnection.kubeconfig", func() { f.kubeconfig = cc.Kubeconfig })
+	apply("kube-api-qps", "clientConnection.qps", func() { f.kubeProxy.qps = cc.QPS })
+	apply("kube-api-burst", "clientConnection.burst", func() { f.kubeProxy.burst = cc.Burst })
+	apply("kube-api-content-type", "clientConnection.contentType", func() { f.kubeProxy.contentType = cc.ContentType })
+	apply("hostname-override", "hostnameOverride", func() { f.hostnameOverride = cfg.HostnameOverride })
+	apply("healthz-bind-address", "healthzBindAddress", func() { f.healthzAddr = withDefaultPort(cfg.HealthzBindAddress, "10256") })
+	apply("metrics-bind-address", "metricsBindAddress", func() { f.metricsAddr = withDefaultPort(cfg.MetricsBindAddress, "10249") })
+	apply("profiling", "enableProfiling", func() { f.profiling = cfg.EnableProfiling })
+	apply("cluster-cidr", "clusterCIDR", func() { f.clusterCIDR = cfg.ClusterCIDR })
+	apply("nodeport-addresses", "nodePortAddresses", func() { f.nodePortAddresses = slices.Clone(cfg.NodePortAddresses) })
+	if !changed("mode") && !changed("proxy-mode") {
+		apply("mode", "mode", func() { f.mode = string(cfg.Mode) })
+	}
+	consume("mode")
+
+	// kube-proxy reads the sync periods of the section of its mode; kpr
+	// takes them from the same section. Those of the other sections are
+	// left, and named as unsupported if set.
+	section := "iptables" // kube-proxy's default mode, and the section kubeadm fills
+	syncPeriod, minSyncPeriod := cfg.IPTables.SyncPeriod, cfg.IPTables.MinSyncPeriod
+	switch f.mode {
+	case string(backendIPVS):
+		section, syncPeriod, minSyncPeriod = "ipvs", cfg.IPVS.SyncPeriod, cfg.IPVS.MinSyncPeriod
+	case "nftables":
+		section, syncPeriod, minSyncPeriod = "nftables", cfg.NFTables.SyncPeriod, cfg.NFTables.MinSyncPeriod
+	}
+	apply("sync-period", section+".syncPeriod", func() { f.syncPeriod = syncPeriod.Duration })
+	apply("min-sync-period", section+".minSyncPeriod", func() { f.minSyncPeriod = minSyncPeriod.Duration })
+
+	// Values that ask for kube-proxy's own behaviour, which kpr has
+	// anyway: binding to every address, and NodePorts on localhost
+	// (which kpr serves as --nodeport-addresses says).
+	if ip := net.ParseIP(cfg.BindAddress); ip != nil && ip.IsUnspecified() {
+		consume("bindAddress")
+	}
+	if p := cfg.IPTables.LocalhostNodePorts; p != nil && *p {
+		consume("iptables.localhostNodePorts")
+	}
+
+	if !changed("log-level") && !changed("v") {
+		apply("log-level", "logging.verbosity", func() { g.logLevel = logLevelForVerbosity(int(cfg.Logging.Verbosity)) })
+	}
+	consume("logging.verbosity")
+	switch cfg.Logging.Format {
+	case "json", "text":
+		apply("log-format", "logging.format", func() {
+			g.logFormat = map[string]string{"json": "json", "text": "console"}[cfg.Logging.Format]
+		})
+	}
+
+	unsupported := make([]string, 0, len(set))
+	for path, value := range set {
+		unsupported = append(unsupported, path+"="+value)
+	}
+	slices.Sort(unsupported)
+	return unsupported, nil
+}
+
+// setFields returns the fields of cfg that are set (not zero), by their
+// JSON paths ("iptables.masqueradeAll"), with their values as JSON.
+// Walking the JSON form rather than the Go struct names fields as the file
+// does, and reaches fields of every nested type alike.
+func setFields(cfg *kubeproxyconfig.KubeProxyConfiguration) (map[string]string, error) {
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--config: re-encode the configuration: %w", err)
+	}
+	var tree map[string]any
+	if err := json.Unmarshal(data, &tree); err != nil {
+		return nil, fmt.Errorf("--config: re-decode the configuration: %w", err)
+	}
+	set := map[string]string{}
+	var walk func(prefix string, v any)
+	walk = func(prefix string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, child := range v {
+				p := k
+				if prefix != "" {
+					p = prefix + "." + k
+				}
+				walk(p, child)
+			}
+			return
+		case nil, bool:
+			if v == nil || v == false {
+				return
+			}
+		case float64:
+			if v == 0 {
+				return
+			}
+		case string:
+			// Durations and quantities encode their zero as "0s" and "0".
+			if v == "" || v == "0s" || v == "0" {
+				return
+			}
+		case []any:
+			if len(v) == 0 {
+				return
+			}
+		}
+		b, _ := json.Marshal(v)
+		set[prefix] = string(b)
+	}
+	walk("", tree)
+	return set, nil
+}
+
+// withDefaultPort adds port to an address given without one: kube-proxy's
+// configuration accepts "0.0.0.0" for its bind addresses.
+func withDefaultPort(addr, port string) string {
+	if _, _, err := net.SplitHostPort(addr); err == nil || addr == "" {
+		return addr
+	}
+	return net.JoinHostPort(strings.Trim(addr, "[]"), port)
+}

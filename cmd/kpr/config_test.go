@@ -1,0 +1,226 @@
+package main
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// parseRun parses args as kpr's command line, as main does (kube-proxy's
+// command line names no subcommand), and resolves the settings `kpr run`
+// would start with, without starting it.
+func parseRun(t *testing.T, args ...string) (*runFlags, *globalFlags, ignoredSettings, error) {
+	t.Helper()
+	g, f := &globalFlags{}, &runFlags{}
+	root := newRootCommandFor(g, f)
+	var ignored ignoredSettings
+	var resolveErr error
+	ran := false
+	for _, c := range root.Commands() {
+		if c.Name() == "run" {
+			c.RunE = func(cmd *cobra.Command, _ []string) error {
+				ran = true
+				ignored, resolveErr = resolveSettings(f, g, cmd.Flags().Changed)
+				return resolveErr
+			}
+		}
+	}
+	root.SetArgs(kubeProxyArgs(args, root))
+	err := root.Execute()
+	if err == nil && !ran {
+		t.Fatalf("kpr %v did not reach `kpr run`", args)
+	}
+	return f, g, ignored, err
+}
+
+func TestKubeadmDefaultConfigMapsWithoutWarnings(t *testing.T) {
+	// kubeadm's DaemonSet command line, with $(NODE_NAME) expanded.
+	f, g, ignored, err := parseRun(t, "--config=testdata/kubeadm-default.conf", "--hostname-override=worker-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.kubeconfig != "/var/lib/kube-proxy/kubeconfig.conf" || f.clusterCIDR != "10.244.0.0/16" || f.hostnameOverride != "worker-1" {
+		t.Errorf("kubeconfig %q, clusterCIDR %q, hostname %q: the file's settings and the flag were not applied", f.kubeconfig, f.clusterCIDR, f.hostnameOverride)
+	}
+	// Every other field is zero, which leaves kpr's defaults.
+	if f.mode != "auto" || f.syncPeriod != 30*time.Second || f.healthzAddr != "0.0.0.0:10256" || f.metricsAddr != "127.0.0.1:10249" || g.logLevel != "info" {
+		t.Errorf("zero fields changed kpr's defaults: mode %q sync %s healthz %q metrics %q log %q", f.mode, f.syncPeriod, f.healthzAddr, f.metricsAddr, g.logLevel)
+	}
+	if !ignored.empty() {
+		t.Errorf("kubeadm's unchanged file draws a warning: %+v", ignored)
+	}
+}
+
+func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
+	f, g, ignored, err := parseRun(t, "--config", "testdata/kubeadm-tuned.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]any{
+		"mode": f.mode, "clusterCIDR": f.clusterCIDR, "nodePortAddresses": f.nodePortAddresses,
+		"syncPeriod": f.syncPeriod, "minSyncPeriod": f.minSyncPeriod,
+		"healthz": f.healthzAddr, "metrics": f.metricsAddr, "profiling": f.profiling,
+		"hostname": f.hostnameOverride, "kubeconfig": f.kubeconfig,
+		"qps": f.kubeProxy.qps, "burst": f.kubeProxy.burst, "contentType": f.kubeProxy.contentType,
+		"logLevel": g.logLevel, "logFormat": g.logFormat,
+	}
+	want := map[string]any{
+		"mode": "iptables", "clusterCIDR": "10.244.0.0/16,fd00:244::/56", "nodePortAddresses": []string{"primary"},
+		"syncPeriod": 45 * time.Second, "minSyncPeriod": 2 * time.Second,
+		"healthz": "0.0.0.0:10266", "metrics": "127.0.0.1:10259", "profiling": true,
+		"hostname": "Node-7", "kubeconfig": "/var/lib/kube-proxy/kubeconfig.conf",
+		"qps": float32(20), "burst": int32(40), "contentType": "application/json",
+		"logLevel": "debug", "logFormat": "console",
+	}
+	for k, w := range want {
+		if !reflect.DeepEqual(got[k], w) {
+			t.Errorf("%s = %#v, want %#v", k, got[k], w)
+		}
+	}
+	wantUnsupported := []string{
+		`conntrack.maxPerCore=65536`, `conntrack.tcpCloseWaitTimeout="1h0m0s"`, `conntrack.tcpEstablishedTimeout="24h0m0s"`,
+		`featureGates.SomeGate=true`, `iptables.masqueradeAll=true`, `iptables.masqueradeBit=14`,
+		`ipvs.scheduler="rr"`, `ipvs.syncPeriod="1m0s"`, `oomScoreAdj=-999`,
+	}
+	if !reflect.DeepEqual(ignored.unsupported, wantUnsupported) {
+		t.Errorf("unsupported fields:\n got %q\nwant %q", ignored.unsupported, wantUnsupported)
+	}
+	if len(ignored.unknown) != 1 || !strings.Contains(ignored.unknown[0], "udpIdleTimeout") {
+		t.Errorf("unknown fields = %q, want udpIdleTimeout reported", ignored.unknown)
+	}
+}
+
+func TestFlagsOverrideTheConfigFile(t *testing.T) {
+	f, g, ignored, err := parseRun(t, "--config=testdata/kubeadm-tuned.conf",
+		"--hostname-override=worker-2", "--proxy-mode=ebpf", "--iptables-sync-period=10s", "--min-sync-period=1s",
+		"--healthz-bind-address=127.0.0.1:1", "--kubeconfig=/etc/kpr/kubeconfig", "--kube-api-qps=7", "--log-level=warn", "--log-format=json",
+		"--nodeport-addresses=10.0.0.0/8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.hostnameOverride != "worker-2" || f.mode != "ebpf" || f.syncPeriod != 10*time.Second || f.minSyncPeriod != time.Second ||
+		f.healthzAddr != "127.0.0.1:1" || f.kubeconfig != "/etc/kpr/kubeconfig" || f.kubeProxy.qps != 7 ||
+		g.logLevel != "warn" || g.logFormat != "json" || !reflect.DeepEqual(f.nodePortAddresses, []string{"10.0.0.0/8"}) {
+		t.Errorf("a flag lost to the file: %+v, log %q %q", f, g.logLevel, g.logFormat)
+	}
+	// What the flags did not override still comes from the file.
+	if f.metricsAddr != "127.0.0.1:10259" || f.kubeProxy.burst != 40 {
+		t.Errorf("metrics %q burst %d: the file's settings were dropped", f.metricsAddr, f.kubeProxy.burst)
+	}
+	if len(ignored.unsupported) == 0 {
+		t.Error("the file's unsupported fields went unreported")
+	}
+}
+
+func TestKubeProxyCommandLine(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		check   func(*runFlags, *globalFlags) bool
+		flags   []string // the ignored flags' warning names these
+		wantErr string
+	}{
+		{name: "proxy-mode is the mode", args: []string{"--proxy-mode=iptables"},
+			check: func(f *runFlags, _ *globalFlags) bool { return f.mode == "iptables" }},
+		{name: "mode and proxy-mode disagree", args: []string{"run", "--mode=ebpf", "--proxy-mode=iptables"}, wantErr: "disagree"},
+		{name: "-v 4 is debug", args: []string{"-v", "4"},
+			check: func(_ *runFlags, g *globalFlags) bool { return g.logLevel == "debug" }},
+		{name: "--v=2 stays info", args: []string{"--v=2"},
+			check: func(_ *runFlags, g *globalFlags) bool { return g.logLevel == "info" }},
+		{name: "--log-level beats -v", args: []string{"--v=5", "--log-level=error"},
+			check: func(_ *runFlags, g *globalFlags) bool { return g.logLevel == "error" }},
+		{name: "master and API rate", args: []string{"--master=https://10.0.0.1:6443", "--kube-api-qps=50", "--kube-api-burst=100", "--kube-api-content-type=application/json"},
+			check: func(f *runFlags, _ *globalFlags) bool {
+				return f.kubeProxy.master == "https://10.0.0.1:6443" && f.kubeProxy.qps == 50 && f.kubeProxy.burst == 100 && f.kubeProxy.contentType == "application/json"
+			}},
+		{name: "k8s-api-server is master", args: []string{"run", "--k8s-api-server=10.0.0.1:6443"},
+			check: func(f *runFlags, _ *globalFlags) bool { return f.kubeProxy.master == "10.0.0.1:6443" }},
+		{name: "ipvs periods with ipvs mode", args: []string{"--proxy-mode=ipvs", "--ipvs-sync-period=5s", "--ipvs-min-sync-period=1s", "--iptables-sync-period=9s"},
+			check: func(f *runFlags, _ *globalFlags) bool {
+				return f.syncPeriod == 5*time.Second && f.minSyncPeriod == time.Second
+			},
+			flags: []string{"--iptables-sync-period"}},
+		{name: "unspecified bind address means nothing", args: []string{"--bind-address=0.0.0.0"},
+			check: func(*runFlags, *globalFlags) bool { return true }},
+		{name: "specific bind address is warned about", args: []string{"--bind-address=10.1.2.3"},
+			check: func(*runFlags, *globalFlags) bool { return true }, flags: []string{"--bind-address=10.1.2.3"}},
+		{name: "bad bind address", args: []string{"--bind-address=node-1"}, wantErr: "--bind-address"},
+		{name: "flags without meaning are accepted", args: []string{"--masquerade-all", "--conntrack-max-per-core=0", "--ipvs-strict-arp", "--feature-gates=A=true,B=false", "--oom-score-adj=-999", "--nodeport-addresses=primary"},
+			check: func(f *runFlags, _ *globalFlags) bool {
+				return reflect.DeepEqual(f.nodePortAddresses, []string{"primary"})
+			},
+			flags: []string{"--conntrack-max-per-core=0", "--feature-gates=A=true,B=false", "--ipvs-strict-arp=true", "--oom-score-adj=-999", "--masquerade-all"}},
+		{name: "cleanup is refused", args: []string{"--cleanup"}, wantErr: "kpr cleanup"},
+		{name: "write-config-to is refused", args: []string{"--write-config-to=/tmp/x"}, wantErr: "one-off"},
+		{name: "not a kube-proxy file", args: []string{"--config=testdata/not-kube-proxy.yaml"}, wantErr: "KubeProxyConfiguration"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, g, ignored, err := parseRun(t, tc.args...)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(f, g) {
+				t.Errorf("settings not as the flags say: %+v", f)
+			}
+			if len(ignored.flags) != len(tc.flags) {
+				t.Errorf("ignored flags %q, want %q", ignored.flags, tc.flags)
+			}
+			for _, want := range tc.flags {
+				found := false
+				for _, got := range ignored.flags {
+					found = found || strings.HasPrefix(got, want)
+				}
+				if !found {
+					t.Errorf("ignored flags %q do not name %s", ignored.flags, want)
+				}
+			}
+		})
+	}
+}
+
+func TestKubeProxyArgsInsertRunOnlyWithoutSubcommand(t *testing.T) {
+	root := newRootCommand()
+	for _, tc := range []struct{ in, want []string }{
+		{[]string{"--config=/c", "--hostname-override=n"}, []string{"run", "--config=/c", "--hostname-override=n"}},
+		{[]string{"--config", "/c"}, []string{"run", "--config", "/c"}},
+		{[]string{"--version"}, []string{"run", "--version"}},
+		{[]string{"--log-level", "debug", "dump"}, []string{"--log-level", "debug", "dump"}},
+		{[]string{"run", "--config=/c"}, []string{"run", "--config=/c"}},
+		{[]string{"--help"}, []string{"--help"}},
+		{[]string{"help"}, []string{"help"}},
+		{nil, nil},
+	} {
+		if got := kubeProxyArgs(tc.in, root); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("kubeProxyArgs(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestVersionNamesTheStampAndTheCommit(t *testing.T) {
+	old := version
+	version = "v1.2.3"
+	defer func() { version = old }()
+	if s := versionString(); !strings.HasPrefix(s, "kpr v1.2.3") {
+		t.Errorf("versionString() = %q, want the stamped version", s)
+	}
+	if got := vcsSuffix(nil); got != "" {
+		t.Errorf("vcsSuffix(no VCS info) = %q", got)
+	}
+}
+
+func TestWithDefaultPort(t *testing.T) {
+	for in, want := range map[string]string{"": "", "0.0.0.0": "0.0.0.0:10256", "::": "[::]:10256", "[::1]:1": "[::1]:1", "1.2.3.4:5": "1.2.3.4:5"} {
+		if got := withDefaultPort(in, "10256"); got != want {
+			t.Errorf("withDefaultPort(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
