@@ -30,6 +30,7 @@ type slicePort struct {
 // endpoint is one endpoint of a slice, with its conditions defaulted the
 // way the API documents (missing ready/serving = true, terminating = false).
 type endpoint struct {
+	slice       string // namespace/name of the EndpointSlice, for Explain
 	addr        netip.Addr
 	nodeName    string
 	ready       bool
@@ -54,7 +55,10 @@ func (e portEndpoint) backend() dataplane.Backend {
 func (t *translation) parseSlices(in []*discoveryv1.EndpointSlice) []parsedSlice {
 	var mine []*discoveryv1.EndpointSlice
 	for _, s := range in {
-		if skip, _ := SkipSlice(s); skip {
+		if skip, why := SkipSlice(s); skip {
+			if t.explain != nil {
+				t.explain.skippedSlice(t, s, why)
+			}
 			continue
 		}
 		key, _ := SliceServiceName(s)
@@ -112,6 +116,8 @@ func (t *translation) parseSlice(s *discoveryv1.EndpointSlice) parsedSlice {
 	for i := range s.Endpoints {
 		if ep, ok := t.parseEndpoint(obj, ps.family, &s.Endpoints[i]); ok {
 			ps.endpoints = append(ps.endpoints, ep)
+		} else if t.explain != nil {
+			t.explain.rejectedEndpoint(obj, &s.Endpoints[i], t.problems[len(t.problems)-1].Reason)
 		}
 	}
 	return ps
@@ -136,6 +142,7 @@ func (t *translation) parseEndpoint(obj string, fam family, e *discoveryv1.Endpo
 
 	c := e.Conditions
 	ep := endpoint{
+		slice:       obj,
 		addr:        a,
 		ready:       c.Ready == nil || *c.Ready,
 		serving:     c.Serving == nil || *c.Serving,
@@ -180,8 +187,14 @@ func (t *translation) endpointsFor(portName string, proto dataplane.Protocol) ma
 				pe := portEndpoint{endpoint: ep, port: p.port}
 				key := pe.backend()
 				if at, dup := index[key]; dup {
-					if prev := &out[s.family][at]; t.preferred(pe, *prev) {
+					prev := &out[s.family][at]
+					kept, dropped := *prev, pe
+					if t.preferred(pe, *prev) {
+						kept, dropped = pe, *prev
 						*prev = pe
+					}
+					if t.explain != nil {
+						t.explain.duplicate(portName, proto, dropped, kept)
 					}
 					continue
 				}
@@ -189,6 +202,9 @@ func (t *translation) endpointsFor(portName string, proto dataplane.Protocol) ma
 				out[s.family] = append(out[s.family], pe)
 			}
 		}
+	}
+	if t.explain != nil {
+		t.explain.merged(t, portName, proto, out)
 	}
 	return out
 }
