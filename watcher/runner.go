@@ -178,7 +178,7 @@ func (r *runner) passStep(p *pass) (SyncResult, bool) {
 	if res.Full {
 		r.log.Debug("Periodic full reconcile done in steps", zap.Int("steps", p.steps),
 			zap.Duration("longestStep", p.longest), zap.Duration("busy", p.busy))
-		r.synced(changeSet{}, res)
+		r.synced(changeSet{}, res, p.written)
 	}
 	if (res.Full || err != nil) && r.onSync != nil {
 		r.onSync(res)
@@ -205,6 +205,7 @@ func (r *runner) syncOnce(full bool) SyncResult {
 	}
 	res.End = r.now()
 	res.Busy = res.End.Sub(res.Start)
+	written := r.syncer.takeWritten()
 	r.metrics.SyncProxyRulesDuration.Observe(res.Busy.Seconds())
 
 	r.mu.Lock()
@@ -214,7 +215,7 @@ func (r *runner) syncOnce(full bool) SyncResult {
 		r.metrics.SyncFailuresTotal.Inc()
 		r.tracker.putBack(cs)
 	} else {
-		r.synced(cs, res)
+		r.synced(cs, res, written)
 	}
 	if r.onSync != nil {
 		r.onSync(res)
@@ -222,8 +223,9 @@ func (r *runner) syncOnce(full bool) SyncResult {
 	return res
 }
 
-// synced publishes a successful sync to metrics and health.
-func (r *runner) synced(cs changeSet, res SyncResult) {
+// synced publishes a successful sync to metrics, health and the log,
+// where one info line sums up what it wrote (w).
+func (r *runner) synced(cs changeSet, res SyncResult, w writeSummary) {
 	r.metrics.SyncProxyRulesLastTimestamp.Set(float64(res.End.UnixNano()) / 1e9)
 	r.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyInternal).Set(float64(r.syncer.noLocalTotal.internal))
 	r.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyExternal).Set(float64(r.syncer.noLocalTotal.external))
@@ -249,8 +251,8 @@ func (r *runner) synced(cs changeSet, res SyncResult) {
 			close(r.firstSync)
 		})
 	}
-	r.log.Debug("Synced the dataplane", zap.Bool("full", res.Full),
-		zap.Int("servicePorts", res.ServicePorts), zap.Duration("took", res.End.Sub(res.Start)), zap.Duration("busy", res.Busy))
+	r.log.Info("Synced the dataplane", append(w.fields(), zap.Bool("full", res.Full),
+		zap.Duration("took", res.End.Sub(res.Start)), zap.Duration("busy", res.Busy))...)
 }
 
 // lastSync returns the result of the most recent sync attempt.
