@@ -30,6 +30,8 @@ type apiObjects struct {
 	services  corelisters.ServiceLister
 	slices    *sliceIndex
 	synced    []cache.InformerSynced
+	// conn follows the connection to the API server, for Status.
+	conn *connState
 }
 
 // sliceIndex finds the EndpointSlices of a Service without a scan. The
@@ -348,6 +350,7 @@ func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTr
 		informers: []cache.SharedIndexInformer{svcInformer, sliceInformer, nodeInformer},
 		services:  corelisters.NewServiceLister(svcInformer.GetIndexer()),
 		slices:    newSliceIndex(),
+		conn:      &connState{now: time.Now},
 	}
 
 	handlers := []struct {
@@ -359,7 +362,10 @@ func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTr
 		{nodeInformer, nodeHandler(tracker, node)},
 	}
 	for _, h := range handlers {
-		reg, err := h.informer.AddEventHandler(h.handler)
+		if err := h.informer.SetWatchErrorHandlerWithContext(a.conn.watchError); err != nil {
+			return nil, err
+		}
+		reg, err := h.informer.AddEventHandler(a.conn.observed(h.handler))
 		if err != nil {
 			return nil, err
 		}

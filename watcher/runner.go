@@ -55,8 +55,9 @@ type runner struct {
 	firstSync     chan struct{}
 	firstSyncOnce sync.Once
 
-	mu   sync.Mutex
-	last SyncResult
+	mu      sync.Mutex
+	last    SyncResult
+	history syncHistory
 }
 
 // Retry backoff after a failed sync; the cap is lowered to syncPeriod when
@@ -173,6 +174,7 @@ func (r *runner) passStep(p *pass) (SyncResult, bool) {
 		r.metrics.SyncProxyRulesDuration.Observe(p.busy.Seconds())
 		r.mu.Lock()
 		r.last = res
+		r.history.record(res)
 		r.mu.Unlock()
 	}
 	if res.Full {
@@ -210,6 +212,7 @@ func (r *runner) syncOnce(full bool) SyncResult {
 
 	r.mu.Lock()
 	r.last = res
+	r.history.record(res)
 	r.mu.Unlock()
 	if res.Err != nil {
 		r.metrics.SyncFailuresTotal.Inc()
