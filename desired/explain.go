@@ -242,7 +242,7 @@ func explainFamily(fam family, eps []portEndpoint, node Node) FamilyExplanation 
 		}
 		switch {
 		case !node.hosts(e.endpoint):
-			local = fmt.Sprintf("not local: on node %s, not this node %s (Local traffic policy)", orUnset(e.nodeName), orUnset(node.Name))
+			local = fmt.Sprintf("not local: on node %s, not this node %s", orUnset(e.nodeName), orUnset(node.Name))
 		case slices.Contains(sets.local, e.backend()) && !e.ready:
 			local = Used + ": terminating fallback, no local endpoint is ready"
 		case slices.Contains(sets.local, e.backend()):

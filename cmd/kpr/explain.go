@@ -258,14 +258,26 @@ func writeExplain(w io.Writer, res *explainOutput) {
 	for _, e := range ex.Rejected {
 		fmt.Fprintf(w, "  endpoint %s of %s left out: %s\n", e.Address, e.Slice, e.Reason)
 	}
+	// The local set only serves a Local traffic policy; without one its
+	// column would only repeat "not local".
+	local := ex.InternalTrafficPolicy == string(v1.ServiceInternalTrafficPolicyLocal) ||
+		ex.ExternalTrafficPolicy == string(v1.ServiceExternalTrafficPolicyLocal)
 	for _, p := range ex.Ports {
 		fmt.Fprintf(w, "\nport %q/%s\n", p.Port, p.Protocol)
 		for _, f := range p.Families {
 			fmt.Fprintf(w, "  %s, topology filter: %s\n", f.Family, f.Topology)
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "    ENDPOINT\tNODE\tSLICE\tCONDITIONS\tCLUSTER SET\tLOCAL SET")
+			header := "    ENDPOINT\tNODE\tSLICE\tCONDITIONS\tCLUSTER SET"
+			if local {
+				header += "\tLOCAL SET"
+			}
+			fmt.Fprintln(tw, header)
 			for _, e := range f.Endpoints {
-				fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", e.Backend, orDash(e.Node), e.Slice, conditions(e), e.Cluster, e.Local)
+				line := fmt.Sprintf("    %s\t%s\t%s\t%s\t%s", e.Backend, orDash(e.Node), e.Slice, conditions(e), e.Cluster)
+				if local {
+					line += "\t" + e.Local
+				}
+				fmt.Fprintln(tw, line)
 			}
 			tw.Flush()
 		}

@@ -168,7 +168,7 @@ func pinnedLinks(bpfRoot string) []linkStatus {
 	sort.Strings(pins)
 	for _, pin := range pins {
 		ls := linkStatus{Pin: pin}
-		l, err := link.LoadPinnedLink(pin, &ebpf.LoadPinOptions{ReadOnly: true})
+		l, err := link.LoadPinnedLink(pin, nil)
 		if err != nil {
 			ls.Error = err.Error()
 			out = append(out, ls)
