@@ -14,6 +14,7 @@ import (
 // parsedSlice is the part of an EndpointSlice the translation uses, already
 // validated: every port and endpoint in it is usable.
 type parsedSlice struct {
+	name      string // namespace/name, for Explain
 	family    family
 	ports     []slicePort
 	endpoints []endpoint
@@ -30,7 +31,6 @@ type slicePort struct {
 // endpoint is one endpoint of a slice, with its conditions defaulted the
 // way the API documents (missing ready/serving = true, terminating = false).
 type endpoint struct {
-	slice       string // namespace/name of the EndpointSlice, for Explain
 	addr        netip.Addr
 	nodeName    string
 	ready       bool
@@ -81,7 +81,7 @@ func sliceObject(s *discoveryv1.EndpointSlice) string { return s.Namespace + "/"
 
 func (t *translation) parseSlice(s *discoveryv1.EndpointSlice) parsedSlice {
 	obj := sliceObject(s)
-	ps := parsedSlice{family: ipv4}
+	ps := parsedSlice{name: obj, family: ipv4}
 	if s.AddressType == discoveryv1.AddressTypeIPv6 {
 		ps.family = ipv6
 	}
@@ -142,7 +142,6 @@ func (t *translation) parseEndpoint(obj string, fam family, e *discoveryv1.Endpo
 
 	c := e.Conditions
 	ep := endpoint{
-		slice:       obj,
 		addr:        a,
 		ready:       c.Ready == nil || *c.Ready,
 		serving:     c.Serving == nil || *c.Serving,
@@ -188,15 +187,17 @@ func (t *translation) endpointsFor(portName string, proto dataplane.Protocol) ma
 				key := pe.backend()
 				if at, dup := index[key]; dup {
 					prev := &out[s.family][at]
-					kept, dropped := *prev, pe
-					if t.preferred(pe, *prev) {
-						kept, dropped = pe, *prev
+					replace := t.preferred(pe, *prev)
+					if t.explain != nil {
+						t.explain.duplicate(portName, proto, pe, *prev, s.name, replace)
+					}
+					if replace {
 						*prev = pe
 					}
-					if t.explain != nil {
-						t.explain.duplicate(portName, proto, dropped, kept)
-					}
 					continue
+				}
+				if t.explain != nil {
+					t.explain.candidate(portName, proto, key, s.name)
 				}
 				index[key] = len(out[s.family])
 				out[s.family] = append(out[s.family], pe)

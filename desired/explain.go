@@ -37,6 +37,8 @@ type Explanation struct {
 
 	dups   []duplicateNote // per port, attached by merged
 	byPort map[portKey]int // index in Ports
+	// sliceOf names the slice each candidate came from, per port.
+	sliceOf map[portKey]map[dataplane.Backend]string
 }
 
 // SliceNote is an EndpointSlice left out entirely.
@@ -106,7 +108,7 @@ const Used = "used"
 // Explanation of every decision. It allocates for the explanation;
 // Translate, which passes no explainer, does not.
 func Explain(svc *v1.Service, slices []*discoveryv1.EndpointSlice, node Node) ([]dataplane.ServicePort, []Problem, *Explanation) {
-	ex := &explainer{Explanation{byPort: map[portKey]int{}}}
+	ex := &explainer{Explanation{byPort: map[portKey]int{}, sliceOf: map[portKey]map[dataplane.Backend]string{}}}
 	if svc != nil {
 		ex.Service = svc.Namespace + "/" + svc.Name
 	}
@@ -132,8 +134,9 @@ type portKey struct {
 }
 
 type duplicateNote struct {
-	port            portKey
-	dropped, keptAt portEndpoint
+	port                      portKey
+	dropped, kept             portEndpoint
+	droppedSlice, keptInSlice string
 }
 
 func (ex *explainer) policies(svc *v1.Service) {
@@ -172,9 +175,28 @@ func (ex *explainer) rejectedEndpoint(slice string, e *discoveryv1.Endpoint, rea
 	ex.Rejected = append(ex.Rejected, EndpointNote{Slice: slice, Address: addr, Reason: reason})
 }
 
-// duplicate records that dropped lost to kept, a copy of the same ip:port.
-func (ex *explainer) duplicate(port string, proto dataplane.Protocol, dropped, kept portEndpoint) {
-	ex.dups = append(ex.dups, duplicateNote{port: portKey{port, proto}, dropped: dropped, keptAt: kept})
+// candidate records that the first copy of backend came from slice.
+func (ex *explainer) candidate(port string, proto dataplane.Protocol, backend dataplane.Backend, slice string) {
+	key := portKey{port, proto}
+	m := ex.sliceOf[key]
+	if m == nil {
+		m = map[dataplane.Backend]string{}
+		ex.sliceOf[key] = m
+	}
+	m[backend] = slice
+}
+
+// duplicate records a second copy (cand, from candSlice) of the ip:port of
+// cur; replace says the translation keeps cand instead of cur.
+func (ex *explainer) duplicate(port string, proto dataplane.Protocol, cand, cur portEndpoint, candSlice string, replace bool) {
+	key := portKey{port, proto}
+	curSlice := ex.sliceOf[key][cur.backend()]
+	d := duplicateNote{port: key, dropped: cand, droppedSlice: candSlice, kept: cur, keptInSlice: curSlice}
+	if replace {
+		d = duplicateNote{port: key, dropped: cur, droppedSlice: curSlice, kept: cand, keptInSlice: candSlice}
+		ex.sliceOf[key][cur.backend()] = candSlice
+	}
+	ex.dups = append(ex.dups, d)
 }
 
 // merged records the candidates of one Service port, per family, and
@@ -194,22 +216,22 @@ func (ex *explainer) merged(t *translation, port string, proto dataplane.Protoco
 				fe := FamilyExplanation{Family: fam.String(), Topology: "none", Cluster: []string{}, Local: []string{}}
 				for _, e := range eps {
 					why := "wrong address family: the Service has no " + fam.String() + " cluster IP"
-					fe.Endpoints = append(fe.Endpoints, decision(e, why, why))
+					fe.Endpoints = append(fe.Endpoints, decision(e, ex.sliceOf[key][e.backend()], why, why))
 				}
 				pe.Families = append(pe.Families, fe)
 			}
 			continue
 		}
-		pe.Families = append(pe.Families, explainFamily(fam, eps, t.node))
+		pe.Families = append(pe.Families, explainFamily(fam, eps, t.node, ex.sliceOf[key]))
 	}
 	for _, d := range ex.dups {
 		if d.port != key {
 			continue
 		}
-		why := fmt.Sprintf("duplicate of %s in %s, which is used instead", d.keptAt.backend().String(), d.keptAt.slice)
+		why := fmt.Sprintf("duplicate of %s in %s, which is used instead", d.kept.backend().String(), d.keptInSlice)
 		for i := range pe.Families {
 			if pe.Families[i].Family == familyOf(d.dropped.addr).String() {
-				pe.Families[i].Endpoints = append(pe.Families[i].Endpoints, decision(d.dropped, why, why))
+				pe.Families[i].Endpoints = append(pe.Families[i].Endpoints, decision(d.dropped, d.droppedSlice, why, why))
 			}
 		}
 	}
@@ -220,7 +242,7 @@ func (ex *explainer) merged(t *translation, port string, proto dataplane.Protoco
 // explainFamily decides the reason of every candidate of one family. Which
 // endpoint is in which set comes from categorize itself; only the words
 // for why not are chosen here, from the endpoint's conditions and hints.
-func explainFamily(fam family, eps []portEndpoint, node Node) FamilyExplanation {
+func explainFamily(fam family, eps []portEndpoint, node Node, sliceOf map[dataplane.Backend]string) FamilyExplanation {
 	sets := categorize(eps, node)
 	mode := topologyFromHints(eps, node)
 	anyReady, localReady := false, false
@@ -250,7 +272,7 @@ func explainFamily(fam family, eps []portEndpoint, node Node) FamilyExplanation 
 		default:
 			local = notUsed(e, localReady, noTopology, node)
 		}
-		fe.Endpoints = append(fe.Endpoints, decision(e, cluster, local))
+		fe.Endpoints = append(fe.Endpoints, decision(e, sliceOf[e.backend()], cluster, local))
 	}
 	return fe
 }
@@ -285,9 +307,9 @@ func (m topologyMode) String(node Node) string {
 	return "none"
 }
 
-func decision(e portEndpoint, cluster, local string) EndpointDecision {
+func decision(e portEndpoint, slice, cluster, local string) EndpointDecision {
 	return EndpointDecision{
-		Slice: e.slice, Backend: e.backend().String(), Node: e.nodeName,
+		Slice: slice, Backend: e.backend().String(), Node: e.nodeName,
 		Ready: e.ready, Serving: e.serving, Terminating: e.terminating,
 		Cluster: cluster, Local: local,
 	}

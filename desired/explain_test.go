@@ -151,3 +151,17 @@ func TestExplainSkippedService(t *testing.T) {
 		t.Errorf("Skipped = %q, want headless", ex.Skipped)
 	}
 }
+
+// Each decision names the slice its endpoint came from; a duplicate names
+// both copies' slices.
+func TestExplainNamesSlices(t *testing.T) {
+	sl := []*discoveryv1.EndpointSlice{
+		slice("s1", v4, httpPort, ep("10.1.0.1", onNode("node-b")), ep("10.1.0.2")),
+		slice("s2", v4, httpPort, ep("10.1.0.1", onNode("node-a"))),
+	}
+	_, _, ex := Explain(service(), sl, thisNode)
+	got := decisionsOf(t, ex)
+	if got["10.1.0.1:8080"].Slice != "ns/s2" || got["10.1.0.1:8080#dup"].Slice != "ns/s1" || got["10.1.0.2:8080"].Slice != "ns/s1" {
+		t.Errorf("slices of the decisions = %+v, want the used 10.1.0.1 from ns/s2, its duplicate and 10.1.0.2 from ns/s1", got)
+	}
+}
