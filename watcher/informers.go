@@ -325,16 +325,17 @@ func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTr
 	// and a resync would mark every Service dirty for nothing.
 	selector := proxiedSelector()
 	proxied := func(o *metav1.ListOptions) { o.LabelSelector = selector }
+	conn := newConnState(time.Now)
 	svcInformer := cache.NewSharedIndexInformer(
-		cache.NewFilteredListWatchFromClient(client.Core, "services", metav1.NamespaceAll, proxied),
+		conn.follow(cache.NewFilteredListWatchFromClient(client.Core, "services", metav1.NamespaceAll, proxied)),
 		&v1.Service{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	sliceInformer := cache.NewSharedIndexInformer(
-		cache.NewFilteredListWatchFromClient(client.Discovery, "endpointslices", metav1.NamespaceAll, proxied),
+		conn.follow(cache.NewFilteredListWatchFromClient(client.Discovery, "endpointslices", metav1.NamespaceAll, proxied)),
 		&discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
 	nodeInformer := cache.NewSharedIndexInformer(
-		cache.NewFilteredListWatchFromClient(client.Core, "nodes", metav1.NamespaceAll, func(o *metav1.ListOptions) {
+		conn.follow(cache.NewFilteredListWatchFromClient(client.Core, "nodes", metav1.NamespaceAll, func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		}),
+		})),
 		&v1.Node{}, 0, cache.Indexers{})
 	transform := cacheTransform(started)
 	for _, t := range []struct {
@@ -350,7 +351,7 @@ func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTr
 		informers: []cache.SharedIndexInformer{svcInformer, sliceInformer, nodeInformer},
 		services:  corelisters.NewServiceLister(svcInformer.GetIndexer()),
 		slices:    newSliceIndex(),
-		conn:      &connState{now: time.Now},
+		conn:      conn,
 	}
 
 	handlers := []struct {
@@ -362,9 +363,6 @@ func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTr
 		{nodeInformer, nodeHandler(tracker, node)},
 	}
 	for _, h := range handlers {
-		if err := h.informer.SetWatchErrorHandlerWithContext(a.conn.watchError); err != nil {
-			return nil, err
-		}
 		reg, err := h.informer.AddEventHandler(a.conn.observed(h.handler))
 		if err != nil {
 			return nil, err

@@ -2,9 +2,14 @@ package watcher
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -36,13 +41,13 @@ type SyncStatus struct {
 }
 
 // APIStatus is the state of the connection to the API server, as the
-// informers see it: a list or watch that failed makes it disconnected
-// until an event arrives again. A re-list after an error delivers every
-// object again (at least this node's Node), so a working connection shows
-// as connected within one list.
+// informers' list and watch calls see it: a call that failed, or a watch
+// call that has waited for the API server longer than apiWaitLimit (kpr's
+// client holds calls through a short outage, see apiclient), makes it
+// disconnected until a call succeeds again.
 type APIStatus struct {
 	Connected bool `json:"connected"`
-	// DisconnectedSince is the first failure of the current outage.
+	// DisconnectedSince is the start of the current outage.
 	DisconnectedSince *time.Time `json:"disconnectedSince,omitempty"`
 	LastError         string     `json:"lastError,omitempty"`
 	LastErrorAt       *time.Time `json:"lastErrorAt,omitempty"`
@@ -51,6 +56,11 @@ type APIStatus struct {
 	// LastEvent far behind while Services change is how that shows.
 	LastEvent *time.Time `json:"lastEvent,omitempty"`
 }
+
+// apiWaitLimit is how long a watch call may wait for its response before
+// Status counts the API server as unreachable. A watch answers as soon as
+// the server accepts it, in milliseconds.
+const apiWaitLimit = 3 * time.Second
 
 // recentFailures is how many failed syncs Status keeps.
 const recentFailures = 5
@@ -105,44 +115,107 @@ func (r *runner) status() Status {
 	return st
 }
 
-// connState follows the informers' list and watch errors and events.
+// connState follows the informers' list and watch calls and events.
 type connState struct {
 	now func() time.Time
 
-	mu                 sync.Mutex
-	lastError          string
-	lastErrorAt, since time.Time // since: first error of the current outage
-	lastEvent          time.Time
+	mu        sync.Mutex
+	lastError string
+	// lastErrorAt is the last failed call, failingSince the first of the
+	// current outage (zero while calls succeed).
+	lastErrorAt, failingSince time.Time
+	lastEvent                 time.Time
+	// waiting holds the start of every watch call under way.
+	waiting map[uint64]time.Time
+	nextID  uint64
 }
 
-// watchError is every informer's WatchErrorHandler: it records the
-// failure and then logs it as client-go would by default.
-func (c *connState) watchError(ctx context.Context, r *cache.Reflector, err error) {
+func newConnState(now func() time.Time) *connState {
+	return &connState{now: now, waiting: map[uint64]time.Time{}}
+}
+
+// follow makes lw report its calls to c, and returns it. It changes the
+// functions in place, so that whatever else client-go knows about lw
+// still holds.
+func (c *connState) follow(lw *cache.ListWatch) *cache.ListWatch {
+	list, watchFn := lw.ListWithContextFunc, lw.WatchFuncWithContext
+	lw.ListWithContextFunc = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		obj, err := list(ctx, o)
+		c.done(err)
+		return obj, err
+	}
+	lw.WatchFuncWithContext = func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		id := c.start()
+		w, err := watchFn(ctx, o)
+		c.finish(id)
+		c.done(err)
+		return w, err
+	}
+	lw.ListFunc = func(o metav1.ListOptions) (runtime.Object, error) {
+		return lw.ListWithContextFunc(context.Background(), o)
+	}
+	lw.WatchFunc = func(o metav1.ListOptions) (watch.Interface, error) {
+		return lw.WatchFuncWithContext(context.Background(), o)
+	}
+	return lw
+}
+
+func (c *connState) start() uint64 {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nextID++
+	c.waiting[c.nextID] = c.now()
+	return c.nextID
+}
+
+func (c *connState) finish(id uint64) {
+	c.mu.Lock()
+	delete(c.waiting, id)
+	c.mu.Unlock()
+}
+
+// done records the outcome of a list or watch call. A canceled call (kpr
+// stopping) says nothing about the API server.
+func (c *connState) done(err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		c.failingSince = time.Time{}
+		return
+	}
 	now := c.now()
-	if c.since.IsZero() {
-		c.since = now
+	if c.failingSince.IsZero() {
+		c.failingSince = now
 	}
 	c.lastError, c.lastErrorAt = err.Error(), now
-	c.mu.Unlock()
-	cache.DefaultWatchErrorHandler(ctx, r, err)
 }
 
-// event records that an informer delivered an object: the API is there.
+// event records that an informer delivered an object.
 func (c *connState) event() {
 	c.mu.Lock()
 	c.lastEvent = c.now()
-	c.since = time.Time{}
 	c.mu.Unlock()
 }
 
 func (c *connState) status() APIStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := APIStatus{Connected: c.since.IsZero(), LastError: c.lastError}
-	if !c.since.IsZero() {
-		since := c.since
+	now := c.now()
+	since := c.failingSince
+	for _, started := range c.waiting {
+		if now.Sub(started) >= apiWaitLimit && (since.IsZero() || started.Before(since)) {
+			since = started
+		}
+	}
+	st := APIStatus{Connected: since.IsZero(), LastError: c.lastError}
+	if !since.IsZero() {
 		st.DisconnectedSince = &since
+		if c.failingSince.IsZero() || since.Before(c.failingSince) {
+			st.LastError = fmt.Sprintf("a watch call has waited for the API server for %s", now.Sub(since).Round(time.Second))
+		}
 	}
 	if !c.lastErrorAt.IsZero() {
 		at := c.lastErrorAt

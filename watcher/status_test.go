@@ -8,6 +8,9 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -27,22 +30,60 @@ func TestStatusReportsSuccessesAndRecentFailures(t *testing.T) {
 	}
 }
 
-func TestConnStateFollowsWatchErrorsAndEvents(t *testing.T) {
+func TestConnStateFollowsListAndWatchCalls(t *testing.T) {
 	now := time.Unix(1000, 0)
-	c := &connState{now: func() time.Time { return now }}
-	r := cache.NewReflector(&cache.ListWatch{}, &v1.Service{}, cache.NewStore(cache.MetaNamespaceKeyFunc), 0)
-	if st := c.status(); !st.Connected {
-		t.Fatalf("fresh state = %+v, want connected", st)
+	c := newConnState(func() time.Time { return now })
+	var listErr, watchErr error
+	release := make(chan struct{})
+	lw := c.follow(&cache.ListWatch{
+		ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) { return &v1.ServiceList{}, listErr },
+		WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+			<-release
+			return watch.NewFake(), watchErr
+		},
+	})
+	if _, err := lw.List(metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
 	}
-	c.watchError(context.Background(), r, errors.New("connection refused"))
+	if st := c.status(); !st.Connected {
+		t.Fatalf("after a good list: %+v, want connected", st)
+	}
+
+	// A watch held by the client while the API server is away.
+	done := make(chan struct{})
+	go func() { _, _ = lw.Watch(metav1.ListOptions{}); close(done) }()
+	waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return len(c.waiting) == 1 })
+	if st := c.status(); !st.Connected {
+		t.Errorf("a watch waiting for 0s: %+v, want still connected", st)
+	}
+	now = now.Add(10 * time.Second)
+	if st := c.status(); st.Connected || st.DisconnectedSince == nil || !st.DisconnectedSince.Equal(time.Unix(1000, 0)) || !strings.Contains(st.LastError, "waited for the API server") {
+		t.Errorf("a watch waiting for 10s: %+v, want disconnected since it started", st)
+	}
+	watchErr = errors.New("connection refused")
+	close(release)
+	<-done
 	now = now.Add(time.Minute)
-	c.watchError(context.Background(), r, errors.New("connection refused again"))
-	st := c.status()
-	if st.Connected || st.DisconnectedSince == nil || !st.DisconnectedSince.Equal(time.Unix(1000, 0)) || st.LastError != "connection refused again" {
-		t.Errorf("after two errors: %+v, want disconnected since the first, with the last error", st)
+	if st := c.status(); st.Connected || !st.DisconnectedSince.Equal(time.Unix(1010, 0)) || st.LastError != "connection refused" {
+		t.Errorf("after the watch failed: %+v, want disconnected since the failure, with its error", st)
+	}
+
+	if _, err := lw.List(metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	c.event()
-	if st := c.status(); !st.Connected || st.LastEvent == nil || st.LastError == "" {
-		t.Errorf("after an event: %+v, want connected, the old error kept for reference", st)
+	if st := c.status(); !st.Connected || st.LastEvent == nil || st.LastErrorAt == nil {
+		t.Errorf("after a good list: %+v, want connected, the old error kept for reference", st)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -155,6 +155,7 @@ func TestExplain(t *testing.T) {
 		{"explain-affinity", testExplainAffinity},
 		{"explain-deleted-entry", testExplainDeletedEntry},
 		{"status", testStatus},
+		{"status-api-outage", testStatusAPIOutage},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			sc.run(t, f, f.namespace(t, sc.name))

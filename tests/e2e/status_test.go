@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,9 @@ type statusResult struct {
 				At time.Time `json:"at"`
 			} `json:"lastSuccessfulSync"`
 			API struct {
-				Connected bool `json:"connected"`
+				Connected         bool       `json:"connected"`
+				DisconnectedSince *time.Time `json:"disconnectedSince"`
+				LastError         string     `json:"lastError"`
 			} `json:"api"`
 		} `json:"watcher"`
 	} `json:"daemon"`
@@ -100,4 +103,42 @@ func testStatus(t *testing.T, f *fixture, _ string) {
 		t.Fatal(err)
 	}
 	f.waitHealthy()
+}
+
+// testStatusAPIOutage: with the API server stopped, `kpr status` says the
+// API is not connected, since when and why, within seconds (while kpr's
+// client still holds its watch calls through the outage); once the API
+// server is back it says connected again.
+func testStatusAPIOutage(t *testing.T, f *fixture, _ string) {
+	stopped := time.Now() // the server goes while StopAPIServer runs
+	if err := f.cluster.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	defer func() {
+		if !restarted {
+			_ = f.cluster.StartAPIServer()
+		}
+	}()
+	waitUntil(t, 15*time.Second, "kpr status reports the API disconnected", func() error {
+		api := f.status(t).Daemon.Watcher.API
+		if api.Connected || api.DisconnectedSince == nil || api.LastError == "" {
+			return fmt.Errorf("api %+v", api)
+		}
+		if api.DisconnectedSince.Before(stopped) {
+			return fmt.Errorf("disconnected since %s, before the API server stopped at %s", api.DisconnectedSince, stopped)
+		}
+		return nil
+	})
+	t.Logf("status reported the API disconnected %s after it stopped", time.Since(stopped).Round(time.Second))
+	if err := f.cluster.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	waitUntil(t, 60*time.Second, "kpr status reports the API connected again", func() error {
+		if api := f.status(t).Daemon.Watcher.API; !api.Connected {
+			return fmt.Errorf("api %+v", api)
+		}
+		return nil
+	})
 }
