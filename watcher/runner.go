@@ -30,6 +30,9 @@ type SyncResult struct {
 	// upTo is the number of changes queued before this sync read the
 	// caches (see changeTracker.queuedSoFar).
 	upTo uint64
+	// pending names the changed Services a failed sync leaves queued,
+	// for its error line.
+	pending []zap.Field
 }
 
 // runner is the bounded-frequency sync loop. Changes are coalesced: a sync
@@ -111,8 +114,8 @@ func (r *runner) run(ctx context.Context) {
 			lastStart, lastEnd = res.Start, res.End
 			if res.Err != nil {
 				backoff = r.nextBackoff(backoff)
-				r.log.Error("Syncing the dataplane failed; the changes stay queued and will be retried",
-					zap.Bool("full", res.Full), zap.Duration("retryIn", backoff), zap.Error(res.Err))
+				r.log.Error("Syncing the dataplane failed; the changes stay queued and will be retried (kpr status shows recent failures)",
+					append(res.pending, zap.Bool("full", res.Full), zap.Duration("retryIn", backoff), zap.Error(res.Err))...)
 				continue
 			}
 			backoff = 0
@@ -216,6 +219,7 @@ func (r *runner) syncOnce(full bool) SyncResult {
 	r.mu.Unlock()
 	if res.Err != nil {
 		r.metrics.SyncFailuresTotal.Inc()
+		res.pending = changedServices(cs).nameFields()
 		r.tracker.putBack(cs)
 	} else {
 		r.synced(cs, res, written)

@@ -70,13 +70,19 @@ func (w *writeSummary) merge(o writeSummary) {
 	w.frontends += o.frontends
 }
 
-// fields are the summary's log fields: the Service names sorted, at most
-// maxLoggedServices of them.
+// fields are the summary's log fields.
 func (w writeSummary) fields() []zap.Field {
 	if w.reconciled {
 		return []zap.Field{zap.Int("servicesReconciled", w.reconciledServices),
 			zap.Int("servicePortsWritten", w.servicePorts), zap.Int("frontendsWritten", w.frontends)}
 	}
+	return append(w.nameFields(), zap.Int("servicePortsWritten", w.servicePorts),
+		zap.Int("servicePortsDeleted", w.deleted), zap.Int("frontendsWritten", w.frontends))
+}
+
+// nameFields are the Services' count and names, sorted, at most
+// maxLoggedServices of them.
+func (w writeSummary) nameFields() []zap.Field {
 	names := make([]string, 0, len(w.services))
 	for key := range w.services {
 		names = append(names, key.String())
@@ -87,14 +93,22 @@ func (w writeSummary) fields() []zap.Field {
 		names = names[:maxLoggedServices]
 		fields = append(fields, zap.Bool("servicesTruncated", true))
 	}
-	return append(fields, zap.Strings("services", names),
-		zap.Int("servicePortsWritten", w.servicePorts), zap.Int("servicePortsDeleted", w.deleted),
-		zap.Int("frontendsWritten", w.frontends))
+	return append(fields, zap.Strings("services", names))
 }
 
 // takeWritten returns what was handed to the dataplane since the last call.
 func (s *syncer) takeWritten() writeSummary {
 	w := s.written
 	s.written = writeSummary{}
+	return w
+}
+
+// changedServices is the summary of a change set's Services, for the
+// error line of a sync that could not write them.
+func changedServices(cs changeSet) writeSummary {
+	w := writeSummary{services: make(map[serviceName]bool, len(cs.services))}
+	for key := range cs.services {
+		w.services[key] = true
+	}
 	return w
 }

@@ -42,3 +42,18 @@ func TestEverySyncLogsOneSummaryLine(t *testing.T) {
 		t.Errorf("summary has no took field: %v", f)
 	}
 }
+
+// A failed sync's error line names the Services whose changes it leaves
+// queued.
+func TestFailedSyncNamesItsServices(t *testing.T) {
+	h := newHarness(t, harnessOptions{failFirstCalls: 1})
+	h.putService("a", "10.96.0.1")
+	h.start()
+	const msg = "Syncing the dataplane failed; the changes stay queued and will be retried (kpr status shows recent failures)"
+	waitFor(t, func() bool { return h.logs.FilterMessage(msg).Len() > 0 })
+	f := h.logs.FilterMessage(msg).All()[0].ContextMap()
+	names, _ := f["services"].([]interface{})
+	if f["servicesChanged"] != int64(1) || len(names) != 1 || names[0] != testNamespace+"/a" || f["error"] == nil {
+		t.Errorf("failure line = %v, want Service a named, and the error", f)
+	}
+}
