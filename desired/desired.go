@@ -124,10 +124,16 @@ func SliceServiceName(slice *discoveryv1.EndpointSlice) (key types.NamespacedNam
 // port) so that equal inputs give equal outputs. facts[i] describes
 // ports[i], for the metrics.
 func Translate(svc *v1.Service, slices []*discoveryv1.EndpointSlice, node Node) (ports []dataplane.ServicePort, facts []PortFacts, problems []Problem) {
+	return translate(svc, slices, node, nil)
+}
+
+// translate is Translate; ex, when not nil, records why each endpoint is
+// used or left out (see Explain). nil costs nothing.
+func translate(svc *v1.Service, slices []*discoveryv1.EndpointSlice, node Node, ex *explainer) (ports []dataplane.ServicePort, facts []PortFacts, problems []Problem) {
 	if skip, _ := SkipService(svc); skip {
 		return nil, nil, nil
 	}
-	t := translation{svc: svc, node: node, svcObject: svc.Namespace + "/" + svc.Name}
+	t := translation{svc: svc, node: node, svcObject: svc.Namespace + "/" + svc.Name, explain: ex}
 	t.families = t.serviceFamilies()
 	t.servicePolicies()
 	t.frontendAddrs()
@@ -153,6 +159,9 @@ type translation struct {
 
 	slices   []parsedSlice
 	problems []Problem
+
+	// explain, when not nil, collects the decisions Explain reports.
+	explain *explainer
 }
 
 func (t *translation) problem(object, reason string) {

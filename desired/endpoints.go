@@ -14,6 +14,7 @@ import (
 // parsedSlice is the part of an EndpointSlice the translation uses, already
 // validated: every port and endpoint in it is usable.
 type parsedSlice struct {
+	name      string // namespace/name, for Explain
 	family    family
 	ports     []slicePort
 	endpoints []endpoint
@@ -54,7 +55,10 @@ func (e portEndpoint) backend() dataplane.Backend {
 func (t *translation) parseSlices(in []*discoveryv1.EndpointSlice) []parsedSlice {
 	var mine []*discoveryv1.EndpointSlice
 	for _, s := range in {
-		if skip, _ := SkipSlice(s); skip {
+		if skip, why := SkipSlice(s); skip {
+			if t.explain != nil {
+				t.explain.skippedSlice(t, s, why)
+			}
 			continue
 		}
 		key, _ := SliceServiceName(s)
@@ -77,7 +81,7 @@ func sliceObject(s *discoveryv1.EndpointSlice) string { return s.Namespace + "/"
 
 func (t *translation) parseSlice(s *discoveryv1.EndpointSlice) parsedSlice {
 	obj := sliceObject(s)
-	ps := parsedSlice{family: ipv4}
+	ps := parsedSlice{name: obj, family: ipv4}
 	if s.AddressType == discoveryv1.AddressTypeIPv6 {
 		ps.family = ipv6
 	}
@@ -112,6 +116,8 @@ func (t *translation) parseSlice(s *discoveryv1.EndpointSlice) parsedSlice {
 	for i := range s.Endpoints {
 		if ep, ok := t.parseEndpoint(obj, ps.family, &s.Endpoints[i]); ok {
 			ps.endpoints = append(ps.endpoints, ep)
+		} else if t.explain != nil {
+			t.explain.rejectedEndpoint(obj, &s.Endpoints[i], t.problems[len(t.problems)-1].Reason)
 		}
 	}
 	return ps
@@ -180,15 +186,26 @@ func (t *translation) endpointsFor(portName string, proto dataplane.Protocol) ma
 				pe := portEndpoint{endpoint: ep, port: p.port}
 				key := pe.backend()
 				if at, dup := index[key]; dup {
-					if prev := &out[s.family][at]; t.preferred(pe, *prev) {
+					prev := &out[s.family][at]
+					replace := t.preferred(pe, *prev)
+					if t.explain != nil {
+						t.explain.duplicate(portName, proto, pe, *prev, s.name, replace)
+					}
+					if replace {
 						*prev = pe
 					}
 					continue
+				}
+				if t.explain != nil {
+					t.explain.candidate(portName, proto, key, s.name)
 				}
 				index[key] = len(out[s.family])
 				out[s.family] = append(out[s.family], pe)
 			}
 		}
+	}
+	if t.explain != nil {
+		t.explain.merged(t, portName, proto, out)
 	}
 	return out
 }

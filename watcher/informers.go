@@ -30,6 +30,8 @@ type apiObjects struct {
 	services  corelisters.ServiceLister
 	slices    *sliceIndex
 	synced    []cache.InformerSynced
+	// conn follows the connection to the API server, for Status.
+	conn *connState
 }
 
 // sliceIndex finds the EndpointSlices of a Service without a scan. The
@@ -323,16 +325,17 @@ func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTr
 	// and a resync would mark every Service dirty for nothing.
 	selector := proxiedSelector()
 	proxied := func(o *metav1.ListOptions) { o.LabelSelector = selector }
+	conn := newConnState(time.Now)
 	svcInformer := cache.NewSharedIndexInformer(
-		cache.NewFilteredListWatchFromClient(client.Core, "services", metav1.NamespaceAll, proxied),
+		conn.follow(cache.NewFilteredListWatchFromClient(client.Core, "services", metav1.NamespaceAll, proxied)),
 		&v1.Service{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	sliceInformer := cache.NewSharedIndexInformer(
-		cache.NewFilteredListWatchFromClient(client.Discovery, "endpointslices", metav1.NamespaceAll, proxied),
+		conn.follow(cache.NewFilteredListWatchFromClient(client.Discovery, "endpointslices", metav1.NamespaceAll, proxied)),
 		&discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
 	nodeInformer := cache.NewSharedIndexInformer(
-		cache.NewFilteredListWatchFromClient(client.Core, "nodes", metav1.NamespaceAll, func(o *metav1.ListOptions) {
+		conn.follow(cache.NewFilteredListWatchFromClient(client.Core, "nodes", metav1.NamespaceAll, func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		}),
+		})),
 		&v1.Node{}, 0, cache.Indexers{})
 	transform := cacheTransform(started)
 	for _, t := range []struct {
@@ -348,6 +351,7 @@ func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTr
 		informers: []cache.SharedIndexInformer{svcInformer, sliceInformer, nodeInformer},
 		services:  corelisters.NewServiceLister(svcInformer.GetIndexer()),
 		slices:    newSliceIndex(),
+		conn:      conn,
 	}
 
 	handlers := []struct {
@@ -359,7 +363,7 @@ func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTr
 		{nodeInformer, nodeHandler(tracker, node)},
 	}
 	for _, h := range handlers {
-		reg, err := h.informer.AddEventHandler(h.handler)
+		reg, err := h.informer.AddEventHandler(a.conn.observed(h.handler))
 		if err != nil {
 			return nil, err
 		}

@@ -30,6 +30,9 @@ type SyncResult struct {
 	// upTo is the number of changes queued before this sync read the
 	// caches (see changeTracker.queuedSoFar).
 	upTo uint64
+	// pending names the changed Services a failed sync leaves queued,
+	// for its error line.
+	pending []zap.Field
 }
 
 // runner is the bounded-frequency sync loop. Changes are coalesced: a sync
@@ -55,8 +58,9 @@ type runner struct {
 	firstSync     chan struct{}
 	firstSyncOnce sync.Once
 
-	mu   sync.Mutex
-	last SyncResult
+	mu      sync.Mutex
+	last    SyncResult
+	history syncHistory
 }
 
 // Retry backoff after a failed sync; the cap is lowered to syncPeriod when
@@ -110,8 +114,8 @@ func (r *runner) run(ctx context.Context) {
 			lastStart, lastEnd = res.Start, res.End
 			if res.Err != nil {
 				backoff = r.nextBackoff(backoff)
-				r.log.Error("Syncing the dataplane failed; the changes stay queued and will be retried",
-					zap.Bool("full", res.Full), zap.Duration("retryIn", backoff), zap.Error(res.Err))
+				r.log.Error("Syncing the dataplane failed; the changes stay queued and will be retried (kpr status shows recent failures)",
+					append(res.pending, zap.Bool("full", res.Full), zap.Duration("retryIn", backoff), zap.Error(res.Err))...)
 				continue
 			}
 			backoff = 0
@@ -173,12 +177,13 @@ func (r *runner) passStep(p *pass) (SyncResult, bool) {
 		r.metrics.SyncProxyRulesDuration.Observe(p.busy.Seconds())
 		r.mu.Lock()
 		r.last = res
+		r.history.record(res)
 		r.mu.Unlock()
 	}
 	if res.Full {
 		r.log.Debug("Periodic full reconcile done in steps", zap.Int("steps", p.steps),
 			zap.Duration("longestStep", p.longest), zap.Duration("busy", p.busy))
-		r.synced(changeSet{}, res)
+		r.synced(changeSet{}, res, p.written)
 	}
 	if (res.Full || err != nil) && r.onSync != nil {
 		r.onSync(res)
@@ -205,16 +210,19 @@ func (r *runner) syncOnce(full bool) SyncResult {
 	}
 	res.End = r.now()
 	res.Busy = res.End.Sub(res.Start)
+	written := r.syncer.takeWritten()
 	r.metrics.SyncProxyRulesDuration.Observe(res.Busy.Seconds())
 
 	r.mu.Lock()
 	r.last = res
+	r.history.record(res)
 	r.mu.Unlock()
 	if res.Err != nil {
 		r.metrics.SyncFailuresTotal.Inc()
+		res.pending = changedServices(cs).nameFields()
 		r.tracker.putBack(cs)
 	} else {
-		r.synced(cs, res)
+		r.synced(cs, res, written)
 	}
 	if r.onSync != nil {
 		r.onSync(res)
@@ -222,8 +230,9 @@ func (r *runner) syncOnce(full bool) SyncResult {
 	return res
 }
 
-// synced publishes a successful sync to metrics and health.
-func (r *runner) synced(cs changeSet, res SyncResult) {
+// synced publishes a successful sync to metrics, health and the log,
+// where one info line sums up what it wrote (w).
+func (r *runner) synced(cs changeSet, res SyncResult, w writeSummary) {
 	r.metrics.SyncProxyRulesLastTimestamp.Set(float64(res.End.UnixNano()) / 1e9)
 	r.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyInternal).Set(float64(r.syncer.noLocalTotal.internal))
 	r.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyExternal).Set(float64(r.syncer.noLocalTotal.external))
@@ -249,8 +258,8 @@ func (r *runner) synced(cs changeSet, res SyncResult) {
 			close(r.firstSync)
 		})
 	}
-	r.log.Debug("Synced the dataplane", zap.Bool("full", res.Full),
-		zap.Int("servicePorts", res.ServicePorts), zap.Duration("took", res.End.Sub(res.Start)), zap.Duration("busy", res.Busy))
+	r.log.Info("Synced the dataplane", append(w.fields(), zap.Bool("full", res.Full),
+		zap.Duration("took", res.End.Sub(res.Start)), zap.Duration("busy", res.Busy))...)
 }
 
 // lastSync returns the result of the most recent sync attempt.

@@ -115,6 +115,9 @@ type syncer struct {
 	// claims gives each frontend to one ServicePort before the dataplane
 	// sees them (the contract: no two ServicePorts share a frontend).
 	claims *dataplane.Claims
+
+	// written sums up what the dataplane took since takeWritten.
+	written writeSummary
 }
 
 // appliedState is what the dataplane holds for one Service.
@@ -214,6 +217,7 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("apply %d changed service ports: %w", len(changes), err)
 		}
+		s.written.add(changes)
 	}
 	for key, c := range next {
 		s.commit(key, c)
@@ -243,6 +247,7 @@ func (s *syncer) full() (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("reconcile all %d service ports: %w", len(all), err)
 	}
+	s.written.addAll(all)
 	for key := range s.applied {
 		if _, ok := next[key]; !ok {
 			s.commit(key, computed{})
@@ -286,6 +291,7 @@ type pass struct {
 	// ports counts the ServicePorts the pass applied; busy is the time
 	// its steps took, longest the longest of them.
 	ports         int
+	written       writeSummary
 	steps         int
 	busy, longest time.Duration
 }
@@ -337,6 +343,7 @@ func (s *syncer) step(p *pass) (done, held bool, err error) {
 		}
 		n, err := s.partial(cs)
 		p.ports += n
+		p.written.merge(s.takeWritten())
 		if err != nil {
 			return true, false, err
 		}

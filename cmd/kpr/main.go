@@ -42,7 +42,8 @@ func newRootCommandFor(g *globalFlags, f *runFlags) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.bpfRoot, "bpf-root", loader.DefaultBPFRoot, "bpffs directory holding kpr's pinned maps and links")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "json", "log format: json or console")
-	root.AddCommand(newRunCommand(g, f), newDumpCommand(g), newProbeCommand(), newCleanupCommand(g))
+	root.AddCommand(newRunCommand(g, f), newDumpCommand(g), newProbeCommand(), newCleanupCommand(g),
+		newStatusCommand(g), newExplainCommand(g))
 	return root
 }
 

@@ -180,8 +180,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 	log.Info("dataplane selected", zap.String("mode", f.mode), zap.String("backend", string(chosen.backend)),
 		zap.String("reason", chosen.reason))
-	client, err := apiclient.New(apiclient.Connection{Kubeconfig: f.kubeconfig, Master: f.kubeProxy.master,
-		QPS: f.kubeProxy.qps, Burst: int(f.kubeProxy.burst), ContentType: f.kubeProxy.contentType})
+	client, err := apiclient.New(f.apiConnection())
 	if err != nil {
 		return err
 	}
@@ -212,7 +211,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		group.Go(func() error { return hs.Run(ctx) })
 	}
 	if f.metricsAddr != "" {
-		handler := metricsHandler(m, chosen, f.profiling)
+		handler := withStatusz(metricsHandler(m, chosen, f.profiling), chosen, report, w)
 		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, handler) })
 	}
 	group.Go(func() error { return svcHealth.Run(ctx) })
@@ -224,6 +223,13 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 	log.Info("kpr stopped; the dataplane stays in place (kpr cleanup removes it)")
 	return err
+}
+
+// apiConnection says how to reach the API server, from kpr's and
+// kube-proxy's flags.
+func (f *runFlags) apiConnection() apiclient.Connection {
+	return apiclient.Connection{Kubeconfig: f.kubeconfig, Master: f.kubeProxy.master,
+		QPS: f.kubeProxy.qps, Burst: int(f.kubeProxy.burst), ContentType: f.kubeProxy.contentType}
 }
 
 func (f *runFlags) watcherConfig() (watcher.Config, error) {

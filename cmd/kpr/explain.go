@@ -1,0 +1,344 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/kpr-io/kpr/apiclient"
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/ebpfplane"
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/maps"
+)
+
+// explainFlags are the flags of `kpr explain`: the ones of `kpr run` that
+// change the translation, so that explain translates as the daemon does.
+type explainFlags struct {
+	run    runFlags
+	output string
+}
+
+func newExplainCommand(g *globalFlags) *cobra.Command {
+	f := &explainFlags{}
+	cmd := &cobra.Command{
+		Use:   "explain <namespace/name[:port]> | <address:port>",
+		Short: "Explain where a Service goes on this node, and why: every endpoint used or left out, the backends per frontend, and what the maps hold",
+		Long: "explain reads the Service, its EndpointSlices and this node's Node from the API and translates them with the code " +
+			"`kpr run` uses, recording why each endpoint is used or left out. It then compares the result with the pinned BPF maps " +
+			"under --bpf-root and names every difference. Pass the same --hostname-override, --nodeport-addresses and " +
+			"--external-ips as the daemon.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.output != "table" && f.output != "json" {
+				return fmt.Errorf("--output %q: want table or json", f.output)
+			}
+			f.run.syncPeriod = time.Second // not used; watcherConfig insists on one
+			cfg, err := f.run.watcherConfig()
+			if err != nil {
+				return err
+			}
+			client, err := apiclient.New(f.run.apiConnection())
+			if err != nil {
+				return err
+			}
+			res, err := explain(cmd.Context(), client, g.bpfRoot, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			writeExplain(cmd.OutOrStdout(), res)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.output, "output", "o", "table", "output format: table or json")
+	fl.StringVar(&f.run.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster config")
+	fl.StringVar(&f.run.hostnameOverride, "hostname-override", "", "this node's name in the API, as given to kpr run; default: the hostname")
+	fl.StringSliceVar(&f.run.nodePortAddresses, "nodeport-addresses", nil, "as given to kpr run")
+	fl.StringVar(&f.run.externalIPs, "external-ips", "all", "as given to kpr run")
+	return cmd
+}
+
+// explainOutput is `kpr explain -o json`.
+type explainOutput struct {
+	Node        string               `json:"node"`
+	Explanation *desired.Explanation `json:"explanation"`
+	Problems    []string             `json:"problems,omitempty"`
+	// Maps is what the pinned maps hold for each frontend and scope.
+	Maps []mapEntryCheck `json:"maps"`
+	// MapsError says why the maps could not be read (no eBPF dataplane).
+	MapsError string `json:"mapsError,omitempty"`
+	// Divergences name every difference between the translation and the
+	// maps; empty when the dataplane holds what kpr wants.
+	Divergences []string `json:"divergences"`
+}
+
+// mapEntryCheck is one frontend and scope: what kpr wants in the maps
+// and what is there.
+type mapEntryCheck struct {
+	Frontend string   `json:"frontend"`
+	Scope    string   `json:"scope"`
+	Want     []string `json:"want"`
+	Have     []string `json:"have"`
+	Present  bool     `json:"present"`
+	Matches  bool     `json:"matches"`
+}
+
+// target is what the user asked about: a Service (and maybe one port) or
+// a frontend address.
+type target struct {
+	namespace, name, port string
+	frontend              netip.AddrPort
+}
+
+func parseTarget(s string) (target, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return target{frontend: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}, nil
+	}
+	ns, rest, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || rest == "" {
+		return target{}, fmt.Errorf("%q: want namespace/name[:port] or address:port", s)
+	}
+	name, port, _ := strings.Cut(rest, ":")
+	return target{namespace: ns, name: name, port: port}, nil
+}
+
+func explain(ctx context.Context, client *apiclient.Clients, bpfRoot string, nodeCfg desired.NodeConfig, nodeName, arg string) (*explainOutput, error) {
+	tgt, err := parseTarget(arg)
+	if err != nil {
+		return nil, err
+	}
+	var nodeObj v1.Node
+	if err := client.Core.Get().Resource("nodes").Name(nodeName).Do(ctx).Into(&nodeObj); err != nil {
+		return nil, fmt.Errorf("get Node %s (set --hostname-override to the daemon's node name): %w", nodeName, err)
+	}
+	node := desired.NewNode(nodeName, &nodeObj, nodeCfg)
+
+	var svc *v1.Service
+	if tgt.frontend.IsValid() {
+		if svc, tgt.port, err = serviceAt(ctx, client, node, tgt.frontend); err != nil {
+			return nil, err
+		}
+	} else {
+		svc = &v1.Service{}
+		if err := client.Core.Get().Namespace(tgt.namespace).Resource("services").Name(tgt.name).Do(ctx).Into(svc); err != nil {
+			return nil, fmt.Errorf("get Service %s/%s: %w", tgt.namespace, tgt.name, err)
+		}
+	}
+	var list discoveryv1.EndpointSliceList
+	if err := client.Discovery.Get().Namespace(svc.Namespace).Resource("endpointslices").
+		Param("labelSelector", discoveryv1.LabelServiceName+"="+svc.Name).Do(ctx).Into(&list); err != nil {
+		return nil, fmt.Errorf("list the EndpointSlices of %s/%s: %w", svc.Namespace, svc.Name, err)
+	}
+	eps := make([]*discoveryv1.EndpointSlice, len(list.Items))
+	for i := range list.Items {
+		eps[i] = &list.Items[i]
+	}
+
+	ports, problems, ex := desired.Explain(svc, eps, node)
+	if tgt.port != "" {
+		ports = slices.DeleteFunc(ports, func(sp dataplane.ServicePort) bool { return sp.Name.Port != tgt.port })
+		ex.Ports = slices.DeleteFunc(ex.Ports, func(p desired.PortExplanation) bool { return p.Port != tgt.port })
+		if len(ports) == 0 && ex.Skipped == "" {
+			return nil, fmt.Errorf("Service %s/%s has no port named %q that kpr serves", svc.Namespace, svc.Name, tgt.port)
+		}
+	}
+	out := &explainOutput{Node: nodeName, Explanation: ex, Maps: []mapEntryCheck{}, Divergences: []string{}}
+	for _, p := range problems {
+		out.Problems = append(out.Problems, p.String())
+	}
+	if err := compareMaps(out, bpfRoot, ports); err != nil {
+		out.MapsError = err.Error()
+	}
+	return out, nil
+}
+
+// serviceAt finds the Service with a frontend at ap on this node, by
+// translating every Service's frontends (no endpoints needed for those).
+func serviceAt(ctx context.Context, client *apiclient.Clients, node desired.Node, ap netip.AddrPort) (*v1.Service, string, error) {
+	var list v1.ServiceList
+	if err := client.Core.Get().Resource("services").Do(ctx).Into(&list); err != nil {
+		return nil, "", fmt.Errorf("list Services to find the one at %s: %w", ap, err)
+	}
+	for i := range list.Items {
+		ports, _, _ := desired.Translate(&list.Items[i], nil, node)
+		for _, sp := range ports {
+			for _, fe := range sp.Frontends {
+				if fe.ID().Addr == ap.Addr() && fe.Port == ap.Port() {
+					return &list.Items[i], sp.Name.Port, nil
+				}
+			}
+		}
+	}
+	return nil, "", fmt.Errorf("no Service has a frontend at %s on node %s", ap, node.Name)
+}
+
+// compareMaps fills in what the pinned maps hold for ports, entry by entry
+// as the eBPF backend writes them, and every divergence.
+func compareMaps(out *explainOutput, bpfRoot string, ports []dataplane.ServicePort) error {
+	pinned, err := loader.OpenPinnedMaps(bpfRoot)
+	if err != nil {
+		return fmt.Errorf("no eBPF maps to compare with (iptables mode, or kpr never ran here): %w", err)
+	}
+	defer pinned.Close()
+	lb, err := maps.OpenReadOnly(pinned)
+	if err != nil {
+		return err
+	}
+	for i := range ports {
+		for _, want := range ebpfplane.Entries(&ports[i]) {
+			c := mapEntryCheck{Frontend: want.VIP.String(), Scope: want.Scope.String(), Want: backendList(want.Backends), Have: []string{}}
+			have, ok := lb.Get(want.VIPKey)
+			c.Present = ok
+			c.Matches = lb.Matches(want)
+			if ok {
+				c.Have = backendList(have.Backends)
+			}
+			switch {
+			case !ok:
+				out.Divergences = append(out.Divergences, fmt.Sprintf("%s %s scope: missing from the service map (deleted by hand, refused as map full, or not synced yet); "+
+					"connections to it are not translated. The next full reconcile rewrites it.", c.Frontend, c.Scope))
+			case !c.Matches:
+				out.Divergences = append(out.Divergences, fmt.Sprintf("%s %s scope: the maps hold backends %v (kind %s, affinity %ds), kpr wants %v (kind %s, affinity %ds)",
+					c.Frontend, c.Scope, c.Have, have.Kind, have.AffinityTimeout, c.Want, want.Kind, want.AffinityTimeout))
+			}
+			out.Maps = append(out.Maps, c)
+		}
+	}
+	return nil
+}
+
+func backendList(bs []dataplane.Backend) []string {
+	out := make([]string, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, netip.AddrPortFrom(b.Addr, b.Port).String())
+	}
+	return out
+}
+
+func writeExplain(w io.Writer, res *explainOutput) {
+	ex := res.Explanation
+	fmt.Fprintf(w, "Service %s on node %s\n", ex.Service, res.Node)
+	if ex.Skipped != "" {
+		fmt.Fprintf(w, "  not proxied by kpr: %s\n", ex.Skipped)
+		return
+	}
+	fmt.Fprintf(w, "  internalTrafficPolicy %s", ex.InternalTrafficPolicy)
+	if ex.ExternalTrafficPolicy != "" {
+		fmt.Fprintf(w, ", externalTrafficPolicy %s", ex.ExternalTrafficPolicy)
+	}
+	if ex.TrafficDistribution != "" {
+		fmt.Fprintf(w, ", trafficDistribution %s (acts through the slices' hints)", ex.TrafficDistribution)
+	}
+	fmt.Fprintln(w)
+	if ex.AffinitySeconds > 0 {
+		fmt.Fprintf(w, "  session affinity: ClientIP, %ds\n", ex.AffinitySeconds)
+	} else {
+		fmt.Fprintln(w, "  session affinity: none")
+	}
+	for _, s := range ex.Slices {
+		fmt.Fprintf(w, "  slice %s left out: %s (%s)\n", s.Slice, s.Reason, strings.Join(s.Addresses, ", "))
+	}
+	for _, e := range ex.Rejected {
+		fmt.Fprintf(w, "  endpoint %s of %s left out: %s\n", e.Address, e.Slice, e.Reason)
+	}
+	// The local set only serves a Local traffic policy; without one its
+	// column would only repeat "not local".
+	local := ex.InternalTrafficPolicy == string(v1.ServiceInternalTrafficPolicyLocal) ||
+		ex.ExternalTrafficPolicy == string(v1.ServiceExternalTrafficPolicyLocal)
+	for _, p := range ex.Ports {
+		fmt.Fprintf(w, "\nport %q/%s\n", p.Port, p.Protocol)
+		for _, f := range p.Families {
+			fmt.Fprintf(w, "  %s, topology filter: %s\n", f.Family, f.Topology)
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			header := "    ENDPOINT\tNODE\tSLICE\tCONDITIONS\tCLUSTER SET"
+			if local {
+				header += "\tLOCAL SET"
+			}
+			fmt.Fprintln(tw, header)
+			for _, e := range f.Endpoints {
+				line := fmt.Sprintf("    %s\t%s\t%s\t%s\t%s", e.Backend, orDash(e.Node), e.Slice, conditions(e), e.Cluster)
+				if local {
+					line += "\t" + e.Local
+				}
+				fmt.Fprintln(tw, line)
+			}
+			tw.Flush()
+		}
+		fmt.Fprintln(w, "  frontends:")
+		for _, fe := range p.Frontends {
+			fmt.Fprintf(w, "    %s %s, %s scope, %s set -> %s\n", fe.Kind, fe.Frontend, fe.Scope, fe.Set, backendsOrReject(fe.Backends))
+		}
+	}
+	for _, p := range res.Problems {
+		fmt.Fprintf(w, "\nproblem: %s\n", p)
+	}
+	fmt.Fprintln(w, "\nmaps:")
+	if res.MapsError != "" {
+		fmt.Fprintf(w, "  %s\n", res.MapsError)
+		return
+	}
+	for _, m := range res.Maps {
+		state := "matches"
+		switch {
+		case !m.Present:
+			state = "MISSING"
+		case !m.Matches:
+			state = "DIFFERS: holds " + backendsOrReject(m.Have)
+		}
+		fmt.Fprintf(w, "  %s %s: %s\n", m.Frontend, m.Scope, state)
+	}
+	if len(res.Divergences) == 0 {
+		fmt.Fprintln(w, "  the maps hold exactly what kpr wants for this Service")
+	}
+	for _, d := range res.Divergences {
+		fmt.Fprintf(w, "  DIVERGENCE: %s\n", d)
+	}
+}
+
+func conditions(e desired.EndpointDecision) string {
+	var c []string
+	if e.Ready {
+		c = append(c, "ready")
+	}
+	if e.Serving {
+		c = append(c, "serving")
+	}
+	if e.Terminating {
+		c = append(c, "terminating")
+	}
+	if len(c) == 0 {
+		return "-"
+	}
+	return strings.Join(c, ",")
+}
+
+func backendsOrReject(bs []string) string {
+	if len(bs) == 0 {
+		return "(none: connections are refused)"
+	}
+	return strings.Join(bs, " ")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

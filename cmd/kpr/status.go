@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/spf13/cobra"
+
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/watcher"
+)
+
+// The running daemon's part of `kpr status` is served as JSON at /statusz
+// on the metrics address, beside /metrics and /proxyMode. That address is
+// already where operators and scrapers reach kube-proxy (loopback by
+// default), it needs no extra flag, file or cleanup, and it works for
+// every backend. A unix socket would have to live under a run directory
+// (bpffs holds no sockets) that kpr does not otherwise have. The payload
+// says no more than /metrics does.
+const statuszPath = "/statusz"
+
+// daemonStatus is the JSON body of /statusz.
+type daemonStatus struct {
+	Version   string         `json:"version"`
+	PID       int            `json:"pid"`
+	StartedAt time.Time      `json:"startedAt"`
+	Mode      string         `json:"mode"`
+	Reason    string         `json:"reason"`
+	Kernel    loader.Report  `json:"kernel"`
+	Watcher   watcher.Status `json:"watcher"`
+}
+
+// withStatusz serves /statusz in front of next.
+func withStatusz(next http.Handler, c choice, report loader.Report, w *watcher.Watcher) http.Handler {
+	started := time.Now()
+	mux := http.NewServeMux()
+	mux.HandleFunc(statuszPath, func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(daemonStatus{
+			Version: version, PID: os.Getpid(), StartedAt: started,
+			Mode: string(c.backend), Reason: c.reason, Kernel: report, Watcher: w.Status(),
+		})
+	})
+	mux.Handle("/", next)
+	return mux
+}
+
+// statusOutput is `kpr status -o json`.
+type statusOutput struct {
+	// Daemon is nil when no daemon answered; DaemonError says why.
+	Daemon      *daemonStatus `json:"daemon,omitempty"`
+	DaemonError string        `json:"daemonError,omitempty"`
+	// Kernel is probed here when no daemon answered.
+	Kernel    *loader.Report `json:"kernel,omitempty"`
+	BPFRoot   string         `json:"bpfRoot"`
+	Links     []linkStatus   `json:"links"`
+	Maps      []mapStatus    `json:"maps"`
+	PinsError string         `json:"pinsError,omitempty"`
+}
+
+type linkStatus struct {
+	Pin      string `json:"pin"`
+	Type     string `json:"type"` // the attach type, for a cgroup link
+	Program  string `json:"program"`
+	CgroupID uint64 `json:"cgroupId,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+type mapStatus struct {
+	Map        string `json:"map"`
+	Entries    int    `json:"entries"`
+	MaxEntries int    `json:"maxEntries"`
+}
+
+func newStatusCommand(g *globalFlags) *cobra.Command {
+	var output, addr string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show whether kpr is healthy: mode, kernel, attached programs, map fill, syncs and the API connection",
+		Long: "status asks the running daemon (" + statuszPath + " on --metrics-address) for its mode, syncs and API connection, " +
+			"and reads the pinned links and maps under --bpf-root itself. Without a daemon it shows what the pins say.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return fmt.Errorf("--output %q: want table or json", output)
+			}
+			st := collectStatus(cmd.Context(), g.bpfRoot, addr)
+			if output == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			writeStatus(cmd.OutOrStdout(), st, time.Now())
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().StringVar(&addr, "metrics-address", "127.0.0.1:10249", "the daemon's --metrics-bind-address (0.0.0.0 means this host's loopback)")
+	return cmd
+}
+
+func collectStatus(ctx context.Context, bpfRoot, addr string) statusOutput {
+	st := statusOutput{BPFRoot: bpfRoot, Links: []linkStatus{}, Maps: []mapStatus{}}
+	d, err := fetchDaemonStatus(ctx, addr)
+	if err != nil {
+		st.DaemonError = err.Error()
+		r := loader.Probe()
+		st.Kernel = &r
+	} else {
+		st.Daemon = d
+	}
+	st.Links = pinnedLinks(bpfRoot)
+	st.Maps, err = pinnedMapUsage(bpfRoot)
+	if err != nil {
+		st.PinsError = err.Error()
+	}
+	return st
+}
+
+func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) {
+	addr = strings.Replace(addr, "0.0.0.0:", "127.0.0.1:", 1)
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+statuszPath, nil)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-address %q: %w", addr, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("no kpr daemon answers on %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s%s answered %s: is that kpr (with /statusz) on that address?", addr, statuszPath, resp.Status)
+	}
+	var d daemonStatus
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		return nil, fmt.Errorf("decode %s%s: %w", addr, statuszPath, err)
+	}
+	return &d, nil
+}
+
+// pinnedLinks lists the links kpr pinned under bpfRoot/links, with the
+// program each runs and the cgroup it is attached to.
+func pinnedLinks(bpfRoot string) []linkStatus {
+	out := []linkStatus{}
+	pins, _ := filepath.Glob(filepath.Join(bpfRoot, "links", "*"))
+	sort.Strings(pins)
+	for _, pin := range pins {
+		ls := linkStatus{Pin: pin}
+		l, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			ls.Error = err.Error()
+			out = append(out, ls)
+			continue
+		}
+		if info, err := l.Info(); err != nil {
+			ls.Error = err.Error()
+		} else {
+			if c := info.Cgroup(); c != nil {
+				ls.Type = ebpf.AttachType(c.AttachType).String()
+				ls.CgroupID = c.CgroupId
+			} else {
+				ls.Type = fmt.Sprintf("link type %d", info.Type)
+			}
+			if p, err := ebpf.NewProgramFromID(info.Program); err == nil {
+				if pi, err := p.Info(); err == nil {
+					ls.Program = pi.Name
+				}
+				p.Close()
+			}
+		}
+		l.Close()
+		out = append(out, ls)
+	}
+	return out
+}
+
+func pinnedMapUsage(bpfRoot string) ([]mapStatus, error) {
+	m, err := loader.OpenPinnedMaps(bpfRoot)
+	if err != nil {
+		return []mapStatus{}, err
+	}
+	defer m.Close()
+	lb, err := maps.OpenReadOnly(m)
+	if err != nil {
+		return []mapStatus{}, err
+	}
+	out := []mapStatus{}
+	for _, u := range lb.Usage() {
+		out = append(out, mapStatus{Map: u.Map, Entries: u.Entries, MaxEntries: u.MaxEntries})
+	}
+	return out, nil
+}
+
+func writeStatus(w io.Writer, st statusOutput, now time.Time) {
+	ago := func(t time.Time) string {
+		return fmt.Sprintf("%s (%s ago)", t.UTC().Format(time.RFC3339), now.Sub(t).Round(time.Second))
+	}
+	kernel := st.Kernel
+	if d := st.Daemon; d != nil {
+		kernel = &d.Kernel
+		fmt.Fprintf(w, "daemon:   running, pid %d, version %s, up since %s\n", d.PID, d.Version, ago(d.StartedAt))
+		fmt.Fprintf(w, "mode:     %s (%s)\n", d.Mode, d.Reason)
+		ws := d.Watcher
+		if s := ws.LastSuccessfulSync; s != nil {
+			fmt.Fprintf(w, "sync:     last successful %s, took %s, %d service ports\n", ago(s.At), s.Took, s.ServicePorts)
+		} else {
+			fmt.Fprintln(w, "sync:     no successful sync yet")
+		}
+		if s := ws.LastSuccessfulFullSync; s != nil {
+			fmt.Fprintf(w, "          last full reconcile %s, took %s\n", ago(s.At), s.Took)
+		}
+		fmt.Fprintf(w, "pending:  %d service changes, %d endpoint changes", ws.PendingServiceChanges, ws.PendingEndpointChanges)
+		if ws.AllPending {
+			fmt.Fprint(w, ", every Service (node changed)")
+		}
+		fmt.Fprintln(w)
+		api := ws.API
+		switch {
+		case api.Connected:
+			fmt.Fprint(w, "api:      connected")
+		case api.DisconnectedSince != nil:
+			fmt.Fprintf(w, "api:      NOT CONNECTED since %s: %s", ago(*api.DisconnectedSince), api.LastError)
+		}
+		if api.LastEvent != nil {
+			fmt.Fprintf(w, ", last event %s", ago(*api.LastEvent))
+		}
+		fmt.Fprintln(w)
+		for _, f := range ws.RecentFailures {
+			fmt.Fprintf(w, "failed:   %s (full %v): %s\n", ago(f.At), f.Full, f.Error)
+		}
+	} else {
+		fmt.Fprintf(w, "daemon:   NOT RUNNING (%s); below is what the pins say\n", st.DaemonError)
+	}
+	if kernel != nil {
+		var missing []string
+		for _, f := range kernel.Features {
+			if !f.Supported {
+				missing = append(missing, f.Name)
+			}
+		}
+		fmt.Fprintf(w, "kernel:   %s, %d of %d features", kernel.Kernel, len(kernel.Features)-len(missing), len(kernel.Features))
+		if len(missing) > 0 {
+			fmt.Fprintf(w, "; missing: %s", strings.Join(missing, ", "))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "\nlinks under %s:\n", st.BPFRoot)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(st.Links) == 0 {
+		fmt.Fprintln(tw, "  (none pinned: no kpr program is attached through the pins)")
+	}
+	for _, l := range st.Links {
+		if l.Error != "" {
+			fmt.Fprintf(tw, "  %s\terror: %s\n", filepath.Base(l.Pin), l.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "  %s\t%s\tprogram %s\tcgroup id %d\n", filepath.Base(l.Pin), l.Type, l.Program, l.CgroupID)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nmaps:")
+	if st.PinsError != "" {
+		fmt.Fprintf(w, "  cannot read the pinned maps: %s\n", st.PinsError)
+	}
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, m := range st.Maps {
+		pct := 0.0
+		if m.MaxEntries > 0 {
+			pct = 100 * float64(m.Entries) / float64(m.MaxEntries)
+		}
+		fmt.Fprintf(tw, "  %s\t%d / %d\t%.1f%%\n", m.Map, m.Entries, m.MaxEntries, pct)
+	}
+	tw.Flush()
+}
