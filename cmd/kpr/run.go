@@ -28,21 +28,26 @@ import (
 )
 
 type runFlags struct {
-	mode              string
-	kubeconfig        string
-	hostnameOverride  string
-	cgroupRoot        string
-	minSyncPeriod     time.Duration
-	syncPeriod        time.Duration
-	clusterCIDR       string
-	nodePortAddresses []string
-	externalIPs       string
-	hostNetNS         string
-	healthzAddr       string
-	healthCheckIP     string
-	metricsAddr       string
-	profiling         bool
-	sizes             loader.MapSizes
+	mode             string
+	fallbackMode     string
+	kubeconfig       string
+	hostnameOverride string
+	cgroupRoot       string
+	minSyncPeriod    time.Duration
+	syncPeriod       time.Duration
+	// iptablesMinSyncPeriod and iptablesSyncPeriod are kube-proxy's
+	// per-mode flags; 0 leaves the mode-independent ones in force.
+	iptablesMinSyncPeriod time.Duration
+	iptablesSyncPeriod    time.Duration
+	clusterCIDR           string
+	nodePortAddresses     []string
+	externalIPs           string
+	hostNetNS             string
+	healthzAddr           string
+	healthCheckIP         string
+	metricsAddr           string
+	profiling             bool
+	sizes                 loader.MapSizes
 }
 
 func newRunCommand(g *globalFlags) *cobra.Command {
@@ -66,12 +71,15 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.mode, "mode", "auto", "dataplane: auto, ebpf or iptables (ipvs is not built yet)")
+	fl.StringVar(&f.mode, "mode", modeAuto, "dataplane: auto (eBPF where the kernel runs it, else --fallback-mode), ebpf or iptables (ipvs is not built yet)")
+	fl.StringVar(&f.fallbackMode, "fallback-mode", defaultFallback, "dataplane --mode auto runs where the eBPF one cannot run (`kpr probe` says why): iptables (ipvs is not built yet)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster config")
 	fl.StringVar(&f.hostnameOverride, "hostname-override", "", "this node's name in the API; default: the hostname")
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
 	fl.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between two syncs; changes arriving meanwhile are coalesced")
 	fl.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "time between full reconciles of the maps against the API")
+	fl.DurationVar(&f.iptablesMinSyncPeriod, "iptables-min-sync-period", 0, "--min-sync-period of the iptables mode, as kube-proxy's flag; 0 keeps --min-sync-period")
+	fl.DurationVar(&f.iptablesSyncPeriod, "iptables-sync-period", 0, "--sync-period of the iptables mode (full rewrites that repair drift), as kube-proxy's flag; 0 keeps --sync-period")
 	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility (the socket-level dataplane does not need it)")
 	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs and keywords selecting the addresses that serve NodePorts: "+
 		"primary (the Node's primary IP of each family), localhost (127.0.0.1 and ::1, for the host network namespace only), all; empty means all")
@@ -114,24 +122,25 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
-	chosen, err := chooseDataplane(f.mode, report)
+	chosen, err := chooseDataplane(f.mode, f.fallbackMode, report)
 	if err != nil {
 		return err
 	}
-	log.Info("dataplane selected", zap.String("mode", f.mode), zap.String("backend", string(chosen.backend)),
-		zap.String("reason", chosen.reason))
+	logChoice(log, f.mode, chosen)
+	cfg.MinSyncPeriod, cfg.SyncPeriod = f.syncPeriodsFor(chosen.backend)
 	client, err := apiclient.New(f.kubeconfig)
 	if err != nil {
 		return err
 	}
 
 	m := metrics.New()
+	exportChoice(m, chosen)
 	dp, err := newDataplane(chosen, g, f, m, log)
 	if err != nil {
 		return err
 	}
 	defer dp.close()
-	hs := health.New(health.Config{Addr: f.healthzAddr, Timeout: 2 * f.syncPeriod, Metrics: m})
+	hs := health.New(health.Config{Addr: f.healthzAddr, Timeout: 2 * cfg.SyncPeriod, Metrics: m})
 	svcHealth := servicehealth.New(f.healthCheckIP, hs.Healthy, log.Named("servicehealth"))
 	cfg.Metrics = m
 	cfg.Health = hs
@@ -191,6 +200,11 @@ func (f *runFlags) watcherConfig() (watcher.Config, error) {
 	}
 	if f.syncPeriod <= 0 {
 		return watcher.Config{}, fmt.Errorf("--sync-period must be positive, got %s", f.syncPeriod)
+	}
+	for name, d := range map[string]time.Duration{"--iptables-sync-period": f.iptablesSyncPeriod, "--iptables-min-sync-period": f.iptablesMinSyncPeriod} {
+		if d < 0 {
+			return watcher.Config{}, fmt.Errorf("%s must not be negative, got %s (0 keeps the mode-independent flag)", name, d)
+		}
 	}
 	return watcher.Config{
 		NodeName:          strings.ToLower(nodeName),
