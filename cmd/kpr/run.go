@@ -28,26 +28,27 @@ import (
 )
 
 type runFlags struct {
-	mode             string
-	fallbackMode     string
-	kubeconfig       string
-	hostnameOverride string
-	cgroupRoot       string
-	minSyncPeriod    time.Duration
-	syncPeriod       time.Duration
+	mode              string
+	kubeconfig        string
+	hostnameOverride  string
+	cgroupRoot        string
+	minSyncPeriod     time.Duration
+	syncPeriod        time.Duration
+	clusterCIDR       string
+	nodePortAddresses []string
+	externalIPs       string
+	hostNetNS         string
+	healthzAddr       string
+	healthCheckIP     string
+	metricsAddr       string
+	profiling         bool
+	sizes             loader.MapSizes
+
+	fallbackMode string
 	// iptablesMinSyncPeriod and iptablesSyncPeriod are kube-proxy's
 	// per-mode flags; 0 leaves the mode-independent ones in force.
 	iptablesMinSyncPeriod time.Duration
 	iptablesSyncPeriod    time.Duration
-	clusterCIDR           string
-	nodePortAddresses     []string
-	externalIPs           string
-	hostNetNS             string
-	healthzAddr           string
-	healthCheckIP         string
-	metricsAddr           string
-	profiling             bool
-	sizes                 loader.MapSizes
 }
 
 func newRunCommand(g *globalFlags) *cobra.Command {
