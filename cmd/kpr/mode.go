@@ -11,6 +11,7 @@ import (
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // backend names one dataplane implementation. The name is what /proxyMode
@@ -125,22 +126,36 @@ func newDataplane(c choice, g *globalFlags, f *runFlags, m *metrics.Metrics, log
 	case backendEBPF:
 		return newEBPFDataplane(g, f, m, log)
 	case backendIPTables:
-		return newIPTablesDataplane(log)
+		return newIPTablesDataplane(g, f, log)
 	}
 	// chooseDataplane only picks backends built above.
 	return builtDataplane{}, fmt.Errorf("dataplane %q has no constructor in this build: chooseDataplane and newDataplane disagree; report this as a kpr bug", c.backend)
 }
 
-// newIPTablesDataplane programs iptables in kpr's own network namespace
-// (the node's, under the DaemonSet's hostNetwork: true).
-func newIPTablesDataplane(log *zap.Logger) (builtDataplane, error) {
+// newIPTablesDataplane programs the iptables of the node's network
+// namespace: --host-netns, or kpr's own (the node's, under the DaemonSet's
+// hostNetwork: true).
+func newIPTablesDataplane(g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
 	log = log.Named("dataplane")
-	opts, err := iptables.NodeOptions(iptables.ExecRunner{}, log)
+	run := netfilterRunner(f.hostNetNS)
+	opts, err := iptables.NodeOptions(run, log)
 	if err != nil {
 		return builtDataplane{}, err
 	}
-	if err := iptables.EnableLocalhostNodePorts(); err != nil {
+	if f.hostNetNS != "" {
+		opts.Conntrack = netnsConntrack{path: f.hostNetNS}
+	}
+	localhost := iptables.EnableLocalhostNodePorts
+	if f.hostNetNS != "" {
+		localhost = func() error { return netnsexec.InPath(f.hostNetNS, iptables.EnableLocalhostNodePorts) }
+	}
+	if err := localhost(); err != nil {
 		log.Warn("NodePorts on 127.0.0.1 will not be served", zap.Error(err))
+	}
+	// Recorded before the first rule is written, so that an eBPF-mode kpr
+	// or `kpr cleanup` later removes the chains even if this one crashes.
+	if err := recordIPTablesState(g.bpfRoot, f.hostNetNS); err != nil {
+		log.Warn("Switching this node to the eBPF mode later will leave kpr's chains", zap.Error(err))
 	}
 	plane, err := iptables.New(opts)
 	if err != nil {

@@ -87,7 +87,7 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&f.externalIPs, "external-ips", "all", "Service externalIPs that sockets on this node are sent to backends for: "+
 		"all (kube-proxy's behaviour), node-local (only addresses of this Node, which keeps a Service from capturing traffic to other destinations, CVE-2020-8554) or none")
 	fl.StringVar(&f.hostNetNS, "host-netns", "", "network namespace file (/proc/PID/ns/net or a bind mount) of the node's own network; "+
-		"NodePorts on loopback are served only to its sockets; empty means kpr's own")
+		"NodePorts on loopback are served only to its sockets, and the iptables mode programs its tables; empty means kpr's own")
 	fl.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables")
 	fl.StringVar(&f.healthCheckIP, "healthcheck-bind-ip", "", "address the healthCheckNodePorts of externalTrafficPolicy: Local Services listen on; empty means all addresses")
 	fl.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics and /proxyMode; empty disables")
@@ -155,6 +155,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		return err
 	}
 	go releaseStartupMemory(ctx, w.FirstSync())
+	go removePreviousModeState(w.FirstSync(), ctx.Done(), chosen.backend, g.bpfRoot, f.hostNetNS, log)
 
 	group, ctx := errgroup.WithContext(ctx)
 	if f.healthzAddr != "" {
