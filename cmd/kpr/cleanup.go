@@ -90,7 +90,8 @@ func iptablesMarker(bpfRoot, netnsPath string) (string, error) {
 	if err := unix.Stat(netnsPath, &st); err != nil {
 		return "", fmt.Errorf("identify network namespace %s: %w", netnsPath, err)
 	}
-	return fmt.Sprintf("%s.iptables-netns-%d", filepath.Clean(bpfRoot), st.Ino), nil
+	// bpffs refuses names with a dot.
+	return fmt.Sprintf("%s-iptables-netns-%d", filepath.Clean(bpfRoot), st.Ino), nil
 }
 
 // recordIPTablesState records that the iptables mode writes the tables of
@@ -117,6 +118,8 @@ func removeIPTablesState(bpfRoot, netnsPath string) (deleted int, found bool, er
 	}
 	if _, err := os.Stat(marker); errors.Is(err, os.ErrNotExist) {
 		return 0, false, nil
+	} else if err != nil {
+		return 0, false, fmt.Errorf("look for the record of kpr's iptables mode: %w", err)
 	}
 	deleted, err = iptables.Cleanup(netfilterRunner(netnsPath))
 	if err != nil {
