@@ -140,7 +140,7 @@ func newModeFixture(t *testing.T, m dataMode, kprArgs ...string) *fixture {
 		// iptables mode programs its tables, never the test's.
 		HostNetNS: f.node.NetNS.Path,
 		Args:      append(append([]string{}, m.args...), kprArgs...),
-		LogPath: filepath.Join(t.TempDir(), "kpr.log"),
+		LogPath:   filepath.Join(t.TempDir(), "kpr.log"),
 	})
 	if err != nil {
 		t.Fatal(err)
