@@ -82,7 +82,12 @@ func (f *fixture) prepareNode(m dataMode) {
 	if !m.iptables() {
 		return
 	}
-	seed := "*filter\n:KPR-E2E-VARIANT - [0:0]\n-A KPR-E2E-VARIANT -j RETURN\nCOMMIT\n"
+	// The rule is also a conntrack user other than kpr, as a real node
+	// has (kubelet's and the CNI plugin's rules): the kernel enables
+	// conntrack in a namespace only while some rule needs it, so without
+	// one, removing kpr's last rule would end the NAT of the connections
+	// its rules translated.
+	seed := "*filter\n:KPR-E2E-VARIANT - [0:0]\n-A KPR-E2E-VARIANT -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n"
 	if _, err := f.inNode(m.tool("iptables", "restore"), []byte(seed), "--noflush"); err != nil {
 		f.t.Fatal(err)
 	}
