@@ -81,7 +81,8 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 	fl.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "time between full reconciles of the maps against the API")
 	fl.DurationVar(&f.iptablesMinSyncPeriod, "iptables-min-sync-period", 0, "--min-sync-period of the iptables mode, as kube-proxy's flag; 0 keeps --min-sync-period")
 	fl.DurationVar(&f.iptablesSyncPeriod, "iptables-sync-period", 0, "--sync-period of the iptables mode (full rewrites that repair drift), as kube-proxy's flag; 0 keeps --sync-period")
-	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility (the socket-level dataplane does not need it)")
+	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility: the eBPF mode does not need it, and the iptables mode does not yet use it "+
+		"to masquerade off-cluster traffic to ClusterIPs (it behaves as kube-proxy without --cluster-cidr)")
 	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs and keywords selecting the addresses that serve NodePorts: "+
 		"primary (the Node's primary IP of each family), localhost (127.0.0.1 and ::1, for the host network namespace only), all; empty means all")
 	fl.StringVar(&f.externalIPs, "external-ips", "all", "Service externalIPs that sockets on this node are sent to backends for: "+
