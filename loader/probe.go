@@ -108,8 +108,7 @@ func (r Report) RequireSocketLB() error {
 			"with a locked-memory limit high enough for BPF maps (ulimit -l unlimited)", strings.Join(denied, ", ")))
 	}
 	if len(missing) > 0 {
-		problems = append(problems, fmt.Sprintf("kernel %s lacks %s, which kpr's eBPF mode needs: run kpr on Linux 5.8 or later, "+
-			"or keep kube-proxy on this node (this build of kpr has no iptables or IPVS mode)",
+		problems = append(problems, fmt.Sprintf("kernel %s lacks %s, which kpr's eBPF mode needs (Linux 5.8 or later has them)",
 			r.Kernel, strings.Join(missing, ", ")))
 	}
 	if len(problems) > 0 {

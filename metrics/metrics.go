@@ -71,6 +71,12 @@ type Metrics struct {
 	// refuses right now (label reason, such as "MapFull") while it serves
 	// every other one; each also has a Warning Event on its Service.
 	ServicePortsRefused *prometheus.GaugeVec
+	// ProxyMode is 1 for the dataplane kpr runs (label mode, what
+	// /proxyMode answers) and why it runs it (label reason: "requested"
+	// by --mode, or --mode auto's "ebpf-supported" or "ebpf-unavailable",
+	// the fallback). kube-proxy has no such metric; it tells a fleet
+	// which nodes fell back.
+	ProxyMode *prometheus.GaugeVec
 }
 
 // kprNamespace prefixes kpr's own metrics.
@@ -162,6 +168,11 @@ func New() *Metrics {
 			Name:      "service_ports_refused",
 			Help:      "Service ports the dataplane refuses while serving every other one (see the Service's Events)",
 		}, []string{"reason"}),
+		ProxyMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: kprNamespace,
+			Name:      "proxy_mode",
+			Help:      "The dataplane kpr runs (mode) and why (reason: requested, ebpf-supported, or ebpf-unavailable when --mode auto fell back); always 1",
+		}, []string{"mode", "reason"}),
 	}
 	// Both policies are always exported, zero included, so that dashboards
 	// see the series before the first Local Service appears.
@@ -187,6 +198,7 @@ func New() *Metrics {
 		m.MapMaxEntries,
 		m.UDPSocketsDestroyedTotal,
 		m.ServicePortsRefused,
+		m.ProxyMode,
 	)
 	return m
 }

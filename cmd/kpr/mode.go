@@ -10,6 +10,7 @@ import (
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // backend names one dataplane implementation. The name is what /proxyMode
@@ -27,42 +28,85 @@ const (
 // modeAuto lets kpr pick the backend from what the kernel supports.
 const modeAuto = "auto"
 
-// choice is the backend kpr runs and why, for the log.
+// defaultFallback is what --mode auto runs where eBPF cannot run, as
+// kube-proxy's own default mode is iptables.
+const defaultFallback = string(backendIPTables)
+
+// Why a backend was chosen: the reason label of kpr_proxy_mode. They are
+// few and fixed, so that the label stays a label; the log line has the
+// whole story (which features are missing).
+const (
+	// causeRequested: --mode named the backend.
+	causeRequested = "requested"
+	// causeEBPFSupported: --mode auto, and the kernel runs the eBPF
+	// dataplane.
+	causeEBPFSupported = "ebpf-supported"
+	// causeEBPFUnavailable: --mode auto fell back to --fallback-mode,
+	// because the kernel lacks a feature or refused the probe.
+	causeEBPFUnavailable = "ebpf-unavailable"
+)
+
+// choice is the backend kpr runs and why.
 type choice struct {
 	backend backend
-	reason  string
+	// cause is one of the cause* constants.
+	cause string
+	// reason is the sentence for the log and `kpr probe`.
+	reason string
 }
 
-// chooseDataplane decides, from --mode and the kernel's features, which
-// backend kpr runs. It is the only place that decides, so `kpr run` and
-// `kpr probe` cannot disagree; it is pure so that every combination is
-// tested without a kernel.
+// errIPVSNotBuilt refuses the IPVS dataplane, as --mode and as
+// --fallback-mode, pointing only at modes this build runs.
+var errIPVSNotBuilt = errors.New("this build of kpr has no IPVS dataplane; " +
+	"run kpr with --mode iptables (or --fallback-mode iptables), or --mode auto or ebpf on a kernel with the cgroup socket hooks " +
+	"(`kpr probe` shows them), or keep kube-proxy on nodes that need IPVS")
+
+// chooseDataplane decides, from --mode, --fallback-mode and the kernel's
+// features, which backend kpr runs. It is the only place that decides, so
+// `kpr run` and `kpr probe` cannot disagree; it is pure so that every
+// combination is tested without a kernel.
 //
 // --mode iptables needs none of the eBPF features; whether the iptables
-// binaries run is found when the backend is built. --mode auto does not
-// fall back to it yet (that is --fallback-mode's job, still to come), but
-// its errors name it. No error suggests a mode that this build refuses.
-func chooseDataplane(mode string, report loader.Report) (choice, error) {
+// binaries run is found when the backend is built. --mode auto runs eBPF
+// where the kernel can, and the fallback where it cannot, whatever the
+// reason (an old kernel, or a policy that forbids loading BPF): the
+// reason names the missing features. An explicit --mode ebpf never falls
+// back. No error suggests a mode that this build refuses.
+func chooseDataplane(mode, fallback string, report loader.Report) (choice, error) {
+	fb, err := fallbackBackend(fallback)
+	if err != nil {
+		return choice{}, err
+	}
 	switch mode {
 	case modeAuto:
 		if err := report.RequireSocketLB(); err != nil {
-			return choice{}, fmt.Errorf("--mode auto: kpr cannot run the eBPF dataplane, and auto does not fall back yet: %w; "+
-				"on this node run kpr with --mode iptables", err)
+			return choice{fb, causeEBPFUnavailable, fmt.Sprintf("the eBPF dataplane cannot run here, so --mode auto runs --fallback-mode %s: %v", fb, err)}, nil
 		}
-		return choice{backendEBPF, "the kernel has every feature the eBPF dataplane needs"}, nil
+		return choice{backendEBPF, causeEBPFSupported, "the kernel has every feature the eBPF dataplane needs"}, nil
 	case string(backendEBPF):
 		if err := report.RequireSocketLB(); err != nil {
-			return choice{}, fmt.Errorf("--mode ebpf: %w; or run kpr with --mode iptables", err)
+			return choice{}, fmt.Errorf("--mode ebpf: %w; on this node run kpr with --mode iptables, or --mode auto to fall back by itself", err)
 		}
-		return choice{backendEBPF, "--mode ebpf asked for it, and the kernel has every feature it needs"}, nil
+		return choice{backendEBPF, causeRequested, "--mode ebpf asked for it, and the kernel has every feature it needs"}, nil
 	case string(backendIPTables):
-		return choice{backendIPTables, "--mode iptables asked for it; it needs no eBPF feature"}, nil
+		return choice{backendIPTables, causeRequested, "--mode iptables asked for it; it needs no eBPF feature"}, nil
 	case string(backendIPVS):
-		return choice{}, errors.New("--mode ipvs: this build of kpr has no IPVS dataplane; " +
-			"run kpr with --mode iptables, or --mode auto or ebpf on a kernel with the cgroup socket hooks (`kpr probe` shows them), " +
-			"or keep kube-proxy on nodes that need IPVS")
+		return choice{}, fmt.Errorf("--mode ipvs: %w", errIPVSNotBuilt)
 	}
 	return choice{}, fmt.Errorf("--mode %q: want auto, ebpf or iptables (ipvs is not built yet)", mode)
+}
+
+// fallbackBackend checks --fallback-mode. It is checked whatever --mode
+// is, so that a value that cannot work fails on every node alike, not
+// only on the nodes that happen to need it.
+func fallbackBackend(fallback string) (backend, error) {
+	switch fallback {
+	case string(backendIPTables):
+		return backendIPTables, nil
+	case string(backendIPVS):
+		return "", fmt.Errorf("--fallback-mode ipvs: %w", errIPVSNotBuilt)
+	}
+	return "", fmt.Errorf("--fallback-mode %q: want iptables (ipvs is not built yet)", fallback)
 }
 
 // builtDataplane is a constructed backend, ready for the watcher.
@@ -81,22 +125,36 @@ func newDataplane(c choice, g *globalFlags, f *runFlags, m *metrics.Metrics, log
 	case backendEBPF:
 		return newEBPFDataplane(g, f, m, log)
 	case backendIPTables:
-		return newIPTablesDataplane(log)
+		return newIPTablesDataplane(g, f, log)
 	}
 	// chooseDataplane only picks backends built above.
 	return builtDataplane{}, fmt.Errorf("dataplane %q has no constructor in this build: chooseDataplane and newDataplane disagree; report this as a kpr bug", c.backend)
 }
 
-// newIPTablesDataplane programs iptables in kpr's own network namespace
-// (the node's, under the DaemonSet's hostNetwork: true).
-func newIPTablesDataplane(log *zap.Logger) (builtDataplane, error) {
+// newIPTablesDataplane programs the iptables of the node's network
+// namespace: --host-netns, or kpr's own (the node's, under the DaemonSet's
+// hostNetwork: true).
+func newIPTablesDataplane(g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
 	log = log.Named("dataplane")
-	opts, err := iptables.NodeOptions(iptables.ExecRunner{}, log)
+	run := netfilterRunner(f.hostNetNS)
+	opts, err := iptables.NodeOptions(run, log)
 	if err != nil {
 		return builtDataplane{}, err
 	}
-	if err := iptables.EnableLocalhostNodePorts(); err != nil {
+	if f.hostNetNS != "" {
+		opts.Conntrack = netnsConntrack{path: f.hostNetNS}
+	}
+	localhost := iptables.EnableLocalhostNodePorts
+	if f.hostNetNS != "" {
+		localhost = func() error { return netnsexec.InPath(f.hostNetNS, iptables.EnableLocalhostNodePorts) }
+	}
+	if err := localhost(); err != nil {
 		log.Warn("NodePorts on 127.0.0.1 will not be served", zap.Error(err))
+	}
+	// Recorded before the first rule is written, so that an eBPF-mode kpr
+	// or `kpr cleanup` later removes the chains even if this one crashes.
+	if err := recordIPTablesState(g.bpfRoot, f.hostNetNS); err != nil {
+		log.Warn("Switching this node to the eBPF mode later will leave kpr's chains", zap.Error(err))
 	}
 	plane, err := iptables.New(opts)
 	if err != nil {
@@ -105,4 +163,22 @@ func newIPTablesDataplane(log *zap.Logger) (builtDataplane, error) {
 	// The rules stay when kpr exits, as kube-proxy's do; the next kpr's
 	// first full sync takes them over.
 	return builtDataplane{plane: plane, close: func() error { return nil }}, nil
+}
+
+// logChoice logs the decision. A fallback is a warning: the node runs, but
+// not the dataplane the operator most likely meant, and the line names
+// what the kernel lacks.
+func logChoice(log *zap.Logger, mode string, c choice) {
+	fields := []zap.Field{zap.String("mode", mode), zap.String("backend", string(c.backend)),
+		zap.String("cause", c.cause), zap.String("reason", c.reason)}
+	if c.cause == causeEBPFUnavailable {
+		log.Warn("dataplane selected", fields...)
+		return
+	}
+	log.Info("dataplane selected", fields...)
+}
+
+// exportChoice sets kpr_proxy_mode for the chosen backend.
+func exportChoice(m *metrics.Metrics, c choice) {
+	m.ProxyMode.WithLabelValues(string(c.backend), c.cause).Set(1)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,16 +16,19 @@ var socketLBFeatures = []string{loader.FeatureConnect, loader.FeatureSendmsg, lo
 	loader.FeatureSocketCookie, loader.FeatureNetnsCookie, loader.FeatureLRUHash, loader.FeatureNoPrealloc,
 	loader.FeatureCgroupLink}
 
-// report builds a probe report that has every socket-LB feature except
-// those in lacking, whose probes failed with probeErr.
+// optionalFeatures are probed too, but the eBPF dataplane runs without
+// them (degraded): they must never decide the mode.
+var optionalFeatures = []string{loader.FeatureGetpeername, loader.FeatureSockRelease, loader.FeatureSetRetval,
+	loader.FeatureBatchOps, loader.FeatureUDPSockTerm, loader.FeatureNetnsCookieSockopt}
+
+// report builds a probe report that has every feature except those in
+// lacking, whose probes failed with probeErr.
 func report(probeErr string, lacking ...string) loader.Report {
 	r := loader.Report{Kernel: "5.4.0-test"}
-	for _, name := range socketLBFeatures {
+	for _, name := range append(append([]string{}, socketLBFeatures...), optionalFeatures...) {
 		f := loader.Feature{Name: name, Supported: true}
-		for _, l := range lacking {
-			if l == name {
-				f = loader.Feature{Name: name, Error: probeErr}
-			}
+		if slices.Contains(lacking, name) {
+			f = loader.Feature{Name: name, Error: probeErr}
 		}
 		r.Features = append(r.Features, f)
 	}
@@ -33,75 +37,154 @@ func report(probeErr string, lacking ...string) loader.Report {
 
 const noSuchAttach = "load program for attach type CGroupUDP4Recvmsg: invalid argument"
 
+// checkErr fails unless err contains every want, and checks what every
+// refusal must not do.
+func checkErr(t *testing.T, err error, mode string, rep loader.Report, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("mode %q: no error, want one containing %q", mode, want)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q lacks %q", err, w)
+		}
+	}
+	// kpr must not send users to a mode it refuses.
+	for _, refused := range []string{"--mode ipvs", "--fallback-mode ipvs"} {
+		if !strings.HasPrefix(err.Error(), refused) && strings.Contains(err.Error(), refused) {
+			t.Errorf("error %q suggests %s, which this build refuses", err, refused)
+		}
+	}
+	if rep.Has(loader.FeatureConnect) && strings.Contains(err.Error(), "permit") {
+		t.Errorf("error %q blames privileges for features that are missing", err)
+	}
+}
+
+// TestChooseDataplaneEveryMissingFeature: every combination of missing
+// required features, with and without the optional ones, decides the
+// same way: auto falls back naming each missing feature, ebpf refuses
+// naming each, iptables runs regardless.
+func TestChooseDataplaneEveryMissingFeature(t *testing.T) {
+	n := len(socketLBFeatures)
+	for mask := 0; mask < 1<<n; mask++ {
+		var missing []string
+		for i, name := range socketLBFeatures {
+			if mask&(1<<i) != 0 {
+				missing = append(missing, name)
+			}
+		}
+		for _, optional := range [][]string{nil, optionalFeatures} {
+			rep := report(noSuchAttach, append(append([]string{}, missing...), optional...)...)
+			auto, err := chooseDataplane(modeAuto, "iptables", rep)
+			if err != nil {
+				t.Fatalf("auto without %v: %v, want a choice", missing, err)
+			}
+			ebpf, ebpfErr := chooseDataplane("ebpf", "iptables", rep)
+			if len(missing) == 0 {
+				if auto.backend != backendEBPF || auto.cause != causeEBPFSupported || ebpfErr != nil || ebpf.backend != backendEBPF {
+					t.Errorf("capable kernel (optional missing %v): auto = %+v, ebpf = %+v, %v; want ebpf", optional, auto, ebpf, ebpfErr)
+				}
+			} else {
+				if auto.backend != backendIPTables || auto.cause != causeEBPFUnavailable {
+					t.Errorf("auto without %v = %+v, want the iptables fallback", missing, auto)
+				}
+				for _, name := range missing {
+					if !strings.Contains(auto.reason, name) {
+						t.Errorf("auto without %v: reason %q does not name %s", missing, auto.reason, name)
+					}
+				}
+				checkErr(t, ebpfErr, "ebpf", rep, append([]string{"--mode ebpf", "5.4.0-test", "--mode iptables"}, missing...)...)
+			}
+			for _, name := range optional {
+				if ebpfErr != nil && strings.Contains(ebpfErr.Error(), name) {
+					t.Errorf("ebpf error %q names optional feature %s", ebpfErr, name)
+				}
+			}
+			if c, err := chooseDataplane("iptables", "iptables", rep); err != nil || c.backend != backendIPTables || c.cause != causeRequested {
+				t.Errorf("iptables without %v = %+v, %v; want iptables, requested", missing, c, err)
+			}
+		}
+	}
+}
+
 func TestChooseDataplane(t *testing.T) {
 	full := report("")
 	noRecvmsg := report(noSuchAttach, loader.FeatureRecvmsg)
+	denied := report("load program: operation not permitted", socketLBFeatures...)
 	for _, tc := range []struct {
-		name   string
-		mode   string
-		report loader.Report
-		want   backend
-		// wantErr are substrings of the error; none means success.
-		wantErr []string
+		name      string
+		mode      string
+		fallback  string
+		report    loader.Report
+		want      backend
+		wantCause string
+		// want are substrings of the reason, or of the error if wantErr.
+		want2   []string
+		wantErr bool
 	}{
-		{"auto on a capable kernel", "auto", full, backendEBPF, nil},
-		{"ebpf on a capable kernel", "ebpf", full, backendEBPF, nil},
-		{"auto without recvmsg hooks", "auto", noRecvmsg, "",
-			[]string{"--mode auto", loader.FeatureRecvmsg, "5.4.0-test", "kube-proxy"}},
-		{"ebpf without recvmsg and link", "ebpf", report(noSuchAttach, loader.FeatureRecvmsg, loader.FeatureCgroupLink), "",
-			[]string{"--mode ebpf", loader.FeatureRecvmsg, loader.FeatureCgroupLink, "Linux 5.8"}},
-		{"auto without the privilege to probe", "auto",
-			report("load program: operation not permitted", loader.FeatureConnect, loader.FeatureLRUHash), "",
-			[]string{"not permit", loader.FeatureConnect, loader.FeatureLRUHash, "CAP_BPF"}},
-		{"auto on an empty report", "auto", loader.Report{Kernel: "5.4.0-test"}, "",
-			[]string{loader.FeatureConnect, loader.FeatureCgroupLink}},
-		{"iptables on a capable kernel", "iptables", full, backendIPTables, nil},
-		{"iptables on a kernel without hooks", "iptables", noRecvmsg, backendIPTables, nil},
-		{"iptables on an empty report", "iptables", loader.Report{Kernel: "5.4.0-test"}, backendIPTables, nil},
-		{"auto without hooks names the iptables mode", "auto", noRecvmsg, "", []string{"--mode auto", "--mode iptables"}},
-		{"ebpf without hooks names the iptables mode", "ebpf", noRecvmsg, "", []string{"--mode ebpf", "--mode iptables"}},
-		{"ipvs on a kernel without hooks", "ipvs", noRecvmsg, "", []string{"--mode ipvs", "no IPVS dataplane", "--mode iptables"}},
-		{"unknown", "nftables", full, "", []string{`"nftables"`, "auto, ebpf or iptables"}},
-		{"empty", "", full, "", []string{`--mode ""`, "auto, ebpf or iptables"}},
-		{"case matters, as in kube-proxy", "eBPF", full, "", []string{"auto, ebpf or iptables"}},
-		{"case matters for iptables too", "IPTables", full, "", []string{"auto, ebpf or iptables"}},
+		{"auto on a capable kernel", "auto", "iptables", full, backendEBPF, causeEBPFSupported, nil, false},
+		{"ebpf on a capable kernel", "ebpf", "iptables", full, backendEBPF, causeRequested, nil, false},
+		{"auto without recvmsg hooks falls back", "auto", "iptables", noRecvmsg, backendIPTables, causeEBPFUnavailable,
+			[]string{"--fallback-mode iptables", loader.FeatureRecvmsg, "5.4.0-test"}, false},
+		{"auto where BPF is forbidden falls back, naming the privileges", "auto", "iptables", denied, backendIPTables, causeEBPFUnavailable,
+			[]string{"not permit", "CAP_BPF", loader.FeatureConnect}, false},
+		{"auto on an empty report falls back", "auto", "iptables", loader.Report{Kernel: "5.4.0-test"}, backendIPTables, causeEBPFUnavailable,
+			[]string{loader.FeatureConnect, loader.FeatureCgroupLink}, false},
+		{"ebpf without recvmsg and link", "ebpf", "iptables", report(noSuchAttach, loader.FeatureRecvmsg, loader.FeatureCgroupLink), "", "",
+			[]string{"--mode ebpf", loader.FeatureRecvmsg, loader.FeatureCgroupLink, "Linux 5.8", "--mode iptables"}, true},
+		{"ebpf without the privilege to probe", "ebpf", "iptables", denied, "", "",
+			[]string{"--mode ebpf", "not permit", "CAP_BPF"}, true},
+		{"iptables on a capable kernel", "iptables", "iptables", full, backendIPTables, causeRequested, nil, false},
+		{"iptables on an empty report", "iptables", "iptables", loader.Report{Kernel: "5.4.0-test"}, backendIPTables, causeRequested, nil, false},
+		{"ipvs is refused", "ipvs", "iptables", noRecvmsg, "", "", []string{"--mode ipvs", "no IPVS dataplane", "--mode iptables"}, true},
+		{"ipvs fallback is refused on a capable kernel too", "auto", "ipvs", full, "", "",
+			[]string{"--fallback-mode ipvs", "no IPVS dataplane", "--fallback-mode iptables"}, true},
+		{"ipvs fallback is refused under --mode iptables too", "iptables", "ipvs", full, "", "", []string{"--fallback-mode ipvs"}, true},
+		{"fallback ebpf is no fallback", "auto", "ebpf", noRecvmsg, "", "", []string{`--fallback-mode "ebpf"`, "want iptables"}, true},
+		{"empty fallback", "auto", "", full, "", "", []string{`--fallback-mode ""`}, true},
+		{"unknown", "nftables", "iptables", full, "", "", []string{`"nftables"`, "auto, ebpf or iptables"}, true},
+		{"empty", "", "iptables", full, "", "", []string{`--mode ""`, "auto, ebpf or iptables"}, true},
+		{"case matters, as in kube-proxy", "eBPF", "iptables", full, "", "", []string{"auto, ebpf or iptables"}, true},
+		{"case matters for iptables too", "IPTables", "iptables", full, "", "", []string{"auto, ebpf or iptables"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := chooseDataplane(tc.mode, tc.report)
-			if tc.wantErr == nil {
-				if err != nil || c.backend != tc.want || c.reason == "" {
-					t.Fatalf("chooseDataplane(%q) = %+v, %v; want %s with a reason", tc.mode, c, err, tc.want)
-				}
+			c, err := chooseDataplane(tc.mode, tc.fallback, tc.report)
+			if tc.wantErr {
+				checkErr(t, err, tc.mode, tc.report, tc.want2...)
 				return
 			}
-			if err == nil {
-				t.Fatalf("chooseDataplane(%q) = %+v, want an error", tc.mode, c)
+			if err != nil || c.backend != tc.want || c.cause != tc.wantCause || c.reason == "" {
+				t.Fatalf("chooseDataplane(%q, %q) = %+v, %v; want %s (%s) with a reason", tc.mode, tc.fallback, c, err, tc.want, tc.wantCause)
 			}
-			for _, want := range tc.wantErr {
-				if !strings.Contains(err.Error(), want) {
-					t.Errorf("error %q lacks %q", err, want)
+			for _, w := range tc.want2 {
+				if !strings.Contains(c.reason, w) {
+					t.Errorf("reason %q lacks %q", c.reason, w)
 				}
-			}
-			// kpr must not send users to a mode it refuses.
-			for _, refused := range []string{"--mode ipvs"} {
-				if tc.mode != refused[len("--mode "):] && strings.Contains(err.Error(), refused) {
-					t.Errorf("error %q suggests %s, which this build refuses", err, refused)
-				}
-			}
-			if tc.report.Has(loader.FeatureConnect) && strings.Contains(err.Error(), "permit") {
-				t.Errorf("error %q blames privileges for features that are missing", err)
 			}
 		})
 	}
 }
 
 func TestProbeSaysWhatAutoRuns(t *testing.T) {
-	if got := autoModeOf(report("")); got.Backend != "ebpf" || got.Error != "" {
+	if got := autoModeOf(report(""), "iptables"); got.Backend != "ebpf" || got.Error != "" {
 		t.Errorf("auto mode on a capable kernel = %+v, want ebpf", got)
 	}
-	got := autoModeOf(report(noSuchAttach, loader.FeatureRecvmsg))
-	if got.Backend != "" || !strings.Contains(got.Error, loader.FeatureRecvmsg) {
-		t.Errorf("auto mode without recvmsg hooks = %+v, want an error naming them", got)
+	got := autoModeOf(report(noSuchAttach, loader.FeatureRecvmsg), "iptables")
+	if got.Backend != "iptables" || got.Cause != causeEBPFUnavailable || !strings.Contains(got.Reason, loader.FeatureRecvmsg) {
+		t.Errorf("auto mode without recvmsg hooks = %+v, want the iptables fallback naming them", got)
+	}
+	if got := autoModeOf(report(""), "ipvs"); got.Backend != "" || !strings.Contains(got.Error, "no IPVS dataplane") {
+		t.Errorf("auto mode with --fallback-mode ipvs = %+v, want the refusal", got)
+	}
+}
+
+func TestMetricNamesTheChosenModeAndWhy(t *testing.T) {
+	m := metrics.New()
+	exportChoice(m, choice{backend: backendIPTables, cause: causeEBPFUnavailable})
+	rec := httptest.NewRecorder()
+	m.Handler("iptables").ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if want := `kpr_proxy_mode{mode="iptables",reason="ebpf-unavailable"} 1`; !strings.Contains(rec.Body.String(), want) {
+		t.Errorf("/metrics lacks %s", want)
 	}
 }
 

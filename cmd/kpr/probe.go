@@ -11,13 +11,13 @@ import (
 )
 
 func newProbeCommand() *cobra.Command {
-	var output string
+	var output, fallback string
 	cmd := &cobra.Command{
 		Use:   "probe",
-		Short: "Report which kernel features kpr's eBPF dataplane can use",
+		Short: "Report which kernel features kpr's eBPF dataplane can use, and which dataplane --mode auto runs",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			report := loader.Probe()
-			auto := autoModeOf(report)
+			auto := autoModeOf(report, fallback)
 			out := cmd.OutOrStdout()
 			if output == "json" {
 				enc := json.NewEncoder(out)
@@ -36,6 +36,9 @@ func newProbeCommand() *cobra.Command {
 			} else {
 				fmt.Fprintf(out, "\nkpr run --mode auto would run the %s dataplane: %s.\n", auto.Backend, auto.Reason)
 			}
+			if auto.Backend != string(backendEBPF) {
+				return nil
+			}
 			if !report.Has(loader.FeatureSetRetval) {
 				fmt.Fprintln(out, "Connects to a Service without endpoints fail with EPERM (no bpf_set_retval).")
 			} else {
@@ -50,6 +53,7 @@ func newProbeCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().StringVar(&fallback, "fallback-mode", defaultFallback, "the --fallback-mode of the `kpr run` to predict")
 	return cmd
 }
 
@@ -61,18 +65,20 @@ type probeOutput struct {
 }
 
 // autoMode is the backend `kpr run --mode auto` runs on the probed kernel,
-// or why it refuses to start.
+// and why (Cause is the reason label of kpr_proxy_mode), or why it
+// refuses to start.
 type autoMode struct {
 	Backend string `json:"backend,omitempty"`
+	Cause   string `json:"cause,omitempty"`
 	Reason  string `json:"reason,omitempty"`
 	Error   string `json:"error,omitempty"`
 }
 
 // autoModeOf asks chooseDataplane, so that probe and run cannot disagree.
-func autoModeOf(report loader.Report) autoMode {
-	c, err := chooseDataplane(modeAuto, report)
+func autoModeOf(report loader.Report, fallback string) autoMode {
+	c, err := chooseDataplane(modeAuto, fallback, report)
 	if err != nil {
 		return autoMode{Error: err.Error()}
 	}
-	return autoMode{Backend: string(c.backend), Reason: c.reason}
+	return autoMode{Backend: string(c.backend), Cause: c.cause, Reason: c.reason}
 }

@@ -48,7 +48,9 @@ type runFlags struct {
 	tcAttach  string
 	conntrack loader.ConntrackTimeouts
 	snatPorts string
-	kubeProxy         kubeProxyFlags // compat.go
+	kubeProxy kubeProxyFlags // compat.go
+
+	fallbackMode string
 }
 
 func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
@@ -83,19 +85,21 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.mode, "mode", "auto", "dataplane: auto, ebpf or iptables (ipvs is not built yet)")
+	fl.StringVar(&f.mode, "mode", modeAuto, "dataplane: auto (eBPF where the kernel runs it, else --fallback-mode), ebpf or iptables (ipvs is not built yet)")
+	fl.StringVar(&f.fallbackMode, "fallback-mode", defaultFallback, "dataplane --mode auto runs where the eBPF one cannot run (`kpr probe` says why): iptables (ipvs is not built yet)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster config")
 	fl.StringVar(&f.hostnameOverride, "hostname-override", "", "this node's name in the API; default: the hostname")
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
 	fl.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between two syncs; changes arriving meanwhile are coalesced")
 	fl.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "time between full reconciles of the maps against the API")
-	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility (the socket-level dataplane does not need it)")
+	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility: the eBPF mode does not need it, and the iptables mode does not yet use it "+
+		"to masquerade off-cluster traffic to ClusterIPs (it behaves as kube-proxy without --cluster-cidr)")
 	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs and keywords selecting the addresses that serve NodePorts: "+
 		"primary (the Node's primary IP of each family), localhost (127.0.0.1 and ::1, for the host network namespace only), all; empty means all")
 	fl.StringVar(&f.externalIPs, "external-ips", "all", "Service externalIPs that sockets on this node are sent to backends for: "+
 		"all (kube-proxy's behaviour), node-local (only addresses of this Node, which keeps a Service from capturing traffic to other destinations, CVE-2020-8554) or none")
 	fl.StringVar(&f.hostNetNS, "host-netns", "", "network namespace file (/proc/PID/ns/net or a bind mount) of the node's own network; "+
-		"NodePorts on loopback are served only to its sockets; empty means kpr's own")
+		"NodePorts on loopback are served only to its sockets, and the iptables mode programs its tables; empty means kpr's own")
 	fl.StringVar(&f.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables")
 	fl.StringVar(&f.healthCheckIP, "healthcheck-bind-ip", "", "address the healthCheckNodePorts of externalTrafficPolicy: Local Services listen on; empty means all addresses")
 	fl.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics and /proxyMode; empty disables")
@@ -174,24 +178,24 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
-	chosen, err := chooseDataplane(f.mode, report)
+	chosen, err := chooseDataplane(f.mode, f.fallbackMode, report)
 	if err != nil {
 		return err
 	}
-	log.Info("dataplane selected", zap.String("mode", f.mode), zap.String("backend", string(chosen.backend)),
-		zap.String("reason", chosen.reason))
+	logChoice(log, f.mode, chosen)
 	client, err := apiclient.New(f.apiConnection())
 	if err != nil {
 		return err
 	}
 
 	m := metrics.New()
+	exportChoice(m, chosen)
 	dp, err := newDataplane(chosen, g, f, m, log)
 	if err != nil {
 		return err
 	}
 	defer dp.close()
-	hs := health.New(health.Config{Addr: f.healthzAddr, Timeout: 2 * f.syncPeriod, Metrics: m})
+	hs := health.New(health.Config{Addr: f.healthzAddr, Timeout: 2 * cfg.SyncPeriod, Metrics: m})
 	svcHealth := servicehealth.New(f.healthCheckIP, hs.Healthy, log.Named("servicehealth"))
 	cfg.Metrics = m
 	cfg.Health = hs
@@ -205,6 +209,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		return err
 	}
 	go releaseStartupMemory(ctx, w.FirstSync())
+	go removePreviousModeState(w.FirstSync(), ctx.Done(), chosen.backend, g.bpfRoot, f.hostNetNS, log)
 
 	group, ctx := errgroup.WithContext(ctx)
 	if f.healthzAddr != "" {

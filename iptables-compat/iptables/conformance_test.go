@@ -75,7 +75,7 @@ func (tp tamperer) Remove(k dataplanetest.Key) error {
 			d, err := parseAddr(ruleArg(r, "-d"))
 			if err == nil && d == k.Addr && ruleArg(r, "--dport") == strconv.Itoa(int(k.Port)) &&
 				parseProto(ruleArg(r, "-p")) == k.Protocol {
-				in.WriteString("-D " + r[1] + " " + quoteWords(r[2:]) + "\n")
+				in.WriteString("-D " + r[1] + " " + joinWords(r[2:]) + "\n")
 			}
 		}
 		in.WriteString("COMMIT\n")

@@ -126,23 +126,12 @@ func (f *fakeIPTables) save(fam, only string) []byte {
 		}
 		for _, c := range t.order {
 			for _, r := range t.rules[c] {
-				b.WriteString("-A " + c + " " + quoteWords(r) + "\n")
+				b.WriteString("-A " + c + " " + joinWords(r) + "\n")
 			}
 		}
 		b.WriteString("COMMIT\n")
 	}
 	return b.Bytes()
-}
-
-func quoteWords(words []string) string {
-	out := make([]string, len(words))
-	for i, w := range words {
-		if strings.ContainsAny(w, " \"") || w == "" {
-			w = `"` + strings.ReplaceAll(w, `"`, `\"`) + `"`
-		}
-		out[i] = w
-	}
-	return strings.Join(out, " ")
 }
 
 // restore applies input to copies of the tables and keeps them only if

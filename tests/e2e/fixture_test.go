@@ -71,15 +71,24 @@ type fixture struct {
 	pods    map[string]*harness.Pod
 	cgroup  *harness.Cgroup
 	kpr     *kprproc.Process
+	// mode is the dataplane kpr runs.
+	mode dataMode
 }
 
-// newFixture starts everything. kprArgs are extra `kpr run` flags.
+// newFixture starts everything, kpr in the eBPF mode. kprArgs are extra
+// `kpr run` flags.
 func newFixture(t *testing.T, kprArgs ...string) *fixture {
+	t.Helper()
+	return newModeFixture(t, modeEBPF, kprArgs...)
+}
+
+// newModeFixture starts everything, kpr in mode m.
+func newModeFixture(t *testing.T, m dataMode, kprArgs ...string) *fixture {
 	t.Helper()
 	harness.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
-	f := &fixture{t: t, ctx: ctx, pods: map[string]*harness.Pod{}}
+	f := &fixture{t: t, ctx: ctx, pods: map[string]*harness.Pod{}, mode: m}
 
 	// The API server's graceful shutdown waits up to --request-timeout for
 	// open watches (kpr's); the default 60s would stall every outage.
@@ -106,6 +115,7 @@ func newFixture(t *testing.T, kprArgs ...string) *fixture {
 		}
 		f.pods[name] = pod
 	}
+	f.prepareNode(m)
 	if err := f.cluster.CreateNode(ctx, nodeName, []string{nodeIP.Addr().String()},
 		map[string]string{v1.LabelTopologyZone: nodeZone, v1.LabelHostname: nodeName}); err != nil {
 		t.Fatal(err)
@@ -125,10 +135,12 @@ func newFixture(t *testing.T, kprArgs ...string) *fixture {
 		NodeName:   nodeName,
 		CgroupRoot: f.cgroup.Path,
 		// The node namespace is the host network namespace of the
-		// simulated node (kpr itself runs in the test's): loopback
-		// NodePorts are its sockets' alone.
-		Args:    append([]string{"--host-netns", f.node.NetNS.Path}, kprArgs...),
-		LogPath: filepath.Join(t.TempDir(), "kpr.log"),
+		// simulated node (kpr itself runs in the test's, where the API
+		// server is): loopback NodePorts are its sockets' alone, and the
+		// iptables mode programs its tables, never the test's.
+		HostNetNS: f.node.NetNS.Path,
+		Args:      append(append([]string{}, m.args...), kprArgs...),
+		LogPath:   filepath.Join(t.TempDir(), "kpr.log"),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -115,13 +116,24 @@ func requireServes(t *testing.T, probe prober, ns *harness.NetNS, addr netip.Add
 }
 
 // dialErr connects once (TCP, or a connected UDP socket) and returns the
-// error, nil if the connect succeeded.
+// error, nil if the connect succeeded. A UDP socket also sends a datagram
+// and waits briefly for the answer: where no connect() hook refuses it
+// (the iptables mode), the refusal comes back as an ICMP error, which the
+// next receive returns as ECONNREFUSED; a backend's echo is success.
 func dialErr(ns *harness.NetNS, addr netip.AddrPort, udp bool) error {
 	if udp {
 		c, err := harness.DialUDP(ns, addr)
-		if err == nil {
-			c.Close()
+		if err != nil {
+			return err
 		}
+		defer c.Close()
+		if _, err := c.Write([]byte("refused?")); err != nil {
+			return sendError{err}
+		}
+		if err := c.SetReadDeadline(time.Now().Add(dialTimeout)); err != nil {
+			return err
+		}
+		_, err = c.Read(make([]byte, 512))
 		return err
 	}
 	c, err := harness.DialTCP(ns, addr, dialTimeout)
@@ -131,14 +143,34 @@ func dialErr(ns *harness.NetNS, addr netip.AddrPort, udp bool) error {
 	return err
 }
 
+// sendError is a datagram's send failing after its socket connected.
+type sendError struct{ error }
+
+func (e sendError) Unwrap() error { return e.error }
+
+// refused says whether err is how a Service without endpoints answers: a
+// connect (or a UDP reply) with ECONNREFUSED, or, for UDP under the
+// iptables mode, the send itself with EPERM: the REJECT rule in filter
+// OUTPUT drops a node socket's datagram there, as under kube-proxy.
+func refused(err error) bool {
+	var send sendError
+	return errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &send) && errors.Is(err, syscall.EPERM))
+}
+
 // waitRefused waits until a connect to addr fails at once with
 // ECONNREFUSED, the way kube-proxy's REJECT rule answers a Service without
 // endpoints, and checks that it keeps doing so.
-func waitRefused(t *testing.T, ns *harness.NetNS, addr netip.AddrPort, udp bool) {
+//
+// In the iptables modes the rejection of a pod's connect is an ICMP error
+// that the kernel rate-limits per peer (a burst of 6, then one a second),
+// so a SYN whose rejection was held back is retransmitted after 1 s and
+// rejected then, as under kube-proxy; the bound allows that one
+// retransmission. The eBPF mode refuses inside connect() itself.
+func (f *fixture) waitRefused(t *testing.T, ns *harness.NetNS, addr netip.AddrPort, udp bool) {
 	t.Helper()
 	waitUntil(t, convergeTimeout, fmt.Sprintf("connects to %s from %s refused", addr, ns.Name), func() error {
 		err := dialErr(ns, addr, udp)
-		if errors.Is(err, syscall.ECONNREFUSED) {
+		if refused(err) {
 			return nil
 		}
 		return fmt.Errorf("connect returned %v", err)
@@ -146,24 +178,43 @@ func waitRefused(t *testing.T, ns *harness.NetNS, addr netip.AddrPort, udp bool)
 	for i := 0; i < 10; i++ {
 		start := time.Now()
 		err := dialErr(ns, addr, udp)
-		if !errors.Is(err, syscall.ECONNREFUSED) {
+		if !refused(err) {
 			t.Fatalf("connect %d to %s: %v, want ECONNREFUSED", i, addr, err)
 		}
 		// A SYN that went out and was answered by a RST would also give
 		// ECONNREFUSED; a rejection in connect() itself is immediate.
-		if took := time.Since(start); took > time.Second {
-			t.Fatalf("connect %d to %s took %s to be refused, want at once", i, addr, took)
+		bound := time.Second
+		if f.mode.iptables() {
+			bound = 2500 * time.Millisecond
+		}
+		if took := time.Since(start); took > bound {
+			t.Fatalf("connect %d to %s took %s to be refused, want at once (within %s)", i, addr, took, bound)
 		}
 	}
 }
 
-// requireUntranslated checks that kpr leaves addr alone: the node has no
-// route to the Service CIDRs, so an untranslated connect fails with
-// ENETUNREACH where a translated one would reach a pod or be refused.
-func requireUntranslated(t *testing.T, ns *harness.NetNS, addr netip.AddrPort) {
+// requireUntranslated checks that kpr leaves addr alone. In the eBPF mode
+// the node has no route to the Service CIDRs, so an untranslated connect
+// fails with ENETUNREACH where a translated one would reach a pod or be
+// refused. The iptables modes need the route (nat OUTPUT comes after the
+// route lookup), which leads nowhere: an untranslated connect times out
+// or finds no host.
+func (f *fixture) requireUntranslated(t *testing.T, ns *harness.NetNS, addr netip.AddrPort) {
 	t.Helper()
-	err := dialErr(ns, addr, false)
-	if !errors.Is(err, syscall.ENETUNREACH) {
-		t.Fatalf("connect to %s from %s: %v, want ENETUNREACH (address not translated by kpr)", addr, ns.Name, err)
+	if !f.mode.iptables() {
+		err := dialErr(ns, addr, false)
+		if !errors.Is(err, syscall.ENETUNREACH) {
+			t.Fatalf("connect to %s from %s: %v, want ENETUNREACH (address not translated by kpr)", addr, ns.Name, err)
+		}
+		return
+	}
+	c, err := harness.DialTCP(ns, addr, 500*time.Millisecond)
+	if err == nil {
+		c.Close()
+		t.Fatalf("connect to %s from %s succeeded, want it untranslated (no answer)", addr, ns.Name)
+	}
+	var nerr net.Error
+	if !(errors.As(err, &nerr) && nerr.Timeout()) && !errors.Is(err, syscall.EHOSTUNREACH) {
+		t.Fatalf("connect to %s from %s: %v, want a timeout or EHOSTUNREACH (address not translated by kpr)", addr, ns.Name, err)
 	}
 }

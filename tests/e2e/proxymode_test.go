@@ -26,6 +26,10 @@ func TestProxyMode(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusOK || string(body) != "ebpf" {
 		t.Errorf("/proxyMode = %d %q, %v; want 200 \"ebpf\"", resp.StatusCode, body, err)
 	}
+	// --mode auto ran eBPF because the kernel can: the metric says both.
+	if v, err := f.kpr.Metric(`kpr_proxy_mode{mode="ebpf",reason="ebpf-supported"}`); err != nil || v != "1" {
+		t.Errorf("kpr_proxy_mode for auto on this kernel = %q, %v; want 1", v, err)
+	}
 	var selected string
 	for _, line := range strings.Split(f.kpr.Log(), "\n") {
 		if strings.Contains(line, "dataplane selected") {
@@ -39,33 +43,42 @@ func TestProxyMode(t *testing.T) {
 	}
 }
 
-// TestModesNotBuiltAreRefused: --mode iptables and ipvs fail at once,
-// before kpr touches the API server or the kernel's hooks, with a message
-// that points at what works instead of at another refused mode.
+// TestModesNotBuiltAreRefused: --mode ipvs, --fallback-mode ipvs and
+// unknown modes fail at once, before kpr touches the API server or the
+// kernel's hooks, with a message that points at what works instead of at
+// another refused mode.
 func TestModesNotBuiltAreRefused(t *testing.T) {
 	harness.RequireRoot(t)
 	bin, err := kprproc.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"iptables", "ipvs", "userspace"} {
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--mode", "ipvs"}, "no IPVS dataplane"},
+		{[]string{"--mode", "auto", "--fallback-mode", "ipvs"}, "no IPVS dataplane"},
+		{[]string{"--mode", "userspace"}, "want auto, ebpf or iptables"},
+		{[]string{"--fallback-mode", "ebpf"}, "want iptables"},
+	} {
 		// No kubeconfig and no API server: the mode is refused first.
-		out, err := exec.Command(bin, "run", "--mode", mode, "--hostname-override", "n",
-			"--kubeconfig", "/nonexistent", "--bpf-root", "/nonexistent/kpr", "--cgroup-root", "/nonexistent").CombinedOutput()
+		args := append([]string{"run", "--hostname-override", "n",
+			"--kubeconfig", "/nonexistent", "--bpf-root", "/nonexistent/kpr", "--cgroup-root", "/nonexistent"}, tc.flags...)
+		out, err := exec.Command(bin, args...).CombinedOutput()
 		if err == nil {
-			t.Fatalf("kpr run --mode %s succeeded:\n%s", mode, out)
+			t.Fatalf("kpr run %v succeeded:\n%s", tc.flags, out)
 		}
 		msg := string(out)
-		want := "only the eBPF dataplane"
-		if mode == "userspace" {
-			want = "want auto or ebpf"
+		if !strings.Contains(msg, tc.flags[len(tc.flags)-2]) || !strings.Contains(msg, tc.want) {
+			t.Errorf("kpr run %v said %q, want it to name the flag and %q", tc.flags, msg, tc.want)
 		}
-		if !strings.Contains(msg, "--mode") || !strings.Contains(msg, want) {
-			t.Errorf("kpr run --mode %s said %q, want it to name the flag and %q", mode, msg, want)
+		if strings.Contains(msg, "kubeconfig") || strings.Contains(msg, "/nonexistent") {
+			t.Errorf("kpr run %v got past the mode check: %q", tc.flags, msg)
 		}
-		for _, refused := range []string{"iptables", "ipvs"} {
-			if refused != mode && strings.Contains(msg, "--mode "+refused) {
-				t.Errorf("kpr run --mode %s suggests --mode %s, which it refuses too: %q", mode, refused, msg)
+		for _, refused := range []string{"--mode ipvs", "--fallback-mode ipvs"} {
+			if !strings.HasPrefix(strings.TrimPrefix(msg, "kpr: "), refused) && strings.Contains(msg, refused) {
+				t.Errorf("kpr run %v suggests %s, which it refuses too: %q", tc.flags, refused, msg)
 			}
 		}
 	}

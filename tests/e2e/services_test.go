@@ -30,34 +30,46 @@ const (
 // tcp80 is the usual Service port: 80 to the pods' TCP echo servers.
 var tcp80 = kubeobj.Port{Name: "tcp", Port: 80, TargetPort: int32(tcpPort)}
 
-// TestServices runs the Service semantics scenarios against one kpr.
+// serviceScenarios are the Service semantics scenarios. ebpfOnly, when
+// set, says why a scenario tests what only the eBPF mode does.
+var serviceScenarios = []struct {
+	name     string
+	run      func(t *testing.T, f *fixture, ns string)
+	ebpfOnly string
+}{
+	{"basic", testBasic, ""},
+	{"multiport", testMultiport, ""},
+	{"scale", testScale, ""},
+	{"recreate", testRecreate, ""},
+	{"no-endpoints", testNoEndpoints, ""},
+	{"terminating", testTerminating, ""},
+	{"affinity", testAffinity, ""},
+	{"internal-local", testInternalTrafficPolicyLocal, ""},
+	{"topology", testTopology, ""},
+	{"ignored", testIgnored, ""},
+	{"udp", testUDP, ""},
+	{"udp-stale-socket", testStaleUDPSocket, "destroying the connected UDP sockets of a removed backend is the eBPF mode's " +
+		"(bpf_sock_destroy); the iptables mode deletes their conntrack entries instead, as kube-proxy does"},
+	{"dual-stack", testDualStack, ""},
+	{"nodeport", testNodePort, ""},
+	{"external-ip", testExternalIPAll, ""},
+}
+
+// TestServices runs the Service semantics scenarios against one kpr per
+// mode: eBPF, iptables-nft and iptables-legacy.
 func TestServices(t *testing.T) {
-	f := newFixture(t)
-	for _, sc := range []struct {
-		name string
-		run  func(t *testing.T, f *fixture, ns string)
-	}{
-		{"basic", testBasic},
-		{"multiport", testMultiport},
-		{"scale", testScale},
-		{"recreate", testRecreate},
-		{"no-endpoints", testNoEndpoints},
-		{"terminating", testTerminating},
-		{"affinity", testAffinity},
-		{"internal-local", testInternalTrafficPolicyLocal},
-		{"topology", testTopology},
-		{"ignored", testIgnored},
-		{"udp", testUDP},
-		{"udp-stale-socket", testStaleUDPSocket},
-		{"dual-stack", testDualStack},
-		{"nodeport", testNodePort},
-		{"external-ip", testExternalIPAll},
-	} {
-		t.Run(sc.name, func(t *testing.T) {
-			sc.run(t, f, f.namespace(t, sc.name))
-			f.requireRunning(t)
-		})
-	}
+	forEachMode(t, allModes, func(t *testing.T, m dataMode) {
+		f := newModeFixture(t, m)
+		for _, sc := range serviceScenarios {
+			t.Run(sc.name, func(t *testing.T) {
+				if m.iptables() && sc.ebpfOnly != "" {
+					t.Skip(sc.ebpfOnly)
+				}
+				sc.run(t, f, f.namespace(t, sc.name))
+				f.requireRunning(t)
+			})
+		}
+	})
 }
 
 func testBasic(t *testing.T, f *fixture, ns string) {
@@ -139,7 +151,7 @@ func testScale(t *testing.T, f *fixture, ns string) {
 
 	// Down to nothing and back up.
 	f.setEndpoints(t, svc, v4)
-	waitRefused(t, f.node.NetNS, vip, false)
+	f.waitRefused(t, f.node.NetNS, vip, false)
 	f.setEndpoints(t, svc, v4, f.eps("pod-d")...)
 	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-d")
 }
@@ -159,12 +171,12 @@ func testRecreate(t *testing.T, f *fixture, ns string) {
 		t.Fatal(err)
 	}
 	waitUntil(t, convergeTimeout, "the deleted Service's ClusterIP is no longer translated", func() error {
-		if len(frontendsOf(f.dump(t), vip.Addr())) > 0 {
-			return fmt.Errorf("%s still in kpr dump", vip.Addr())
+		if f.hasFrontend(t, vip.Addr()) {
+			return fmt.Errorf("%s still programmed", vip.Addr())
 		}
 		return nil
 	})
-	requireUntranslated(t, f.node.NetNS, vip)
+	f.requireUntranslated(t, f.node.NetNS, vip)
 
 	// The allocator may hold the freed IP for a moment.
 	again := kubeobj.Service(ns, "again", tcp80)
@@ -186,15 +198,15 @@ func testNoEndpoints(t *testing.T, f *fixture, ns string) {
 	svc := f.createService(t, kubeobj.Service(ns, "empty", tcp80,
 		kubeobj.Port{Name: "dns", Port: 53, TargetPort: int32(udpPort), Protocol: v1.ProtocolUDP}))
 	tcpVIP, udpVIP := clusterIP(t, svc, v1.IPv4Protocol, 80), clusterIP(t, svc, v1.IPv4Protocol, 53)
-	waitRefused(t, f.node.NetNS, tcpVIP, false)
-	waitRefused(t, f.node.NetNS, udpVIP, true)
-	waitRefused(t, f.pod("pod-a").NetNS, tcpVIP, false)
+	f.waitRefused(t, f.node.NetNS, tcpVIP, false)
+	f.waitRefused(t, f.node.NetNS, udpVIP, true)
+	f.waitRefused(t, f.pod("pod-a").NetNS, tcpVIP, false)
 
 	f.setEndpoints(t, svc, v4, f.eps("pod-a")...)
 	waitServes(t, tcpWho, f.node.NetNS, tcpVIP, "pod-a")
 	f.setEndpoints(t, svc, v4)
-	waitRefused(t, f.node.NetNS, tcpVIP, false)
-	waitRefused(t, f.node.NetNS, udpVIP, true)
+	f.waitRefused(t, f.node.NetNS, tcpVIP, false)
+	f.waitRefused(t, f.node.NetNS, udpVIP, true)
 }
 
 // testTerminating: with no ready endpoint, serving terminating ones are
@@ -216,7 +228,7 @@ func testTerminating(t *testing.T, f *fixture, ns string) {
 	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-b")
 
 	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, terminatingGone), f.ep("pod-c", v4, terminatingGone))
-	waitRefused(t, f.node.NetNS, vip, false)
+	f.waitRefused(t, f.node.NetNS, vip, false)
 }
 
 // testAffinity: with ClientIP affinity every client (a network namespace)
@@ -254,7 +266,11 @@ func testAffinity(t *testing.T, f *fixture, ns string) {
 		})
 		requireServes(t, tcpWho, nsh, vip, stuck)
 	}
-	if d := frontendsOf(f.dump(t), vip.Addr()); len(d) != 1 || d[0].AffinityTimeout != 600 {
+	if f.mode.iptables() {
+		if save := f.iptablesSave(t, false); !strings.Contains(save, "--seconds 600") {
+			t.Errorf("no rule of the iptables tables keeps affinity for 600 s:\n%s", save)
+		}
+	} else if d := frontendsOf(f.dump(t), vip.Addr()); len(d) != 1 || d[0].AffinityTimeout != 600 {
 		t.Errorf("kpr dump for %s = %+v, want one entry with affinityTimeoutSeconds 600", vip, d)
 	}
 
@@ -278,7 +294,7 @@ func testInternalTrafficPolicyLocal(t *testing.T, f *fixture, ns string) {
 	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-c")
 
 	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, onNode(otherNode)), f.ep("pod-c", v4, onNode(otherNode)))
-	waitRefused(t, f.node.NetNS, vip, false)
+	f.waitRefused(t, f.node.NetNS, vip, false)
 
 	// Switching the policy back to Cluster uses them all.
 	f.updateService(t, svc, func(s *v1.Service) {
@@ -367,18 +383,23 @@ func testIgnored(t *testing.T, f *fixture, ns string) {
 	waitServes(t, tcpWho, f.node.NetNS, clusterIP(t, marker, v1.IPv4Protocol, 80), "pod-d")
 
 	foreignVIP := clusterIP(t, foreign, v1.IPv4Protocol, 80)
-	d := f.dump(t)
-	if got := frontendsOf(d, foreignVIP.Addr()); len(got) > 0 {
-		t.Errorf("Service labelled %s is in kpr dump: %+v", desired.LabelServiceProxyName, got)
+	if f.hasFrontend(t, foreignVIP.Addr()) {
+		t.Errorf("Service labelled %s is programmed", desired.LabelServiceProxyName)
 	}
-	for _, s := range d {
-		for _, b := range s.Backends {
-			if strings.HasSuffix(b, fmt.Sprintf(":%d", otherPort)) {
-				t.Errorf("kpr dump has backend %s of an ignored Service (frontend %s)", b, s.Frontend)
+	if f.mode.iptables() {
+		if save := f.iptablesSave(t, false); strings.Contains(save, fmt.Sprintf(":%d", otherPort)) {
+			t.Errorf("the iptables tables have a backend of an ignored Service (port %d):\n%s", otherPort, save)
+		}
+	} else {
+		for _, s := range f.dump(t) {
+			for _, b := range s.Backends {
+				if strings.HasSuffix(b, fmt.Sprintf(":%d", otherPort)) {
+					t.Errorf("kpr dump has backend %s of an ignored Service (frontend %s)", b, s.Frontend)
+				}
 			}
 		}
 	}
-	requireUntranslated(t, f.node.NetNS, foreignVIP)
+	f.requireUntranslated(t, f.node.NetNS, foreignVIP)
 }
 
 // testUDP: UDP Services in both families; replies come from the ClusterIP
@@ -478,6 +499,9 @@ func testDualStack(t *testing.T, f *fixture, ns string) {
 	waitServes(t, tcpWho, f.node.NetNS, vip6, "pod-b", "pod-c")
 	requireServes(t, tcpWho, f.pod("pod-d").NetNS, vip6, "pod-b", "pod-c")
 
+	if f.mode.iptables() {
+		return // each family has tables of its own: no backend can be of the other
+	}
 	for _, s := range append(frontendsOf(f.dump(t), vip4.Addr()), frontendsOf(f.dump(t), vip6.Addr())...) {
 		for _, b := range s.Backends {
 			ap := netip.MustParseAddrPort(b)

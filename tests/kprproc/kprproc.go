@@ -58,6 +58,11 @@ type Options struct {
 	CgroupRoot string
 	// BPFRoot defaults to a fresh /sys/fs/bpf/kpr-test-<random>.
 	BPFRoot string
+	// HostNetNS is the node's network namespace file, passed as
+	// --host-netns to `kpr run` and to `kpr cleanup` (the iptables mode
+	// programs, and cleanup clears, that namespace's tables); empty means
+	// kpr's own.
+	HostNetNS string
 	// Args are extra `kpr run` flags, e.g. --min-sync-period.
 	Args []string
 	// LogPath receives kpr's output; default a file under os.TempDir.
@@ -127,6 +132,9 @@ func (p *Process) start(bin string) error {
 		"--kubeconfig", p.Kubeconfig, "--hostname-override", p.NodeName,
 		"--cgroup-root", p.CgroupRoot, "--bpf-root", p.BPFRoot,
 		"--healthz-bind-address", p.HealthzAddr, "--metrics-bind-address", p.MetricsAddr}
+	if p.HostNetNS != "" {
+		args = append(args, "--host-netns", p.HostNetNS)
+	}
 	p.cmd = exec.Command(bin, append(args, p.Args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	// A test binary killed outright must not leave kpr running.
@@ -199,7 +207,11 @@ func (p *Process) Cleanup() error {
 	if err != nil {
 		return err
 	}
-	out, err := exec.Command(bin, "cleanup", "--bpf-root", p.BPFRoot, "--cgroup-root", p.CgroupRoot).CombinedOutput()
+	args := []string{"cleanup", "--bpf-root", p.BPFRoot, "--cgroup-root", p.CgroupRoot}
+	if p.HostNetNS != "" {
+		args = append(args, "--host-netns", p.HostNetNS)
+	}
+	out, err := exec.Command(bin, args...).CombinedOutput()
 	if p.ownLog {
 		os.Remove(p.LogPath)
 	}

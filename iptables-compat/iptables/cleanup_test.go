@@ -1,0 +1,124 @@
+package iptables
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+// allGolden is every golden case's ServicePorts at once: every shape of
+// chain the backend writes.
+func allGolden() map[dataplane.ServicePortName]*dataplane.ServicePort {
+	all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+	for _, sps := range goldenCases() {
+		for _, sp := range sps {
+			all[sp.Name] = sp
+		}
+	}
+	return all
+}
+
+// foreign are rules and a chain of another tool (kubelet's firewall
+// chain, a CNI's rule): Cleanup must leave them.
+const foreign = `*filter
+:KUBE-FIREWALL - [0:0]
+-A INPUT -j KUBE-FIREWALL
+-A KUBE-FIREWALL -m comment --comment "kubelet firewall" -j DROP
+-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+COMMIT
+`
+
+// kprChains are the chains of a save output that Cleanup must remove.
+func kprChains(save string) []string {
+	var out []string
+	for _, l := range strings.Split(save, "\n") {
+		name, _, _ := strings.Cut(strings.TrimPrefix(l, ":"), " ")
+		if strings.HasPrefix(l, ":") && (ownedChain(name) || slices.Contains(append(sharedChains(tableNAT), sharedChains(tableFilter)...), name)) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// writeAndClean programs every golden ServicePort in both families of v,
+// adds the foreign rules, runs Cleanup and returns what each family's
+// tables hold afterwards.
+func writeAndClean(t *testing.T, r Runner, v Variant) map[Family]string {
+	t.Helper()
+	p, err := New(Options{Runner: r, Families: map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reconcile(allGolden()); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []Family{IPv4, IPv6} {
+		if _, err := r.Run(ToolsFor(v, fam).Restore, []string{"--noflush"}, []byte(foreign)); err != nil {
+			t.Fatal(err)
+		}
+		out, err := r.Run(ToolsFor(v, fam).Save, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(kprChains(string(out))) < 10 {
+			t.Fatalf("%s tables hold only chains %v after the sync; the test writes too little", fam, kprChains(string(out)))
+		}
+	}
+	n, err := Cleanup(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Error("Cleanup says it deleted no chain")
+	}
+	after := map[Family]string{}
+	for _, fam := range []Family{IPv4, IPv6} {
+		out, err := r.Run(ToolsFor(v, fam).Save, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after[fam] = string(out)
+	}
+	if n, err := Cleanup(r); n != 0 || err != nil {
+		t.Errorf("a second Cleanup deleted %d chains, %v; want nothing left to do", n, err)
+	}
+	return after
+}
+
+func checkCleaned(t *testing.T, after map[Family]string) {
+	t.Helper()
+	for fam, save := range after {
+		if left := kprChains(save); len(left) > 0 {
+			t.Errorf("%s: chains left after Cleanup: %v\n%s", fam, left, save)
+		}
+		if strings.Contains(save, "KUBE-SERVICES") || strings.Contains(save, "KUBE-POSTROUTING") {
+			t.Errorf("%s: jumps left after Cleanup:\n%s", fam, save)
+		}
+		for _, want := range []string{":KUBE-FIREWALL", "-A INPUT -j KUBE-FIREWALL", "-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT"} {
+			if !strings.Contains(save, want) {
+				t.Errorf("%s: Cleanup removed another tool's %q:\n%s", fam, want, save)
+			}
+		}
+	}
+}
+
+func TestCleanupRemovesEveryChainItWrites(t *testing.T) {
+	fake := newFake()
+	// Only the nft binaries are installed: legacy is skipped.
+	for _, fam := range []Family{IPv4, IPv6} {
+		tools := ToolsFor(Legacy, fam)
+		fake.missing[tools.Save], fake.missing[tools.Restore] = true, true
+	}
+	checkCleaned(t, writeAndClean(t, fake, NFT))
+}
+
+func TestCleanupInANetNS(t *testing.T) {
+	requireRoot(t)
+	for _, v := range []Variant{NFT, Legacy} {
+		t.Run(string(v), func(t *testing.T) {
+			checkCleaned(t, writeAndClean(t, newNetNS(t), v))
+		})
+	}
+}

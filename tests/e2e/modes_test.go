@@ -1,0 +1,150 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/tests/cluster"
+	"github.com/kpr-io/kpr/tests/harness"
+)
+
+// dataMode is one dataplane the scenarios run against: the same
+// scenarios, the same assertions, whatever programs the kernel.
+type dataMode struct {
+	name string
+	// args are the `kpr run` flags that select it.
+	args []string
+	// variant is the iptables variant the node uses ("nft", "legacy");
+	// empty for the eBPF mode.
+	variant string
+}
+
+// The modes. The eBPF one runs under the default --mode auto, which
+// picks it on a kernel that has the hooks (available checks that).
+var (
+	modeEBPF           = dataMode{name: "ebpf"}
+	modeIPTablesNFT    = dataMode{name: "iptables-nft", args: []string{"--mode", "iptables"}, variant: "nft"}
+	modeIPTablesLegacy = dataMode{name: "iptables-legacy", args: []string{"--mode", "iptables"}, variant: "legacy"}
+	allModes           = []dataMode{modeEBPF, modeIPTablesNFT, modeIPTablesLegacy}
+)
+
+func (m dataMode) iptables() bool { return m.variant != "" }
+
+// available says why this machine cannot run m, "" if it can.
+func (m dataMode) unavailable() string {
+	if !m.iptables() {
+		if err := loader.Probe().RequireSocketLB(); err != nil {
+			return "the kernel cannot run the eBPF mode: " + err.Error()
+		}
+		return ""
+	}
+	for _, bin := range []string{m.tool("iptables", "restore"), m.tool("iptables", "save"), m.tool("ip6tables", "restore")} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return fmt.Sprintf("%s is not installed: %v", bin, err)
+		}
+	}
+	return ""
+}
+
+// tool is a binary of m's variant, e.g. iptables-nft-save.
+func (m dataMode) tool(base, op string) string { return base + "-" + m.variant + "-" + op }
+
+// forEachMode runs fn against every mode this machine can run, each as a
+// subtest named after it; a mode it cannot run is skipped, saying why.
+func forEachMode(t *testing.T, modes []dataMode, fn func(t *testing.T, m dataMode)) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			harness.RequireRoot(t)
+			if why := m.unavailable(); why != "" {
+				t.Skip(why)
+			}
+			fn(t, m)
+		})
+	}
+}
+
+// prepareNode makes the node namespace what the mode needs before kpr
+// starts. For iptables: a rule in the variant's tables, so that kpr's
+// detection (the variant holding more rules, as kube-proxy's) picks it;
+// and routes to the Service ranges, since a node socket's connect looks
+// up a route before nat OUTPUT rewrites the destination (a real node has
+// its default route; here untranslated Service addresses still fail).
+func (f *fixture) prepareNode(m dataMode) {
+	f.t.Helper()
+	if !m.iptables() {
+		return
+	}
+	// The rule is also a conntrack user other than kpr, as a real node
+	// has (kubelet's and the CNI plugin's rules): the kernel enables
+	// conntrack in a namespace only while some rule needs it, so without
+	// one, removing kpr's last rule would end the NAT of the connections
+	// its rules translated.
+	seed := "*filter\n:KPR-E2E-VARIANT - [0:0]\n-A KPR-E2E-VARIANT -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n"
+	if _, err := f.inNode(m.tool("iptables", "restore"), []byte(seed), "--noflush"); err != nil {
+		f.t.Fatal(err)
+	}
+	for _, r := range strings.Split(cluster.DefaultServiceClusterIPRange, ",") {
+		dst := netip.MustParsePrefix(r)
+		ipnet := &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())}
+		route := &netlink.Route{Dst: ipnet, LinkIndex: f.node.BridgeIndex}
+		if err := f.node.NetNS.Netlink().RouteAdd(route); err != nil {
+			f.t.Fatalf("route %s in the node namespace: %v", dst, err)
+		}
+	}
+}
+
+// inNode runs a command inside the node namespace and returns its output.
+func (f *fixture) inNode(bin string, stdin []byte, args ...string) ([]byte, error) {
+	cmd := exec.Command(bin, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(stdin), &out, &errOut
+	if err := harness.StartCommand(f.node.NetNS, cmd); err != nil {
+		return nil, err
+	}
+	if err := cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("%s %v in %s: %w: %s", bin, args, f.node.NetNS.Name, err, errOut.String())
+	}
+	return out.Bytes(), nil
+}
+
+// iptablesSave is the node's nat and filter tables of one family.
+func (f *fixture) iptablesSave(t *testing.T, v6 bool) string {
+	t.Helper()
+	base := "iptables"
+	if v6 {
+		base = "ip6tables"
+	}
+	out, err := f.inNode(f.mode.tool(base, "save"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// hasFrontend says whether kpr programs a frontend on addr: in the eBPF
+// maps (kpr dump) or in the iptables Service chains.
+func (f *fixture) hasFrontend(t *testing.T, addr netip.Addr) bool {
+	t.Helper()
+	if !f.mode.iptables() {
+		return len(frontendsOf(f.dump(t), addr)) > 0
+	}
+	bits := 32
+	if !addr.Unmap().Is4() {
+		bits = 128
+	}
+	match := fmt.Sprintf(" -d %s/%d ", addr.Unmap(), bits)
+	for _, l := range strings.Split(f.iptablesSave(t, bits == 128), "\n") {
+		if (strings.HasPrefix(l, "-A KUBE-SERVICES ") || strings.HasPrefix(l, "-A KUBE-NODEPORTS ")) && strings.Contains(l, match) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,184 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/kubeobj"
+)
+
+// TestModeSwitch moves one node from the eBPF mode to iptables and back,
+// under traffic. Each move removes the previous mode's state once the new
+// one has synced (no pinned maps after moving to iptables, no KUBE-*
+// chains after moving back), and loses no established TCP connection: one
+// opened under eBPF (translated in connect(), so no rule is on its path)
+// and one opened under iptables (DNATed by conntrack, whose entry outlives
+// the rules) keep echoing through both moves.
+func TestModeSwitch(t *testing.T) {
+	forEachMode(t, []dataMode{modeIPTablesNFT, modeIPTablesLegacy}, func(t *testing.T, ipt dataMode) {
+		if why := modeEBPF.unavailable(); why != "" {
+			t.Skip(why)
+		}
+		// The node is prepared for the iptables mode (its variant, the
+		// routes); kpr starts in the eBPF one.
+		start := ipt
+		start.args = []string{"--mode", "ebpf"}
+		f := newModeFixture(t, start)
+		ns := f.namespace(t, "switch")
+		svc := f.createService(t, kubeobj.Service(ns, "web", tcp80))
+		f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
+		vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+		waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+
+		underEBPF := startTraffic(t, f.node.NetNS, vip)
+		f.switchMode(t, ipt.args, "iptables")
+		f.waitGone(t, "pinned maps of the eBPF mode", func() bool {
+			_, err := os.Stat(filepath.Join(f.kpr.BPFRoot, "kpr_services"))
+			return err == nil
+		})
+		if !f.hasFrontend(t, vip.Addr()) {
+			t.Fatalf("the iptables mode has no rule for %s:\n%s", vip, f.iptablesSave(t, false))
+		}
+		waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+		requireServes(t, tcpWho, f.pod("pod-c").NetNS, vip, "pod-a", "pod-b")
+		underIPTables := startTraffic(t, f.node.NetNS, vip)
+
+		f.switchMode(t, []string{"--mode", "ebpf"}, "ebpf")
+		f.waitGone(t, "KUBE-* chains of the iptables mode", func() bool {
+			return strings.Contains(f.iptablesSave(t, false), "KUBE-") || strings.Contains(f.iptablesSave(t, true), "KUBE-")
+		})
+		if save := f.iptablesSave(t, false); !strings.Contains(save, "KPR-E2E-VARIANT") {
+			t.Errorf("moving to eBPF removed a chain that is not kpr's:\n%s", save)
+		}
+		waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+		requireServes(t, tcpWho, f.pod("pod-c").NetNS, vip, "pod-a", "pod-b")
+
+		for name, tr := range map[string]*traffic{"opened under eBPF": underEBPF, "opened under iptables": underIPTables} {
+			if n, err := tr.stop(); err != nil {
+				t.Errorf("connection %s broke after %d echoes: %v", name, n, err)
+			} else if n < 10 {
+				t.Errorf("connection %s echoed only %d times", name, n)
+			}
+		}
+	})
+}
+
+// switchMode stops kpr and starts it again with other mode flags, as a
+// DaemonSet rollout does, and waits until it has synced and says so.
+func (f *fixture) switchMode(t *testing.T, args []string, backend string) {
+	t.Helper()
+	if err := f.kpr.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	f.kpr.Args = args
+	if err := f.kpr.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitHealthy()
+	want := fmt.Sprintf(`kpr_proxy_mode{mode=%q,reason="requested"}`, backend)
+	if v, err := f.kpr.Metric(want); err != nil || v != "1" {
+		t.Errorf("%s = %q, %v; want 1", want, v, err)
+	}
+}
+
+// waitGone waits until present reports false.
+func (f *fixture) waitGone(t *testing.T, what string, present func() bool) {
+	t.Helper()
+	waitUntil(t, convergeTimeout, what+" removed", func() error {
+		if present() {
+			return errNotYet
+		}
+		return nil
+	})
+}
+
+// traffic is one established TCP connection echoing a line every 20 ms.
+type traffic struct {
+	done chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	n    int
+	err  error
+}
+
+// startTraffic connects from ns to addr and keeps the connection busy.
+func startTraffic(t *testing.T, ns *harness.NetNS, addr netip.AddrPort) *traffic {
+	t.Helper()
+	c, err := harness.DialTCP(ns, addr, dialTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil { // the pod's greeting
+		c.Close()
+		t.Fatal(err)
+	}
+	tr := &traffic{done: make(chan struct{})}
+	tr.wg.Add(1)
+	go func() {
+		defer tr.wg.Done()
+		defer c.Close()
+		for i := 0; ; i++ {
+			select {
+			case <-tr.done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			err := echo(c, r, fmt.Sprintf("ping-%d\n", i))
+			tr.mu.Lock()
+			if err != nil {
+				tr.err = err
+			} else {
+				tr.n++
+			}
+			tr.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { tr.stop() })
+	return tr
+}
+
+func echo(c net.Conn, r *bufio.Reader, line string) error {
+	if err := c.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
+		return err
+	}
+	if _, err := c.Write([]byte(line)); err != nil {
+		return err
+	}
+	got, err := r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if got != line {
+		return fmt.Errorf("echoed %q, want %q", got, line)
+	}
+	return nil
+}
+
+// stop ends the traffic and returns how many echoes succeeded and the
+// first failure.
+func (tr *traffic) stop() (int, error) {
+	select {
+	case <-tr.done:
+	default:
+		close(tr.done)
+	}
+	tr.wg.Wait()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.n, tr.err
+}
