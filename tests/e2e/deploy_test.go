@@ -115,6 +115,22 @@ func TestDeployBase(t *testing.T) {
 					out.Status.Allowed, want, out.Status.Reason)
 			}
 		}
+		// The RBAC authorizer learns new roles and bindings through its
+		// informers, a moment after they are created: wait until the
+		// first grant shows before judging them all.
+		first := allowed[0]
+		deadline := time.Now().Add(15 * time.Second)
+		for time.Now().Before(deadline) {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: user, Groups: groups,
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: first.verb, Group: first.group, Resource: first.resource},
+			}}
+			out, err := c.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err == nil && out.Status.Allowed {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 		for _, ac := range allowed {
 			check(ac, true)
 		}

@@ -76,8 +76,19 @@ func TestModesNotBuiltAreRefused(t *testing.T) {
 		if strings.Contains(msg, "kubeconfig") || strings.Contains(msg, "/nonexistent") {
 			t.Errorf("kpr run %v got past the mode check: %q", tc.flags, msg)
 		}
+		// The error line (after kpr's start-up log line) may begin by
+		// naming the refused flag; anywhere else it would be a suggestion.
+		var errLine string
+		for _, line := range strings.Split(msg, "\n") {
+			if strings.HasPrefix(line, "kpr: ") {
+				errLine = strings.TrimPrefix(line, "kpr: ")
+			}
+		}
+		if errLine == "" {
+			t.Errorf("kpr run %v printed no error line: %q", tc.flags, msg)
+		}
 		for _, refused := range []string{"--mode ipvs", "--fallback-mode ipvs"} {
-			if !strings.HasPrefix(strings.TrimPrefix(msg, "kpr: "), refused) && strings.Contains(msg, refused) {
+			if !strings.HasPrefix(errLine, refused) && strings.Contains(errLine, refused) {
 				t.Errorf("kpr run %v suggests %s, which it refuses too: %q", tc.flags, refused, msg)
 			}
 		}
