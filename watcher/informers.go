@@ -319,6 +319,15 @@ func keepOnly(m map[string]string, keys []string) map[string]string {
 // their events to the tracker and the node tracker. Events of slices whose
 // last-change-trigger-time is before started are not timed.
 func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTracker, node *nodeTracker, started time.Time, log *zap.Logger) (*apiObjects, error) {
+	// Decoding skips what the transform would drop anyway (most of an
+	// object as Helm and kubectl write it), instead of allocating it
+	// first: the garbage of the initial lists.
+	client, err := client.Trimmed(apiclient.Trim{
+		ServiceLabels: serviceLabels, SliceLabels: sliceLabels, SliceAnnotations: sliceAnnotations,
+	})
+	if err != nil {
+		return nil, err
+	}
 	// No informer resync (0): the periodic full reconcile covers drift,
 	// and a resync would mark every Service dirty for nothing.
 	selector := proxiedSelector()
