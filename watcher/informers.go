@@ -332,9 +332,12 @@ func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTr
 	// and a resync would mark every Service dirty for nothing.
 	selector := proxiedSelector()
 	proxied := func(o *metav1.ListOptions) { o.LabelSelector = selector }
+	// No namespace index: the syncer gets Services by key and lists them
+	// all, and the index keeps a set of keys per namespace, 10,000 keys
+	// at 10,000 Services.
 	svcInformer := cache.NewSharedIndexInformer(
 		cache.NewFilteredListWatchFromClient(client.Core, "services", metav1.NamespaceAll, proxied),
-		&v1.Service{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+		&v1.Service{}, 0, cache.Indexers{})
 	sliceInformer := cache.NewSharedIndexInformer(
 		cache.NewFilteredListWatchFromClient(client.Discovery, "endpointslices", metav1.NamespaceAll, proxied),
 		&discoveryv1.EndpointSlice{}, 0, cache.Indexers{})

@@ -18,7 +18,8 @@ var flagStarts = flag.Int("syncperf.starts", 2, "kpr start-ups per binary and wo
 
 // heapEnv names a directory: if set, BenchmarkStartupWorkloads runs kpr
 // with --profiling and saves its heap profile once all is programmed, as
-// heap-<workload>-<binary>-<n>.pb.gz, for `go tool pprof`.
+// heap-<workload>-<binary>-<n>.pb.gz, for `go tool pprof`, and as text
+// with the runtime's MemStats (heap-….txt).
 const heapEnv = "KPR_SYNCPERF_HEAP_DIR"
 
 // BenchmarkStartupWorkloads measures kpr's start-up (time and peak RSS)
@@ -78,7 +79,13 @@ func startOnce(b *testing.B, ctx context.Context, f *fixture, cg *harness.Cgroup
 	run := f.startKprBinary(b, cg, binary, args...)
 	st, reader := f.measureStartup(b, ctx, run)
 	if dir != "" {
-		if err := saveHeapProfile(run.proc.MetricsAddr, filepath.Join(dir, "heap-"+label+".pb.gz")); err != nil {
+		if err := saveHeapProfile(run.proc.MetricsAddr, "", filepath.Join(dir, "heap-"+label+".pb.gz")); err != nil {
+			b.Errorf("%s is set but the heap profile was not saved: %v", heapEnv, err)
+		}
+		// The text form ends with the runtime's MemStats: how much the
+		// heap mapped at most (HeapSys) against what it holds, and the
+		// runtime's own memory beside it.
+		if err := saveHeapProfile(run.proc.MetricsAddr, "?debug=1", filepath.Join(dir, "heap-"+label+".txt")); err != nil {
 			b.Errorf("%s is set but the heap profile was not saved: %v", heapEnv, err)
 		}
 	}
@@ -87,8 +94,8 @@ func startOnce(b *testing.B, ctx context.Context, f *fixture, cg *harness.Cgroup
 	return st
 }
 
-func saveHeapProfile(addr, path string) error {
-	resp, err := http.Get("http://" + addr + "/debug/pprof/heap")
+func saveHeapProfile(addr, query, path string) error {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap" + query)
 	if err != nil {
 		return err
 	}
