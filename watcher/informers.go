@@ -289,7 +289,11 @@ func (in *interner) pointer(s *string) *string {
 
 // value returns the shared copy of s.
 func (in *interner) value(s string) string {
-	return *in.pointer(&s)
+	if p, ok := in.pointers.Load(s); ok {
+		return *p.(*string)
+	}
+	c := s // only a new value's copy escapes to the heap, not every s
+	return *in.pointer(&c)
 }
 
 func trimMeta(m *metav1.ObjectMeta, labels, annotations []string) {
