@@ -305,8 +305,21 @@ func trimMeta(m *metav1.ObjectMeta, labels, annotations []string) {
 }
 
 // keepOnly returns the entries of m under keys, in a new map sized to
-// them, or nil when there are none.
+// them, or nil when there are none. A map that holds only such entries
+// (the trimming decoder skipped the others) is returned as it is.
 func keepOnly(m map[string]string, keys []string) map[string]string {
+	kept := 0
+	for _, k := range keys {
+		if _, ok := m[k]; ok {
+			kept++
+		}
+	}
+	if kept == 0 {
+		return nil
+	}
+	if kept == len(m) {
+		return m
+	}
 	var out map[string]string
 	for _, k := range keys {
 		if v, ok := m[k]; ok {

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+
+	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/tests/harness"
 )
 
@@ -46,6 +49,16 @@ func BenchmarkStartupWorkloads(b *testing.B) {
 			binaries := []struct{ name, path string }{{"this-tree", ""}}
 			if *flagBaseline != "" {
 				binaries = append([]struct{ name, path string }{{"baseline", *flagBaseline}}, binaries...)
+			}
+			// The floor under any cold start on this machine: the API
+			// server listing every object, received but not decoded.
+			for range 2 {
+				took, size, err := rawListAll(ctx, f.cluster.KubeconfigPath)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Logf("%s: the API server lists every Service and EndpointSlice (%d MB of protobuf) in %v, received, not decoded",
+					w.name, size>>20, took.Round(time.Millisecond))
 			}
 			results := make(map[string][]Startup)
 			cg, err := harness.NewCgroup(b)
@@ -135,4 +148,27 @@ func reportStartups(b *testing.B, sts []Startup) {
 	b.ReportMetric(total.Proc.CPU.Seconds()/n, "cpu-s")
 	b.ReportMetric(float64(total.Proc.PeakRSS)/(1<<20), "peak-rss-MiB")
 	b.ReportMetric(float64(total.Proc.RSSFile)/(1<<20), "rss-file-MiB")
+}
+
+// rawListAll lists every Service and EndpointSlice as kpr asks for them
+// (protobuf, compressed if the API server compresses) and returns how long
+// that took and the bytes received, without decoding them.
+func rawListAll(ctx context.Context, kubeconfig string) (time.Duration, int, error) {
+	client, err := apiclient.New(kubeconfig)
+	if err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	size := 0
+	for _, c := range []struct {
+		client   rest.Interface
+		resource string
+	}{{client.Core, "services"}, {client.Discovery, "endpointslices"}} {
+		body, err := c.client.Get().Resource(c.resource).DoRaw(ctx)
+		if err != nil {
+			return 0, 0, fmt.Errorf("list %s: %w", c.resource, err)
+		}
+		size += len(body)
+	}
+	return time.Since(start), size, nil
 }
