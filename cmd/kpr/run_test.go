@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime/debug"
+	runtimemetrics "runtime/metrics"
 	"strings"
 	"testing"
 	"time"
@@ -52,11 +53,12 @@ func TestWatcherConfigParsesAddressFlags(t *testing.T) {
 	}
 }
 
-// currentGCPercent reads the collector's setting.
+// currentGCPercent reads the collector's setting without writing it (a
+// read by SetGCPercent would race with the code under test).
 func currentGCPercent() int {
-	p := debug.SetGCPercent(-1)
-	debug.SetGCPercent(p)
-	return p
+	s := []runtimemetrics.Sample{{Name: "/gc/gogc:percent"}}
+	runtimemetrics.Read(s)
+	return int(s[0].Value.Uint64())
 }
 
 // TestStartupGCCollectsMoreOnlyDuringTheFirstSync: from the caches' sync
