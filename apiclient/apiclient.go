@@ -34,6 +34,8 @@ var Scheme = func() *runtime.Scheme {
 type Clients struct {
 	Core      rest.Interface // core/v1, under /api
 	Discovery rest.Interface // discovery.k8s.io/v1, under /apis
+	// cfg is what they were built from, for Trimmed.
+	cfg *rest.Config
 }
 
 // Connection says how kpr reaches the API server: kube-proxy's
@@ -136,6 +138,13 @@ func serviceAccountConfig(host string) (*rest.Config, error) {
 // ForConfig returns the clients for cfg (which it does not modify). Their
 // reads wait out a short API server outage (see reconnectTransport).
 func ForConfig(cfg *rest.Config) (*Clients, error) {
+	return forConfig(cfg, func(ns runtime.NegotiatedSerializer) runtime.NegotiatedSerializer { return ns })
+}
+
+// forConfig is ForConfig with the serializers that serializers returns
+// in place of the scheme's.
+func forConfig(cfg *rest.Config, serializers func(runtime.NegotiatedSerializer) runtime.NegotiatedSerializer) (*Clients, error) {
+	orig := cfg
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "kpr"
 	// Protobuf, asked for explicitly as kube-proxy does, rather than left
@@ -161,7 +170,7 @@ func ForConfig(cfg *rest.Config) (*Clients, error) {
 		c := rest.CopyConfig(cfg)
 		c.GroupVersion = &gv
 		c.APIPath = apiPath
-		c.NegotiatedSerializer = codecs.WithoutConversion()
+		c.NegotiatedSerializer = serializers(codecs.WithoutConversion())
 		client, err := rest.RESTClientFor(c)
 		if err != nil {
 			return nil, fmt.Errorf("build the Kubernetes client for %s: %w", gv, err)
@@ -176,7 +185,7 @@ func ForConfig(cfg *rest.Config) (*Clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Clients{Core: core, Discovery: discovery}, nil
+	return &Clients{Core: core, Discovery: discovery, cfg: rest.CopyConfig(orig)}, nil
 }
 
 // reconnectTransport retries a GET whose connection was refused, every

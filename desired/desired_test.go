@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -216,6 +217,7 @@ func TestTranslatePortsAndEndpoints(t *testing.T) {
 				"  ClusterIP 10.96.0.10:80/TCP -> [10.1.0.1:8080 10.1.0.1:8081 10.1.0.2:8080 10.1.0.3:8080]",
 			},
 		},
+		manyDuplicatesCase(),
 		{
 			name: "a duplicate that is ready wins over one that is not, whatever the order",
 			svc:  service(),
@@ -785,4 +787,24 @@ func TestTranslateAffinity(t *testing.T) {
 			want:   []string{"port ns/web:http/TCP", fe},
 		},
 	})
+}
+
+// manyDuplicatesCase has more candidate endpoints than endpointsFor
+// deduplicates by a scan, so that its index is used: 40 addresses in two
+// slices, each in both, ready only in the second.
+func manyDuplicatesCase() translateCase {
+	var first, second []discoveryv1.Endpoint
+	var want []string
+	for i := 1; i <= 40; i++ {
+		addr := fmt.Sprintf("10.1.0.%d", i)
+		first = append(first, ep(addr, notReady))
+		second = append(second, ep(addr))
+		want = append(want, addr+":8080")
+	}
+	return translateCase{
+		name:   "duplicates among many endpoints are dropped, the ready one kept",
+		svc:    service(),
+		slices: []*discoveryv1.EndpointSlice{slice("s1", v4, httpPort, first...), slice("s2", v4, httpPort, second...)},
+		want:   []string{"port ns/web:http/TCP", "  ClusterIP 10.96.0.10:80/TCP -> [" + strings.Join(want, " ") + "]"},
+	}
 }

@@ -113,6 +113,7 @@ func (t *translation) parseSlice(s *discoveryv1.EndpointSlice) parsedSlice {
 		ps.ports = append(ps.ports, slicePort{name: *p.Name, proto: proto, port: num})
 	}
 
+	ps.endpoints = make([]endpoint, 0, len(s.Endpoints))
 	for i := range s.Endpoints {
 		if ep, ok := t.parseEndpoint(obj, ps.family, &s.Endpoints[i]); ok {
 			ps.endpoints = append(ps.endpoints, ep)
@@ -173,9 +174,41 @@ func (t *translation) parseEndpoint(obj string, fam family, e *discoveryv1.Endpo
 // slices), kube-proxy prefers the copy on this node; kpr also prefers a
 // ready copy over a not-ready one, and otherwise keeps the first in slice
 // name order, so the result never depends on the caller's ordering.
+// maxScannedEndpoints is how many candidate endpoints endpointsFor
+// deduplicates by a scan rather than a map.
+const maxScannedEndpoints = 32
+
 func (t *translation) endpointsFor(portName string, proto dataplane.Protocol) map[family][]portEndpoint {
-	out := map[family][]portEndpoint{}
-	index := map[dataplane.Backend]int{} // position in out[family of the key]
+	// Sized once: a full sync translates every Service, and growing the
+	// index and lists entry by entry was most of its garbage.
+	n := 0
+	for i := range t.slices {
+		for _, p := range t.slices[i].ports {
+			if p.name == portName && p.proto == proto {
+				n += len(t.slices[i].endpoints)
+			}
+		}
+	}
+	out := make(map[family][]portEndpoint, 2)
+	// index finds duplicates (its value is the position in out[family
+	// of the key]); up to a few dozen endpoints a scan of out is cheaper
+	// than a map.
+	var index map[dataplane.Backend]int
+	if n > maxScannedEndpoints {
+		index = make(map[dataplane.Backend]int, n)
+	}
+	find := func(fam family, key dataplane.Backend) (int, bool) {
+		if index != nil {
+			at, ok := index[key]
+			return at, ok
+		}
+		for at := range out[fam] {
+			if out[fam][at].backend() == key {
+				return at, true
+			}
+		}
+		return 0, false
+	}
 	for i := range t.slices {
 		s := &t.slices[i]
 		for _, p := range s.ports {
@@ -185,7 +218,7 @@ func (t *translation) endpointsFor(portName string, proto dataplane.Protocol) ma
 			for _, ep := range s.endpoints {
 				pe := portEndpoint{endpoint: ep, port: p.port}
 				key := pe.backend()
-				if at, dup := index[key]; dup {
+				if at, dup := find(s.family, key); dup {
 					prev := &out[s.family][at]
 					replace := t.preferred(pe, *prev)
 					if t.explain != nil {
@@ -199,7 +232,12 @@ func (t *translation) endpointsFor(portName string, proto dataplane.Protocol) ma
 				if t.explain != nil {
 					t.explain.candidate(portName, proto, key, s.name)
 				}
-				index[key] = len(out[s.family])
+				if index != nil {
+					index[key] = len(out[s.family])
+				}
+				if out[s.family] == nil {
+					out[s.family] = make([]portEndpoint, 0, n)
+				}
 				out[s.family] = append(out[s.family], pe)
 			}
 		}

@@ -148,14 +148,22 @@ func expand(sp *dataplane.ServicePort) []maps.Service {
 		return nil
 	}
 	affinity := uint32(sp.AffinityTimeout / time.Second)
-	var out []maps.Service
-	seen := map[maps.VIPKey]bool{}
+	// Sized once; duplicates are found by a scan, as a ServicePort has
+	// few frontends (expand runs for every ServicePort of a full sync).
+	n := len(sp.Frontends)
+	for _, fe := range sp.Frontends {
+		if fe.ExternalBackends != nil {
+			n++
+		}
+	}
+	out := make([]maps.Service, 0, n)
 	add := func(fe dataplane.Frontend, scope maps.Scope, backends []dataplane.Backend) {
 		key := vipKey(fe, scope)
-		if seen[key] {
-			return
+		for i := range out {
+			if out[i].VIPKey == key {
+				return
+			}
 		}
-		seen[key] = true
 		out = append(out, maps.Service{VIPKey: key, Kind: fe.Kind, AffinityTimeout: affinity, Backends: backends})
 	}
 	for _, fe := range sp.Frontends {
@@ -175,7 +183,8 @@ func vipKey(fe dataplane.Frontend, scope maps.Scope) maps.VIPKey {
 // does not fit is refused alone (see Refused); the others are written.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
 	before := p.lb.Usage()
-	err := p.write(changes, dataplane.SortedNames(changes))
+	names := dataplane.SortedNames(changes)
+	err := p.write(changes, names, wantedBy(changes, names))
 	if err == nil && p.freedRoom(before) {
 		err = p.retryRefused()
 	}
@@ -207,7 +216,8 @@ func (p *Plane) retryRefused() error {
 	for name, r := range p.refused {
 		sps[name] = r.sp
 	}
-	return p.write(sps, dataplane.SortedNames(sps))
+	names := dataplane.SortedNames(sps)
+	return p.write(sps, names, wantedBy(sps, names))
 }
 
 // Reconcile re-reads the maps, writes whatever differs from all and
@@ -241,12 +251,8 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	p.refusedMu.Unlock()
 	// What all does not list goes, and write compares the rest with the
 	// maps themselves, so a held made wrong by a failure does no harm.
-	wanted := map[maps.VIPKey]bool{}
-	for _, sp := range all {
-		for _, svc := range expand(sp) {
-			wanted[svc.VIPKey] = true
-		}
-	}
+	names := dataplane.SortedNames(all)
+	wanted := wantedBy(all, names)
 	for name := range p.held {
 		if all[name] == nil {
 			delete(p.held, name)
@@ -281,7 +287,7 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 		}
 	}
 	p.trusted = true
-	err = errors.Join(append(errs, p.write(all, dataplane.SortedNames(all)))...)
+	err = errors.Join(append(errs, p.write(all, names, wanted))...)
 	return p.finish(err)
 }
 
@@ -310,50 +316,71 @@ func (p *Plane) holds(all map[dataplane.ServicePortName]*dataplane.ServicePort) 
 	return n == held
 }
 
+// writeChunk is how many ServicePorts write upserts at a time.
+const writeChunk = 512
+
+// wantedBy returns every entry set that the ServicePorts names of sps ask
+// for.
+func wantedBy(sps map[dataplane.ServicePortName]*dataplane.ServicePort, names []dataplane.ServicePortName) map[maps.VIPKey]bool {
+	wanted := make(map[maps.VIPKey]bool, len(names))
+	for _, name := range names {
+		for _, svc := range expand(sps[name]) {
+			wanted[svc.VIPKey] = true
+		}
+	}
+	return wanted
+}
+
 // write brings the maps to sps (nil: delete) for the names given, in that
 // order, which is the order in which they get room when not all fit: it
 // upserts what differs, then deletes the entries of frontends they
 // dropped. A ServicePort that does not fit is refused whole, keeps what
 // the maps held for it, and is recorded in refused; that is not an error.
-func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort, names []dataplane.ServicePortName) error {
-	var groups [][]maps.Service
-	var groupNames []dataplane.ServicePortName
-	wanted := map[maps.VIPKey]bool{}
-	want := make(map[dataplane.ServicePortName][]maps.Service, len(names))
+// wanted is wantedBy(sps, names): a frontend one of them dropped is not
+// deleted when another now has it.
+func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort, names []dataplane.ServicePortName, wanted map[maps.VIPKey]bool) error {
 	// removed is, per ServicePort, the UDP backends its write removes:
 	// learnt before the write, kept only if the write succeeds.
 	removed := map[dataplane.ServicePortName][]dataplane.RemovedBackend{}
-	for _, name := range names {
-		want[name] = expand(sps[name])
-		var upserts []maps.Service
-		for _, svc := range want[name] {
-			wanted[svc.VIPKey] = true
-			if !p.lb.Matches(svc) {
-				upserts = append(upserts, svc)
-			}
-		}
-		if len(upserts) > 0 {
-			groups = append(groups, upserts)
-			groupNames = append(groupNames, name)
-		}
-		if r := p.removedBy(name, sps[name]); len(r) > 0 {
-			removed[name] = r
-		}
-	}
 	var errs []error
 	failed := map[dataplane.ServicePortName]bool{}
-	for i, err := range p.lb.UpsertGroups(groups) {
-		if err == nil {
-			continue
+	// The upserts go a chunk of names at a time, in order: a first sync
+	// or full reconcile hands over every ServicePort of the cluster, and
+	// the upsert groups of all of them at once were a large part of kpr's
+	// peak memory. No two ServicePorts share an entry set (the contract),
+	// so a chunk's writes change nothing another chunk compares.
+	for start := 0; start < len(names); start += writeChunk {
+		chunk := names[start:min(len(names), start+writeChunk)]
+		var groups [][]maps.Service
+		var groupNames []dataplane.ServicePortName
+		for _, name := range chunk {
+			var upserts []maps.Service
+			for _, svc := range expand(sps[name]) {
+				if !p.lb.Matches(svc) {
+					upserts = append(upserts, svc)
+				}
+			}
+			if len(upserts) > 0 {
+				groups = append(groups, upserts)
+				groupNames = append(groupNames, name)
+			}
+			if r := p.removedBy(name, sps[name]); len(r) > 0 {
+				removed[name] = r
+			}
 		}
-		name := groupNames[i]
-		failed[name] = true
-		var full *maps.MapFullError
-		if errors.As(err, &full) && sps[name] != nil {
-			p.refuse(name, sps[name], want[name], full)
-			continue
+		for i, err := range p.lb.UpsertGroups(groups) {
+			if err == nil {
+				continue
+			}
+			name := groupNames[i]
+			failed[name] = true
+			var full *maps.MapFullError
+			if errors.As(err, &full) && sps[name] != nil {
+				p.refuse(name, sps[name], expand(sps[name]), full)
+				continue
+			}
+			errs = append(errs, err)
 		}
-		errs = append(errs, err)
 	}
 	// The entries of frontends a written ServicePort no longer has.
 	var stale []maps.VIPKey
@@ -402,6 +429,10 @@ func (p *Plane) removedBy(name dataplane.ServicePortName, next *dataplane.Servic
 	for _, fe := range next.Frontends {
 		keys = append(keys, vipKey(fe, maps.ScopeInternal))
 	}
+	served := p.servedUDP(keys)
+	if len(served) == 0 { // the common case: not UDP, or nothing served yet
+		return nil
+	}
 	stays := map[dataplane.RemovedBackend]bool{}
 	for _, fe := range next.Frontends {
 		for _, b := range fe.Backends {
@@ -409,7 +440,7 @@ func (p *Plane) removedBy(name dataplane.ServicePortName, next *dataplane.Servic
 		}
 	}
 	var out []dataplane.RemovedBackend
-	for _, r := range p.servedUDP(keys) {
+	for _, r := range served {
 		if !stays[r] {
 			out = append(out, r)
 		}

@@ -273,13 +273,23 @@ func (lb *LB) abandon(plans []*plan) {
 }
 
 func (lb *LB) commit(plans []*plan) error {
-	// Steps 1-3.
-	var bKeys []uint32
-	var bVals []bpf.KprBackend
-	var sKeys []bpf.KprSvcKey
-	var sVals []bpf.KprSvcValue
-	var rKeys []uint32
-	var rVals []bpf.KprRevNatValue
+	// Steps 1-3. The batches are sized once: a start-up commits every
+	// Service, and growing them by appending was most of what a commit
+	// allocated.
+	var created, slots, revNats int
+	for _, p := range plans {
+		created += len(p.created)
+		slots += len(p.slots)
+		if p.old == nil || p.old.revNat != p.revNat {
+			revNats++
+		}
+	}
+	bKeys := make([]uint32, 0, created)
+	bVals := make([]bpf.KprBackend, 0, created)
+	sKeys := make([]bpf.KprSvcKey, 0, slots)
+	sVals := make([]bpf.KprSvcValue, 0, slots)
+	rKeys := make([]uint32, 0, revNats)
+	rVals := make([]bpf.KprRevNatValue, 0, revNats)
 	for _, p := range plans {
 		for _, id := range p.created {
 			a := lb.backendOf[id].addr

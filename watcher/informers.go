@@ -291,7 +291,11 @@ func (in *interner) pointer(s *string) *string {
 
 // value returns the shared copy of s.
 func (in *interner) value(s string) string {
-	return *in.pointer(&s)
+	if p, ok := in.pointers.Load(s); ok {
+		return *p.(*string)
+	}
+	c := s // only a new value's copy escapes to the heap, not every s
+	return *in.pointer(&c)
 }
 
 func trimMeta(m *metav1.ObjectMeta, labels, annotations []string) {
@@ -303,8 +307,21 @@ func trimMeta(m *metav1.ObjectMeta, labels, annotations []string) {
 }
 
 // keepOnly returns the entries of m under keys, in a new map sized to
-// them, or nil when there are none.
+// them, or nil when there are none. A map that holds only such entries
+// (the trimming decoder skipped the others) is returned as it is.
 func keepOnly(m map[string]string, keys []string) map[string]string {
+	kept := 0
+	for _, k := range keys {
+		if _, ok := m[k]; ok {
+			kept++
+		}
+	}
+	if kept == 0 {
+		return nil
+	}
+	if kept == len(m) {
+		return m
+	}
 	var out map[string]string
 	for _, k := range keys {
 		if v, ok := m[k]; ok {
@@ -321,14 +338,26 @@ func keepOnly(m map[string]string, keys []string) map[string]string {
 // their events to the tracker and the node tracker. Events of slices whose
 // last-change-trigger-time is before started are not timed.
 func newAPIObjects(client *apiclient.Clients, nodeName string, tracker *changeTracker, node *nodeTracker, started time.Time, log *zap.Logger) (*apiObjects, error) {
+	// Decoding skips what the transform would drop anyway (most of an
+	// object as Helm and kubectl write it), instead of allocating it
+	// first: the garbage of the initial lists.
+	client, err := client.Trimmed(apiclient.Trim{
+		ServiceLabels: serviceLabels, SliceLabels: sliceLabels, SliceAnnotations: sliceAnnotations,
+	})
+	if err != nil {
+		return nil, err
+	}
 	// No informer resync (0): the periodic full reconcile covers drift,
 	// and a resync would mark every Service dirty for nothing.
 	selector := proxiedSelector()
 	proxied := func(o *metav1.ListOptions) { o.LabelSelector = selector }
 	conn := newConnState(time.Now)
+	// No namespace index: the syncer gets Services by key and lists them
+	// all, and the index keeps a set of keys per namespace, 10,000 keys
+	// at 10,000 Services.
 	svcInformer := cache.NewSharedIndexInformer(
 		conn.follow(cache.NewFilteredListWatchFromClient(client.Core, "services", metav1.NamespaceAll, proxied)),
-		&v1.Service{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+		&v1.Service{}, 0, cache.Indexers{})
 	sliceInformer := cache.NewSharedIndexInformer(
 		conn.follow(cache.NewFilteredListWatchFromClient(client.Discovery, "endpointslices", metav1.NamespaceAll, proxied)),
 		&discoveryv1.EndpointSlice{}, 0, cache.Indexers{})

@@ -51,6 +51,25 @@ func (nopDataplane) Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePo
 // with the real translator and returns the live heap of the syncer's
 // state, the informer objects not counted.
 func syncerStateBytes(tb testing.TB, services, perService int) uint64 {
+	src := clusterIPSource(services, perService)
+	node := desired.Node{Name: "node-a"}
+	s := newSyncer(src, func() desired.Node { return node }, nopDataplane{}, desiredTranslator, zap.NewNop())
+	n, err := s.full()
+	if err != nil || n != services || len(s.problems) != 0 {
+		tb.Fatalf("full sync: %d ports, %v, problems with %d Services; want %d ports and no problems", n, err, len(s.problems), services)
+	}
+	with := memprobe.LiveHeap()
+	s.translated, s.applied, s.healthChecks, s.problems = nil, nil, nil, nil
+	without := memprobe.LiveHeap()
+	runtime.KeepAlive(s)
+	runtime.KeepAlive(src)
+	return with - without
+}
+
+// clusterIPSource holds services one-port ClusterIP Services with one
+// slice of perService ready endpoints each, all addresses distinct: the
+// shape of tests/syncperf.
+func clusterIPSource(services, perService int) *fakeSource {
 	src := &fakeSource{services: map[serviceName]*v1.Service{}, slices: map[serviceName][]*discoveryv1.EndpointSlice{}}
 	for i := range services {
 		name := fmt.Sprintf("svc-%05d", i)
@@ -76,16 +95,5 @@ func syncerStateBytes(tb testing.TB, services, perService int) uint64 {
 		}
 		src.slices[k] = []*discoveryv1.EndpointSlice{slice}
 	}
-	node := desired.Node{Name: "node-a"}
-	s := newSyncer(src, func() desired.Node { return node }, nopDataplane{}, desiredTranslator, zap.NewNop())
-	n, err := s.full()
-	if err != nil || n != services || len(s.problems) != 0 {
-		tb.Fatalf("full sync: %d ports, %v, problems with %d Services; want %d ports and no problems", n, err, len(s.problems), services)
-	}
-	with := memprobe.LiveHeap()
-	s.translated, s.applied, s.healthChecks, s.problems = nil, nil, nil, nil
-	without := memprobe.LiveHeap()
-	runtime.KeepAlive(s)
-	runtime.KeepAlive(src)
-	return with - without
+	return src
 }

@@ -231,11 +231,16 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 func (s *syncer) full() (int, error) {
 	node := s.node()
 	s.useNode(node)
-	next := map[serviceName]computed{}
-	all := servicePorts{}
-	for _, key := range s.src.ServiceNames() {
+	// What each Service computed to is not kept aside until the commit:
+	// compute leaves it in s.translated (or nothing there, for a Service
+	// that is gone or not proxied), and keys, sorted, says which Services
+	// the API has. At 10,000 Services a map of the results was a MB of
+	// the first sync's peak.
+	keys := s.src.ServiceNames()
+	slices.SortFunc(keys, compareServiceNames)
+	all := make(servicePorts, len(keys))
+	for _, key := range keys {
 		c := s.compute(key, node)
-		next[key] = c
 		for i := range c.ports {
 			all[c.ports[i].Name] = &c.ports[i]
 		}
@@ -248,25 +253,36 @@ func (s *syncer) full() (int, error) {
 		return 0, fmt.Errorf("reconcile all %d service ports: %w", len(all), err)
 	}
 	s.written.addAll(all)
+	inAPI := func(key serviceName) bool {
+		_, found := slices.BinarySearchFunc(keys, key, compareServiceNames)
+		return found
+	}
 	for key := range s.applied {
-		if _, ok := next[key]; !ok {
+		if !inAPI(key) {
 			s.commit(key, computed{})
 		}
 	}
-	for key, c := range next {
-		s.commit(key, c)
+	for _, key := range keys {
+		s.commit(key, s.translated[key].c)
 	}
 	for key := range s.problems {
-		if _, ok := next[key]; !ok {
+		if !inAPI(key) {
 			delete(s.problems, key)
 		}
 	}
 	for key := range s.translated {
-		if _, ok := next[key]; !ok {
+		if !inAPI(key) {
 			delete(s.translated, key)
 		}
 	}
 	return len(all), nil
+}
+
+func compareServiceNames(a, b serviceName) int {
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 // pass is a periodic full reconcile done in steps, so that changes keep

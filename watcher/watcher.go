@@ -90,6 +90,9 @@ type Watcher struct {
 	node   *nodeTracker
 	runner *runner
 	ran    atomic.Bool
+	// cachesSynced is closed once the caches hold the complete state,
+	// just before the first full reconcile.
+	cachesSynced chan struct{}
 }
 
 // New builds a Watcher. Nothing talks to the API server before Run.
@@ -140,6 +143,8 @@ func New(cfg Config, client *apiclient.Clients, dp dataplane.Dataplane, log *zap
 		api:    api,
 		node:   node,
 		runner: newRunner(cfg, tracker, newSyncer(api, node.current, dp, desiredTranslator, log), log),
+
+		cachesSynced: make(chan struct{}),
 	}
 	return w, nil
 }
@@ -192,9 +197,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 	w.log.Info("Caches synced; starting the dataplane sync loop",
 		zap.Duration("minSyncPeriod", w.runner.minSyncPeriod), zap.Duration("syncPeriod", w.runner.syncPeriod))
+	close(w.cachesSynced)
 	w.runner.run(ctx)
 	return nil
 }
+
+// CachesSynced is closed once the informer caches hold the complete state
+// and the first full reconcile is about to start.
+func (w *Watcher) CachesSynced() <-chan struct{} { return w.cachesSynced }
 
 // FirstSync is closed once the first full reconcile has succeeded: the
 // dataplane then serves every Service the API had at start-up.

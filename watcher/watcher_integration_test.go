@@ -199,6 +199,11 @@ func TestWatcherAgainstAPIServer(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no first full sync")
 	}
+	select {
+	case <-w.CachesSynced():
+	default:
+		t.Fatal("the first full sync is done but CachesSynced is not closed")
+	}
 	if last := w.LastSync(); !last.Full || last.Err != nil {
 		t.Errorf("first sync = %+v, want a successful full reconcile", last)
 	}

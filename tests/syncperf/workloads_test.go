@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+
+	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/tests/harness"
 )
 
@@ -18,7 +21,8 @@ var flagStarts = flag.Int("syncperf.starts", 2, "kpr start-ups per binary and wo
 
 // heapEnv names a directory: if set, BenchmarkStartupWorkloads runs kpr
 // with --profiling and saves its heap profile once all is programmed, as
-// heap-<workload>-<binary>-<n>.pb.gz, for `go tool pprof`.
+// heap-<workload>-<binary>-<n>.pb.gz, for `go tool pprof`, and as text
+// with the runtime's MemStats (heap-….txt).
 const heapEnv = "KPR_SYNCPERF_HEAP_DIR"
 
 // BenchmarkStartupWorkloads measures kpr's start-up (time and peak RSS)
@@ -45,6 +49,16 @@ func BenchmarkStartupWorkloads(b *testing.B) {
 			binaries := []struct{ name, path string }{{"this-tree", ""}}
 			if *flagBaseline != "" {
 				binaries = append([]struct{ name, path string }{{"baseline", *flagBaseline}}, binaries...)
+			}
+			// The floor under any cold start on this machine: the API
+			// server listing every object, received but not decoded.
+			for range 2 {
+				took, size, err := rawListAll(ctx, f.cluster.KubeconfigPath)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Logf("%s: the API server lists every Service and EndpointSlice (%d MB of protobuf) in %v, received, not decoded",
+					w.name, size>>20, took.Round(time.Millisecond))
 			}
 			results := make(map[string][]Startup)
 			cg, err := harness.NewCgroup(b)
@@ -78,7 +92,13 @@ func startOnce(b *testing.B, ctx context.Context, f *fixture, cg *harness.Cgroup
 	run := f.startKprBinary(b, cg, binary, args...)
 	st, reader := f.measureStartup(b, ctx, run)
 	if dir != "" {
-		if err := saveHeapProfile(run.proc.MetricsAddr, filepath.Join(dir, "heap-"+label+".pb.gz")); err != nil {
+		if err := saveHeapProfile(run.proc.MetricsAddr, "", filepath.Join(dir, "heap-"+label+".pb.gz")); err != nil {
+			b.Errorf("%s is set but the heap profile was not saved: %v", heapEnv, err)
+		}
+		// The text form ends with the runtime's MemStats: how much the
+		// heap mapped at most (HeapSys) against what it holds, and the
+		// runtime's own memory beside it.
+		if err := saveHeapProfile(run.proc.MetricsAddr, "?debug=1", filepath.Join(dir, "heap-"+label+".txt")); err != nil {
 			b.Errorf("%s is set but the heap profile was not saved: %v", heapEnv, err)
 		}
 	}
@@ -87,8 +107,8 @@ func startOnce(b *testing.B, ctx context.Context, f *fixture, cg *harness.Cgroup
 	return st
 }
 
-func saveHeapProfile(addr, path string) error {
-	resp, err := http.Get("http://" + addr + "/debug/pprof/heap")
+func saveHeapProfile(addr, query, path string) error {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap" + query)
 	if err != nil {
 		return err
 	}
@@ -128,4 +148,27 @@ func reportStartups(b *testing.B, sts []Startup) {
 	b.ReportMetric(total.Proc.CPU.Seconds()/n, "cpu-s")
 	b.ReportMetric(float64(total.Proc.PeakRSS)/(1<<20), "peak-rss-MiB")
 	b.ReportMetric(float64(total.Proc.RSSFile)/(1<<20), "rss-file-MiB")
+}
+
+// rawListAll lists every Service and EndpointSlice as kpr asks for them
+// (protobuf, compressed if the API server compresses) and returns how long
+// that took and the bytes received, without decoding them.
+func rawListAll(ctx context.Context, kubeconfig string) (time.Duration, int, error) {
+	client, err := apiclient.New(apiclient.Connection{Kubeconfig: kubeconfig})
+	if err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	size := 0
+	for _, c := range []struct {
+		client   rest.Interface
+		resource string
+	}{{client.Core, "services"}, {client.Discovery, "endpointslices"}} {
+		body, err := c.client.Get().Resource(c.resource).DoRaw(ctx)
+		if err != nil {
+			return 0, 0, fmt.Errorf("list %s: %w", c.resource, err)
+		}
+		size += len(body)
+	}
+	return time.Since(start), size, nil
 }
