@@ -320,7 +320,7 @@ func (d *trimmingDecoder) appendNested(dst []byte, num protowire.Number, value [
 	var ok bool
 	if r.object {
 		if dst, ok = d.trimObject(dst, value); !ok {
-			dst, ok = append(dst[:start], value...), true
+			dst = append(dst[:start], value...)
 		}
 	} else if dst, ok = d.trimMessage(dst, value, r.nested); !ok {
 		return dst, false
