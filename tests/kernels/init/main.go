@@ -34,6 +34,12 @@ func main() {
 	if err := mounts(); err != nil {
 		report("error", "mounts: %v", err)
 	}
+	// Before 5.11 BPF maps are charged to RLIMIT_MEMLOCK, whose default
+	// (64 KiB) fits none of kpr's; `kpr probe` tells operators to run kpr
+	// with `ulimit -l unlimited`, and so does this init for the tests.
+	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}); err != nil {
+		report("error", "raise RLIMIT_MEMLOCK: %v", err)
+	}
 	if err := loopbackUp(); err != nil {
 		report("error", "loopback: %v", err)
 	}
