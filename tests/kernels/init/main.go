@@ -26,7 +26,7 @@ import (
 const Marker = "@@kpr "
 
 func main() {
-	os.Setenv("PATH", "/bin:/kpr")
+	os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin:/kpr")
 	os.Setenv("HOME", "/root")
 	os.Setenv("TMPDIR", "/tmp")
 	// tests/kprproc runs this kpr instead of building one.

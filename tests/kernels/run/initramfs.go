@@ -15,6 +15,7 @@ import (
 //
 //	/init                 the init
 //	/bin/busybox, applets a shell and the tools tests exec (sleep)
+//	/usr/sbin/bpftool...  host tools the tests exec, with their libraries
 //	/kpr/kpr              kpr, for `kpr probe` and the CLI tests
 //	/kpr/tests/*.test     the test binaries
 //	/kpr/test-args        their flags, one a line
@@ -37,6 +38,11 @@ func packInitramfs(path, kernelDir string, p *payload, args []string) error {
 	for _, a := range strings.Fields(string(applets)) {
 		if a != "busybox" {
 			w.symlink("bin/"+a, "busybox")
+		}
+	}
+	for _, tool := range p.tools {
+		if err := w.dynamic(tool); err != nil {
+			return err
 		}
 	}
 	w.file("kpr/kpr", p.kpr, 0o755)
@@ -65,9 +71,10 @@ func packInitramfs(path, kernelDir string, p *payload, args []string) error {
 // cpioWriter writes the "newc" (070701) format: a hex header, the
 // NUL-terminated name and the data, each padded to 4 bytes.
 type cpioWriter struct {
-	w   *bufio.Writer
-	ino int
-	err error
+	w    *bufio.Writer
+	ino  int
+	err  error
+	dirs map[string]bool
 }
 
 func (c *cpioWriter) header(name string, mode uint32, size int) {
@@ -89,7 +96,13 @@ func (c *cpioWriter) pad(n int) {
 	}
 }
 
-func (c *cpioWriter) dir(name string) { c.header(name, 0o040755, 0) }
+func (c *cpioWriter) dir(name string) {
+	if c.dirs == nil {
+		c.dirs = map[string]bool{}
+	}
+	c.dirs[name] = true
+	c.header(name, 0o040755, 0)
+}
 
 func (c *cpioWriter) symlink(name, target string) {
 	c.header(name, 0o120777, len(target))
@@ -130,3 +143,44 @@ func (c *cpioWriter) file(name, src string, perm uint32) {
 }
 
 func (c *cpioWriter) trailer() { c.header("TRAILER!!!", 0, 0) }
+
+// dynamic adds a host executable at its own path with the shared libraries
+// ldd names, at theirs, so it runs in the VM as on the host.
+func (c *cpioWriter) dynamic(bin string) error {
+	out, err := exec.Command("ldd", bin).Output()
+	if err != nil {
+		return fmt.Errorf("ldd %s: %w", bin, err)
+	}
+	files := []string{bin}
+	for _, l := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(l) {
+			if strings.HasPrefix(f, "/") {
+				files = append(files, f)
+			}
+		}
+	}
+	for _, f := range files {
+		real, err := filepath.EvalSymlinks(f)
+		if err != nil {
+			return err
+		}
+		c.parents(f)
+		c.file(strings.TrimPrefix(f, "/"), real, 0o755)
+	}
+	return nil
+}
+
+// parents adds the directories above path that are not in the archive yet.
+func (c *cpioWriter) parents(path string) {
+	if c.dirs == nil {
+		c.dirs = map[string]bool{}
+	}
+	var chain []string
+	for d := filepath.Dir(strings.TrimPrefix(path, "/")); d != "." && !c.dirs[d]; d = filepath.Dir(d) {
+		chain = append(chain, d)
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		c.dirs[chain[i]] = true
+		c.dir(chain[i])
+	}
+}

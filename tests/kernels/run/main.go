@@ -98,6 +98,8 @@ func fail(err error) int {
 type payload struct {
 	init, kpr, busybox string
 	tests              []string
+	// tools are host executables the tests exec (bpftool), when present.
+	tools []string
 }
 
 // build compiles the init, kpr and the test binaries static into work:
@@ -132,6 +134,9 @@ func build(work string, packages []string) (*payload, error) {
 			p.busybox = bb
 			break
 		}
+	}
+	if bpftool, err := exec.LookPath("bpftool"); err == nil {
+		p.tools = append(p.tools, bpftool)
 	}
 	if p.busybox == "" {
 		return nil, errors.New("no static busybox (apt-get install busybox-static, or run `make deps`)")
@@ -347,7 +352,7 @@ func (m *markerBuffer) Bytes() []byte {
 
 var (
 	testLine = regexp.MustCompile(`^--- (PASS|FAIL|SKIP): (\S+)`)
-	// A skip's reason is the indented log line after it: "    file.go:12: why".
+	// A test's log line: "    file.go:12: text".
 	reasonLine = regexp.MustCompile(`^\s+\S+\.go:\d+: (.*)`)
 )
 
@@ -355,7 +360,8 @@ var (
 // Only top-level tests are counted; subtests roll up into their parent.
 func (r *result) parse(console []byte) {
 	var cur *suiteResult
-	var lastSkip *skip
+	// A skip's reason is the test's last log line before its "--- SKIP".
+	var lastLog string
 	sc := bufio.NewScanner(bytes.NewReader(console))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -388,29 +394,29 @@ func (r *result) parse(console []byte) {
 			case "done":
 				r.done = true
 			}
-			lastSkip = nil
 			continue
 		}
 		if cur == nil {
 			continue
 		}
+		if strings.HasPrefix(line, "=== ") {
+			lastLog = ""
+			continue
+		}
 		if m := testLine.FindStringSubmatch(line); m != nil {
-			lastSkip = nil
 			switch m[1] {
 			case "PASS":
 				cur.passed = append(cur.passed, m[2])
 			case "FAIL":
 				cur.failed = append(cur.failed, m[2])
 			case "SKIP":
-				cur.skipped = append(cur.skipped, skip{name: m[2]})
-				lastSkip = &cur.skipped[len(cur.skipped)-1]
+				cur.skipped = append(cur.skipped, skip{name: m[2], reason: lastLog})
 			}
+			lastLog = ""
 			continue
 		}
-		if lastSkip != nil && lastSkip.reason == "" {
-			if m := reasonLine.FindStringSubmatch(line); m != nil {
-				lastSkip.reason = m[1]
-			}
+		if m := reasonLine.FindStringSubmatch(line); m != nil {
+			lastLog = m[1]
 		}
 	}
 }
