@@ -239,7 +239,7 @@ func (r *result) boot(work string, p *payload, args []string, accel string, time
 	accels := []string{accel}
 	if accel == "auto" {
 		accels = []string{"tcg"}
-		if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
+		if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil && !kvmFailed {
 			f.Close()
 			accels = []string{"kvm", "tcg"}
 		}
@@ -253,6 +253,7 @@ func (r *result) boot(work string, p *payload, args []string, accel string, time
 			// KVM did not get as far as the init (nested virtualization
 			// hanging, qemu refusing the CPU model): emulate instead.
 			fmt.Fprintf(os.Stderr, "kernels: %s: KVM failed (%v), retrying with TCG\n", r.suite, qerr)
+			kvmFailed = true
 			continue
 		}
 		r.parse(console)
@@ -271,6 +272,10 @@ func (r *result) boot(work string, p *payload, args []string, accel string, time
 // KVM can hang silently before the kernel prints anything (it does on this
 // project's development machine); the runner then emulates instead.
 const kvmStartLimit = 60 * time.Second
+
+// kvmFailed remembers, for the kernels after the first, that KVM boots
+// here never reach the init.
+var kvmFailed bool
 
 // errNoInit is a VM that never reached the init.
 var errNoInit = errors.New("no output from the init")
