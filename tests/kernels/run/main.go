@@ -174,6 +174,9 @@ type probeReport struct {
 		Supported bool   `json:"supported"`
 		Error     string `json:"error"`
 	} `json:"features"`
+	ModeAuto struct {
+		Backend string `json:"backend"`
+	} `json:"modeAuto"`
 }
 
 type suiteResult struct {
@@ -471,6 +474,12 @@ The feature rows are ` + "`kpr probe -o json`" + ` run inside the VM; the test r
 			return "not probed"
 		}))
 	}
+	fmt.Fprintf(&b, "| `--mode auto` picks | %s |\n", join(results, func(r *result) string {
+		if r.probe == nil || r.probe.ModeAuto.Backend == "" {
+			return "?"
+		}
+		return r.probe.ModeAuto.Backend
+	}))
 	var suites []string
 	seenSuite := map[string]bool{}
 	for _, r := range results {

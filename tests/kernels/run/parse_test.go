@@ -10,7 +10,7 @@ import (
 const console = `[    0.01] Linux version 5.10.0
 @@kpr modules veth,bridge
 @@kpr kernel 5.10.0-32-amd64
-@@kpr probe { "kernel": "5.10.0-32-amd64", "features": [ { "name": "bpf_set_retval helper", "supported": false, "error": "x" } ] }
+@@kpr probe { "kernel": "5.10.0-32-amd64", "features": [ { "name": "bpf_set_retval helper", "supported": false, "error": "x" } ], "modeAuto": { "backend": "ebpf" } }
 @@kpr suite socklb
 === RUN   TestA
 === RUN   TestA/IPv4
@@ -51,7 +51,7 @@ func TestParseCountsTopLevelTestsAndSkipReasons(t *testing.T) {
 		t.Fatal("a run with a failure is ok")
 	}
 	doc := markdown([]*result{r}, "-kernels bullseye")
-	for _, want := range []string{"| bpf_set_retval helper | no |", "| tests/socklb passed / failed / skipped | 1 / 1 / 1 |", "- FAIL TestC", "- skip TestB: kernel 5.10 cannot destroy UDP sockets"} {
+	for _, want := range []string{"| bpf_set_retval helper | no |", "| `--mode auto` picks | ebpf |", "| tests/socklb passed / failed / skipped | 1 / 1 / 1 |", "- FAIL TestC", "- skip TestB: kernel 5.10 cannot destroy UDP sockets"} {
 		if !strings.Contains(doc, want) {
 			t.Errorf("summary lacks %q:\n%s", want, doc)
 		}
