@@ -6,7 +6,7 @@ export GOFLAGS := -buildvcs=false
 
 -include tests/tools/tools.mk
 
-.PHONY: all build deps generate generate-check lint test unit bench bench-proxies bench-controlplane bench-dataplane demo clean
+.PHONY: all build deps generate generate-check lint test unit test-kernels test-kernel-oldest bench bench-proxies bench-controlplane bench-dataplane demo clean
 
 all: build
 
@@ -49,6 +49,18 @@ unit:
 test: deps generate-check lint tools
 	$(GO) test $(GOFLAGS_TEST) ./...
 	cd tests/deploy/kustomize && $(GO) test $(GOFLAGS_TEST) ./...
+
+## test-kernels: the kernel-facing suites inside qemu VMs on Debian's 5.10
+## (bullseye), 6.1 (bookworm) and 6.12 (trixie) kernels, fetched with a
+## private apt configuration and cached in ~/.cache/kpr/kernels; the summary
+## goes to docs/kernel-matrix.md (tests/kernels/run, hack/kernels.sh)
+KERNEL_MATRIX_FLAGS ?=
+test-kernels: deps
+	$(GO) run ./tests/kernels/run -kernels bullseye,bookworm,trixie -out docs/kernel-matrix.md $(KERNEL_MATRIX_FLAGS)
+
+## test-kernel-oldest: the same on 5.10 only, the oldest kernel kpr supports
+test-kernel-oldest: deps
+	$(GO) run ./tests/kernels/run -kernels bullseye $(KERNEL_MATRIX_FLAGS)
 
 ## bench: kpr against upstream kube-proxy (docs/benchmarks.md), the control
 ## plane (docs/control-plane-performance.md) and connect() through the socket

@@ -16,6 +16,11 @@ command -v flock >/dev/null || need+=(util-linux)
 command -v iptables-restore >/dev/null || need+=(iptables)
 command -v nft >/dev/null || need+=(nftables)
 command -v conntrack >/dev/null || need+=(conntrack)
+# make test-kernels boots Debian's kernels in qemu, with busybox as the
+# VMs' shell and tools.
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+# A static one: the initramfs has no libc (ldd fails on static binaries).
+{ [[ -x /bin/busybox ]] && ! ldd /bin/busybox >/dev/null 2>&1; } || need+=(busybox-static)
 [[ -d /usr/include/$("$(dirname "$0")/multiarch.sh")/asm || -d /usr/include/asm ]] || need+=(linux-libc-dev)
 
 if [[ ${#need[@]} -eq 0 ]]; then

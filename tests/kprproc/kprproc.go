@@ -33,8 +33,15 @@ var (
 // (Go's build cache makes that quick when nothing changed) and returns its
 // path. The build goes to a temporary name first and is renamed into place,
 // so test processes building at the same time never run a half-written file.
+//
+// $KPR_BINARY, when set, is a prebuilt kpr used as is: the kernel-matrix
+// VMs (tests/kernels) have no Go toolchain to build one.
 func Binary() (string, error) {
 	buildOnce.Do(func() {
+		if bin := os.Getenv("KPR_BINARY"); bin != "" {
+			binPath = bin
+			return
+		}
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
 		binPath = filepath.Join(root, "bin", "kpr")

@@ -108,7 +108,14 @@ func queryInStrides(t *testing.T, ns *harness.NetNS, vip netip.AddrPort, stride,
 			}
 			var got int
 			if err == nil {
-				got, _, err = unix.Recvfrom(used, buf, 0)
+				// A raw blocking recvfrom sees EINTR when the Go runtime's
+				// preemption signal lands (often under emulation, as in
+				// the kernel-matrix VMs): retry it.
+				for {
+					if got, _, err = unix.Recvfrom(used, buf, 0); err != unix.EINTR {
+						break
+					}
+				}
 			}
 			closeAll()
 			if err != nil {

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Fetches Debian's packaged kernels for the kernel matrix (tests/kernels) and
+# caches each under ${KPR_KERNEL_CACHE:-~/.cache/kpr/kernels}/<release>/
+# (<suite> is a symlink to it):
+#   vmlinuz, version (the uname -r), modules/<name>.ko (only the modules the
+#   VM tests load and their dependencies, decompressed) and modules.load
+#   (their names in load order).
+# Usage: hack/kernels.sh SUITE...   (bullseye, bookworm, trixie)
+# Prints the cache directory of each suite, one a line.
+#
+# apt runs with a private configuration (its own sources list, state and
+# cache under the kernel cache), so the system's apt setup is never touched
+# and suites the system does not carry (bullseye, trixie) resolve too.
+set -euo pipefail
+
+cache=${KPR_KERNEL_CACHE:-$HOME/.cache/kpr/kernels}
+mirror=${KPR_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+arch=$(dpkg --print-architecture)
+
+# The modules tests/kernels/init loads, by name, with their dependencies.
+# Missing ones (built in) are fine.
+# bridge joins the test pods' veths; crc32c_generic is libcrc32c's soft
+# dependency (nf_conntrack needs it, and modinfo's softdep is not followed).
+modules=(crc32c_generic veth bridge dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr)
+
+fetch() {
+	local suite=$1 dir=$cache/$1
+	if [[ -f $dir/vmlinuz && $(cat "$dir/modules.want" 2>/dev/null) == "${modules[*]}" ]]; then
+		echo "$dir"
+		return
+	fi
+	local apt=$cache/.apt/$suite
+	mkdir -p "$apt/state/lists/partial" "$apt/cache/archives/partial" "$apt/etc" "$apt/debs"
+	echo "deb $mirror $suite main" >"$apt/etc/sources.list"
+	local opts=(-o "Dir::Etc::sourcelist=$apt/etc/sources.list" -o "Dir::Etc::sourceparts=-"
+		-o "Dir::State=$apt/state" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=/dev/null"
+		-o "APT::Architecture=$arch" -o "Debug::NoLocking=1" -o "Acquire::Languages=none"
+		-o "APT::Get::List-Cleanup=0" -o "APT::Sandbox::User=root")
+	# The .deb stays in the cache: a changed module list re-extracts it
+	# without downloading again.
+	local pkg deb
+	deb=$(find "$apt/debs" -name 'linux-image-*.deb' | head -1)
+	if [[ -z $deb ]]; then
+		echo "hack/kernels.sh: $suite: apt update (private config in $apt)" >&2
+		apt-get "${opts[@]}" -qq update >&2
+		# linux-image-amd64 is the metapackage; its dependency is the real image.
+		pkg=$(apt-cache "${opts[@]}" depends "linux-image-$arch" | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+		if [[ -z $pkg ]]; then
+			echo "hack/kernels.sh: $suite: no linux-image package behind linux-image-$arch in $mirror" >&2
+			exit 1
+		fi
+		echo "hack/kernels.sh: $suite: downloading $pkg" >&2
+		(cd "$apt/debs" && apt-get "${opts[@]}" -qq download "$pkg" >&2)
+		deb=$(find "$apt/debs" -name 'linux-image-*.deb' | head -1)
+	fi
+	pkg=$(basename "$deb")
+	local tmp
+	tmp=$(mktemp -d "$cache/.extract-$suite.XXXXXX")
+	trap 'rm -rf "$tmp"' RETURN
+	dpkg-deb -x "$deb" "$tmp"
+	# The modules live in lib/modules (bullseye, bookworm) or, after the
+	# /usr merge, usr/lib/modules (trixie).
+	local moddir="" d
+	for d in "$tmp"/lib/modules/* "$tmp"/usr/lib/modules/*; do
+		[[ -d $d/kernel ]] && moddir=$d && break
+	done
+	if [[ -z $moddir ]]; then
+		echo "hack/kernels.sh: $suite: no lib/modules/<version>/kernel in $pkg" >&2
+		exit 1
+	fi
+	local kver
+	kver=$(basename "$moddir")
+	local staged=$tmp/out
+	mkdir -p "$staged"
+	cp "$tmp/boot/vmlinuz-$kver" "$staged/vmlinuz"
+	echo "$kver" >"$staged/version"
+	# Debian's packages ship no modules.dep (depmod builds it at install
+	# time, and kmod may be absent here), so each module's dependencies
+	# come from its own .modinfo "depends=" field. The modules are
+	# decompressed here (6.12 ships .ko.xz) so the init needs no xz, and
+	# listed in load order, dependencies first, in modules.load.
+	declare -A path=() seen=()
+	local f n order=()
+	while IFS= read -r f; do
+		n=$(basename "$f"); n=${n%%.ko*}; n=${n//-/_}
+		path[$n]=$f
+	done < <(find "$moddir/kernel" -name '*.ko*')
+	mkdir -p "$staged/modules"
+	visit() {
+		local n=$1 f out dep
+		[[ -n ${seen[$n]:-} ]] && return
+		seen[$n]=1
+		f=${path[$n]:-}
+		if [[ -z $f ]]; then
+			echo "hack/kernels.sh: $suite: module $n not in the package (built in?)" >&2
+			return
+		fi
+		out=$staged/modules/$n.ko
+		case $f in
+		*.ko.xz) xz -dc "$f" >"$out" ;;
+		*.ko.zst) zstd -qdc "$f" >"$out" ;;
+		*.ko.gz) gzip -dc "$f" >"$out" ;;
+		*) cp "$f" "$out" ;;
+		esac
+		for dep in $(tr '\0' '\n' <"$out" | sed -n 's/^depends=//p' | tr ',' ' '); do
+			visit "${dep//-/_}"
+		done
+		order+=("$n")
+	}
+	for m in "${modules[@]}"; do
+		visit "$m"
+	done
+	printf '%s\n' "${order[@]}" >"$staged/modules.load"
+	echo "${modules[*]}" >"$staged/modules.want"
+	# Cached by kernel release; the suite name points at the one it ships.
+	rm -rf "${cache:?}/$kver"
+	mv "$staged" "$cache/$kver"
+	rm -rf "$dir"
+	ln -sfn "$kver" "$dir"
+	echo "hack/kernels.sh: $suite: cached $kver in $dir" >&2
+	echo "$dir"
+}
+
+if [[ $# -eq 0 ]]; then
+	echo "usage: hack/kernels.sh SUITE... (bullseye bookworm trixie)" >&2
+	exit 2
+fi
+mkdir -p "$cache"
+for s in "$@"; do
+	fetch "$s"
+done

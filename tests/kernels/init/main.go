@@ -1,0 +1,202 @@
+// Command init is PID 1 of the kernel-matrix VMs (see tests/kernels/run):
+// it prepares the mounts and modules the privileged tests expect of a node,
+// runs `kpr probe -o json` and each test binary it finds in /kpr/tests, and
+// powers the VM off. Everything it reports goes to the serial console,
+// framed by lines starting with Marker, which the host runner parses.
+//
+// It is built static (CGO_ENABLED=0) because the initramfs has no libc.
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Marker starts every line the host runner parses; nothing else on the
+// console (kernel messages, test output) starts with it.
+const Marker = "@@kpr "
+
+func main() {
+	os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin:/kpr")
+	os.Setenv("HOME", "/root")
+	os.Setenv("TMPDIR", "/tmp")
+	// tests/kprproc runs this kpr instead of building one.
+	os.Setenv("KPR_BINARY", "/kpr/kpr")
+	if err := mounts(); err != nil {
+		report("error", "mounts: %v", err)
+	}
+	// Before 5.11 BPF maps are charged to RLIMIT_MEMLOCK, whose default
+	// (64 KiB) fits none of kpr's; `kpr probe` tells operators to run kpr
+	// with `ulimit -l unlimited`, and so does this init for the tests.
+	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}); err != nil {
+		report("error", "raise RLIMIT_MEMLOCK: %v", err)
+	}
+	if err := loopbackUp(); err != nil {
+		report("error", "loopback: %v", err)
+	}
+	loadModules("/kpr/modules.load", "/kpr/modules")
+	report("kernel", "%s", kernelRelease())
+	probe()
+	runTests("/kpr/tests", readArgs("/kpr/test-args"))
+	report("done", "")
+	unix.Sync()
+	// PID 1 must not exit (the kernel panics); power off instead.
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF); err != nil {
+		report("error", "power off: %v", err)
+	}
+	select {}
+}
+
+// report prints one framed line: "@@kpr <kind> <text>".
+func report(kind, format string, args ...any) {
+	fmt.Printf("%s%s %s\n", Marker, kind, fmt.Sprintf(format, args...))
+}
+
+// mounts gives the VM what a node has and the tests use: /run/netns for
+// named namespaces, cgroup2 for the test cgroups, bpffs for the pins.
+func mounts() error {
+	for _, m := range []struct{ fstype, target string }{
+		{"proc", "/proc"},
+		{"sysfs", "/sys"},
+		{"devtmpfs", "/dev"},
+		{"tmpfs", "/run"},
+		{"tmpfs", "/tmp"},
+		{"bpf", "/sys/fs/bpf"},
+		{"cgroup2", "/sys/fs/cgroup"},
+		{"tracefs", "/sys/kernel/tracing"},
+	} {
+		if err := os.MkdirAll(m.target, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.fstype, m.target, m.fstype, 0, ""); err != nil && err != unix.EBUSY {
+			return fmt.Errorf("mount %s on %s: %w", m.fstype, m.target, err)
+		}
+	}
+	return nil
+}
+
+func loopbackUp() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	return netlink.LinkSetUp(lo)
+}
+
+// loadModules loads the modules named in list (one a line, dependencies
+// first, as hack/kernels.sh wrote them) from dir. A module the kernel has
+// built in is not in the list; one already loaded is fine.
+func loadModules(list, dir string) {
+	f, err := os.Open(list)
+	if err != nil {
+		report("error", "modules: %v", err)
+		return
+	}
+	defer f.Close()
+	var loaded []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name := strings.TrimSpace(sc.Text())
+		if name == "" {
+			continue
+		}
+		if err := loadModule(filepath.Join(dir, name+".ko")); err != nil {
+			report("error", "load module %s: %v", name, err)
+			continue
+		}
+		loaded = append(loaded, name)
+	}
+	report("modules", "%s", strings.Join(loaded, ","))
+}
+
+func loadModule(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && err != unix.EEXIST {
+		return err
+	}
+	return nil
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "unknown"
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// probe prints kpr's own feature report, the matrix's feature columns.
+func probe() {
+	out, err := exec.Command("/kpr/kpr", "probe", "-o", "json").Output()
+	if err != nil {
+		report("error", "kpr probe: %v", err)
+		return
+	}
+	report("probe", "%s", strings.Join(strings.Fields(string(out)), " "))
+}
+
+// readArgs reads the test binaries' flags, one a line.
+func readArgs(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var args []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			args = append(args, l)
+		}
+	}
+	return args
+}
+
+// runTests runs every <suite>.test binary in dir with -test.v, its output
+// straight to the console, framed by suite and end markers with the exit
+// status and wall time.
+func runTests(dir string, args []string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		report("error", "tests: %v", err)
+		return
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".test") {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		suite := strings.TrimSuffix(name, ".test")
+		report("suite", "%s", suite)
+		cmd := exec.Command(filepath.Join(dir, name), append([]string{"-test.v", "-test.count=1"}, args...)...)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
+		// Each suite runs from its own directory, as `go test` does.
+		cmd.Dir = "/tmp"
+		start := time.Now()
+		err := cmd.Run()
+		code := 0
+		if err != nil {
+			code = -1
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			} else {
+				report("error", "run %s: %v", name, err)
+			}
+		}
+		report("end", "%s %d %.1fs", suite, code, time.Since(start).Seconds())
+	}
+}
