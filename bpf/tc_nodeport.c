@@ -648,6 +648,19 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 	return 0;
 }
 
+/* ct_key_of fills key for the flow saddr:sport -> daddr:dport in one
+ * direction; the caller's key is zeroed, so its padding hashes alike. */
+static __always_inline void ct_key_of(struct ct_key *key, const __u32 *saddr, __u16 sport,
+				      const __u32 *daddr, __u16 dport, __u8 proto, __u8 dir)
+{
+	addr_copy(key->saddr, saddr);
+	addr_copy(key->daddr, daddr);
+	key->sport = sport;
+	key->dport = dport;
+	key->proto = proto;
+	key->dir = dir;
+}
+
 /*
  * A reply passed: the forward entry learns of the first one (the flow is
  * established) and of a FIN or RST, which shorten its lifetime. rev is the
@@ -663,12 +676,7 @@ static __always_inline void note_reply(struct ct_value *rev, const struct ct_val
 	if ((rev->flags & CT_F_REPLIED) && !flags)
 		return;
 	rev->flags |= CT_F_REPLIED;
-	addr_copy(fkey.saddr, client);
-	addr_copy(fkey.daddr, from->addr);
-	fkey.sport = client_port;
-	fkey.dport = from->port;
-	fkey.proto = p->proto;
-	fkey.dir = CT_DIR_FORWARD;
+	ct_key_of(&fkey, client, client_port, from->addr, from->port, p->proto, CT_DIR_FORWARD);
 	fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
 	if (fwd)
 		ct_touch(fwd, client, client_port, p->proto, flags | CT_F_REPLIED, bpf_ktime_get_ns());
@@ -690,12 +698,7 @@ static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p
 	struct ct_value *rev;
 	struct ct_value from;
 
-	addr_copy(rkey.saddr, p->saddr);
-	addr_copy(rkey.daddr, p->daddr);
-	rkey.sport = p->sport;
-	rkey.dport = p->dport;
-	rkey.proto = p->proto;
-	rkey.dir = CT_DIR_REPLY;
+	ct_key_of(&rkey, p->saddr, p->sport, p->daddr, p->dport, p->proto, CT_DIR_REPLY);
 	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
 	if (!rev || !(rev->flags & CT_F_SNAT))
 		return -1;
@@ -848,12 +851,7 @@ static __always_inline int icmp_ingress(struct __sk_buff *skb, const struct pkt 
 
 	if (!parse_icmp_error(skb, p, &in))
 		return TC_PASS;
-	addr_copy(key.saddr, in.daddr);
-	addr_copy(key.daddr, in.saddr);
-	key.sport = in.dport;
-	key.dport = in.sport;
-	key.proto = in.proto;
-	key.dir = CT_DIR_FORWARD;
+	ct_key_of(&key, in.daddr, in.dport, in.saddr, in.sport, in.proto, CT_DIR_FORWARD);
 	ct = bpf_map_lookup_elem(&kpr_conntrack, &key);
 	if (ct) {
 		e = *ct;
@@ -894,12 +892,7 @@ static __always_inline int icmp_egress(struct __sk_buff *skb, const struct pkt *
 
 	if (!parse_icmp_error(skb, p, &in))
 		return TC_PASS;
-	addr_copy(rkey.saddr, in.daddr);
-	addr_copy(rkey.daddr, in.saddr);
-	rkey.sport = in.dport;
-	rkey.dport = in.sport;
-	rkey.proto = in.proto;
-	rkey.dir = CT_DIR_REPLY;
+	ct_key_of(&rkey, in.daddr, in.dport, in.saddr, in.sport, in.proto, CT_DIR_REPLY);
 	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
 	if (!rev || (rev->flags & CT_F_SNAT))
 		return TC_PASS;
@@ -936,12 +929,7 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 			return ret;
 	}
 
-	addr_copy(fkey.saddr, p.saddr);
-	addr_copy(fkey.daddr, p.daddr);
-	fkey.sport = p.sport;
-	fkey.dport = p.dport;
-	fkey.proto = p.proto;
-	fkey.dir = CT_DIR_FORWARD;
+	ct_key_of(&fkey, p.saddr, p.sport, p.daddr, p.dport, p.proto, CT_DIR_FORWARD);
 
 	now = bpf_ktime_get_ns();
 	ct = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
@@ -989,12 +977,7 @@ int kpr_tc_egress(struct __sk_buff *skb)
 	if (ret != PARSED_L4)
 		return TC_PASS;
 
-	addr_copy(rkey.saddr, p.saddr);
-	addr_copy(rkey.daddr, p.daddr);
-	rkey.sport = p.sport;
-	rkey.dport = p.dport;
-	rkey.proto = p.proto;
-	rkey.dir = CT_DIR_REPLY;
+	ct_key_of(&rkey, p.saddr, p.sport, p.daddr, p.dport, p.proto, CT_DIR_REPLY);
 	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
 	if (!rev || (rev->flags & CT_F_SNAT))
 		return TC_PASS;
