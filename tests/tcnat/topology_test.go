@@ -166,15 +166,7 @@ func (top *topology) backends(fe netip.Addr, proto dataplane.Protocol, pods ...*
 	if proto == dataplane.UDP {
 		port = udpPort
 	}
-	var out []netip.AddrPort
-	for _, p := range pods {
-		a := p.IPv4
-		if fe.Is6() {
-			a = p.IPv6
-		}
-		out = append(out, netip.AddrPortFrom(a, port))
-	}
-	return out
+	return peerBackends(fe, port, pods...)
 }
 
 func nodeAddr(v6 bool) netip.Addr {
@@ -370,6 +362,7 @@ func TestExternalTrafficPolicyLocalKeepsClientAddress(t *testing.T) {
 	}
 }
 
+// peerBackends are the pods' addresses in the family of fe, at port.
 func peerBackends(fe netip.Addr, port uint16, pods ...*harness.Pod) []netip.AddrPort {
 	var out []netip.AddrPort
 	for _, p := range pods {
