@@ -76,13 +76,14 @@ volatile const __u16 snat_port_max = 65535;
 /* How many ports a new SNATed flow tries before it is dropped. */
 #define SNAT_TRIES 16
 
-/* The devices kpr's tc programs are attached to, by ifindex, written by the
- * loader: a backend whose route leaves through one of them is on another
- * node. Not pinned: the programs hold it, and a new kpr loads its own. */
+/* The devices kpr's tc programs are attached to, by ifindex, with the
+ * node's addresses on them, written by the loader: a backend whose route
+ * leaves through one of them is on another node. Not pinned: the programs
+ * hold it, and a new kpr loads its own. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);
-	__type(value, __u8);
+	__type(value, struct tc_device);
 	__uint(max_entries, 256);
 } kpr_tc_devices SEC(".maps");
 
@@ -434,20 +435,35 @@ static __always_inline int backend_remote(struct __sk_buff *skb, const struct pk
 					  const struct backend *be, __u32 snat[4])
 {
 	struct bpf_fib_lookup fib = {};
+	struct tc_device *dev;
+	long rc;
 
 	fib_addrs(&fib, p, p->saddr, be->addr);
 	fib.ifindex = skb->ingress_ifindex;
-	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH) !=
-	    BPF_FIB_LKUP_RET_SUCCESS)
-		return 0; /* the kernel decides, after the DNAT */
-	if (!is_kpr_device(fib.ifindex))
-		return 0;
-	if (p->v6) {
-		__builtin_memcpy(snat, fib.ipv6_src, 16);
-	} else {
-		addr_from_v4(snat, fib.ipv4_src);
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
+	if (rc >= 0) {
+		if (rc != BPF_FIB_LKUP_RET_SUCCESS || !is_kpr_device(fib.ifindex))
+			return 0; /* the kernel decides, after the DNAT */
+		if (p->v6)
+			__builtin_memcpy(snat, fib.ipv6_src, 16);
+		else
+			addr_from_v4(snat, fib.ipv4_src);
+		return 1;
 	}
-	return 1;
+	/* Before Linux 6.7 the kernel refuses those flags (-EINVAL): look the
+	 * route up plainly, and SNAT to the node's address on the device it
+	 * leaves through, as the loader recorded it. */
+	__builtin_memset(&fib, 0, sizeof(fib));
+	fib_addrs(&fib, p, p->saddr, be->addr);
+	fib.ifindex = skb->ingress_ifindex;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return 0;
+	dev = bpf_map_lookup_elem(&kpr_tc_devices, &fib.ifindex);
+	if (!dev)
+		return 0;
+	addr_copy(snat, p->v6 ? dev->addr6 : dev->addr4);
+	return snat[0] | snat[1] | snat[2] | snat[3] ? 1 : 0;
 }
 
 /* A redirect skips the kernel's forwarding, so it decrements the TTL (hop

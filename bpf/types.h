@@ -189,6 +189,18 @@ struct tc_affinity_key {
 };
 
 /*
+ * One of the devices kpr's tc programs are attached to (kpr_tc_devices, by
+ * ifindex): the node's address on it per family, in the 16-byte form, all
+ * zero where the device has none. A new flow to a backend on another node
+ * is SNATed to it where the kernel's FIB lookup cannot name the source
+ * (BPF_FIB_LOOKUP_SRC is Linux 6.7+).
+ */
+struct tc_device {
+	__u32 addr4[4];
+	__u32 addr6[4];
+};
+
+/*
  * Per-CPU counters of the tc programs, one field per reason, in the single
  * entry of kpr_tc_stats. New reasons are appended.
  */

@@ -21,7 +21,14 @@ arch=$(dpkg --print-architecture)
 # Missing ones (built in) are fine.
 # bridge joins the test pods' veths; crc32c_generic is libcrc32c's soft
 # dependency (nf_conntrack needs it, and modinfo's softdep is not followed).
-modules=(crc32c_generic veth bridge dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr)
+# The rest serve the iptables backend's tests: iptables-legacy (ip_tables,
+# iptable_*), iptables-nft (nf_tables, nft_compat, nft_chain_nat), the
+# matches and targets kpr's rules use, and conntrack over netlink.
+modules=(crc32c_generic veth bridge dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr
+	nf_nat nfnetlink nf_conntrack_netlink nf_tables nft_compat nft_chain_nat nft_counter
+	ip_tables ip6_tables iptable_nat ip6table_nat iptable_filter ip6table_filter
+	xt_comment xt_conntrack xt_tcpudp xt_mark xt_addrtype xt_statistic xt_recent xt_MASQUERADE xt_nat
+	ipt_REJECT ip6t_REJECT)
 
 fetch() {
 	local suite=$1 dir=$cache/$1

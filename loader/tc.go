@@ -133,6 +133,11 @@ func (l *Loaded) LoadTC(opts TCOptions, log *zap.Logger) (*TC, error) {
 	if err := loadAgainstShared(spec, l.sizes, l.shared, l.cache, &objs); err != nil {
 		return nil, fmt.Errorf("load tc programs: %w", err)
 	}
+	if objs.Devices.ValueSize() != tcDeviceSize {
+		_ = errors.Join(objs.Ingress.Close(), objs.Egress.Close(), objs.Devices.Close())
+		return nil, fmt.Errorf("load tc programs: kpr_tc_devices holds %d-byte values, this kpr writes %d: the embedded object and loader/tcdevice.go disagree (run make generate)",
+			objs.Devices.ValueSize(), tcDeviceSize)
+	}
 	tc := &TC{Ingress: objs.Ingress, Egress: objs.Egress, devices: objs.Devices}
 	if len(opts.Devices) > 0 {
 		attach := func() (err error) {
@@ -282,7 +287,11 @@ func attachTC(bpfRoot string, devices []string, mode TCAttachMode, tc *TC, log *
 		}
 		// Before any program runs: a packet must never find its own
 		// device missing from the set.
-		if err := tc.devices.Put(uint32(iface.Attrs().Index), uint8(1)); err != nil {
+		addrs, err := deviceAddresses(iface)
+		if err != nil {
+			return mode, err
+		}
+		if err := tc.devices.Put(uint32(iface.Attrs().Index), addrs); err != nil {
 			return mode, fmt.Errorf("record device %s for the tc programs: %w", dev, err)
 		}
 		ifaces = append(ifaces, iface)

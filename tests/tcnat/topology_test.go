@@ -217,7 +217,10 @@ func TestNodePortFromOutside(t *testing.T) {
 // arrives intact both ways, with the programs attached either way.
 func TestNodePortBulkTransfer(t *testing.T) {
 	for _, mode := range []loader.TCAttachMode{loader.TCAttachTCX, loader.TCAttachLegacy} {
-		t.Run(mode.String(), func(t *testing.T) { bulkTransfer(t, mode) })
+		t.Run(mode.String(), func(t *testing.T) {
+			skipWithoutTCX(t, mode)
+			bulkTransfer(t, mode)
+		})
 	}
 }
 

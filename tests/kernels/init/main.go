@@ -31,6 +31,9 @@ func main() {
 	os.Setenv("TMPDIR", "/tmp")
 	// tests/kprproc runs this kpr instead of building one.
 	os.Setenv("KPR_BINARY", "/kpr/kpr")
+	// Tests that change the whole kernel (e.g. withholding a hook through
+	// the BPF LSM) run only where this is set: inside these VMs.
+	os.Setenv("KPR_KERNEL_MATRIX", kernelRelease())
 	if err := mounts(); err != nil {
 		report("error", "mounts: %v", err)
 	}
@@ -73,6 +76,8 @@ func mounts() error {
 		{"bpf", "/sys/fs/bpf"},
 		{"cgroup2", "/sys/fs/cgroup"},
 		{"tracefs", "/sys/kernel/tracing"},
+		// securityfs lists the active LSMs, which the withheld-hook test checks.
+		{"securityfs", "/sys/kernel/security"},
 	} {
 		if err := os.MkdirAll(m.target, 0o755); err != nil {
 			return err

@@ -15,7 +15,8 @@ import (
 //
 //	/init                 the init
 //	/bin/busybox, applets a shell and the tools tests exec (sleep)
-//	/usr/sbin/bpftool...  host tools the tests exec, with their libraries
+//	/usr/sbin/bpftool...  host tools the tests exec (bpftool, ip, iptables,
+//	                      conntrack), with their libraries and plugins
 //	/kpr/kpr              kpr, for `kpr probe` and the CLI tests
 //	/kpr/tests/*.test     the test binaries
 //	/kpr/test-args        their flags, one a line
@@ -35,8 +36,14 @@ func packInitramfs(path, kernelDir string, p *payload, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s --list: %w", p.busybox, err)
 	}
+	// A host tool wins over the busybox applet of its name: busybox's ip
+	// has no `ip netns exec`, for one.
+	shadowed := map[string]bool{"busybox": true}
+	for _, tool := range p.tools {
+		shadowed[filepath.Base(tool)] = true
+	}
 	for _, a := range strings.Fields(string(applets)) {
-		if a != "busybox" {
+		if !shadowed[a] {
 			w.symlink("bin/"+a, "busybox")
 		}
 	}
@@ -75,6 +82,8 @@ type cpioWriter struct {
 	ino  int
 	err  error
 	dirs map[string]bool
+	// added are the paths dynamic has written, files and symlinks.
+	added map[string]bool
 }
 
 func (c *cpioWriter) header(name string, mode uint32, size int) {
@@ -144,8 +153,11 @@ func (c *cpioWriter) file(name, src string, perm uint32) {
 
 func (c *cpioWriter) trailer() { c.header("TRAILER!!!", 0, 0) }
 
-// dynamic adds a host executable at its own path with the shared libraries
-// ldd names, at theirs, so it runs in the VM as on the host.
+// dynamic adds a host executable (or shared object) and the shared
+// libraries ldd names, each at its own path, so it runs in the VM as on the
+// host. A path that is a symlink (iptables-nft to xtables-nft-multi) stays
+// one, since multi-call binaries go by the name they were run as; each real
+// file is added once.
 func (c *cpioWriter) dynamic(bin string) error {
 	out, err := exec.Command("ldd", bin).Output()
 	if err != nil {
@@ -159,13 +171,26 @@ func (c *cpioWriter) dynamic(bin string) error {
 			}
 		}
 	}
+	if c.added == nil {
+		c.added = map[string]bool{}
+	}
 	for _, f := range files {
 		real, err := filepath.EvalSymlinks(f)
 		if err != nil {
 			return err
 		}
-		c.parents(f)
-		c.file(strings.TrimPrefix(f, "/"), real, 0o755)
+		for _, p := range []string{real, f} {
+			if c.added[p] {
+				continue
+			}
+			c.added[p] = true
+			c.parents(p)
+			if p == real {
+				c.file(strings.TrimPrefix(p, "/"), real, 0o755)
+			} else {
+				c.symlink(strings.TrimPrefix(p, "/"), real)
+			}
+		}
 	}
 	return nil
 }

@@ -98,7 +98,8 @@ func fail(err error) int {
 type payload struct {
 	init, kpr, busybox string
 	tests              []string
-	// tools are host executables the tests exec (bpftool), when present.
+	// tools are host executables the tests exec (bpftool, ip, iptables),
+	// when present, and the iptables extensions those load.
 	tools []string
 }
 
@@ -135,13 +136,40 @@ func build(work string, packages []string) (*payload, error) {
 			break
 		}
 	}
-	if bpftool, err := exec.LookPath("bpftool"); err == nil {
-		p.tools = append(p.tools, bpftool)
-	}
+	p.tools = hostTools()
 	if p.busybox == "" {
 		return nil, errors.New("no static busybox (apt-get install busybox-static, or run `make deps`)")
 	}
 	return p, nil
+}
+
+// toolNames are the host commands the kernel-facing tests exec: bpftool
+// (the dump tests), ip (`ip netns exec` in the iptables backend's tests),
+// the iptables variants the fallback backend drives, and conntrack.
+var toolNames = []string{"bpftool", "ip", "conntrack",
+	"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore",
+	"iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore",
+	"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore",
+	"ip6tables-legacy", "ip6tables-legacy-save", "ip6tables-legacy-restore"}
+
+// xtablesPlugins is where Debian's iptables dlopens its matches and targets
+// (-m comment, -j DNAT, ...) from.
+const xtablesPlugins = "/usr/lib/x86_64-linux-gnu/xtables"
+
+// hostTools finds the host's copies of toolNames, leaving out those the
+// host lacks (their tests skip, naming the command), and the xtables
+// plugins when iptables is among them.
+func hostTools() []string {
+	var tools []string
+	for _, name := range toolNames {
+		if path, err := exec.LookPath(name); err == nil {
+			tools = append(tools, path)
+		}
+	}
+	if plugins, _ := filepath.Glob(filepath.Join(xtablesPlugins, "*.so")); len(plugins) > 0 {
+		tools = append(tools, plugins...)
+	}
+	return tools
 }
 
 // isStatic reports whether path is an executable without an ELF interpreter.
@@ -274,7 +302,7 @@ func (r *result) boot(work string, p *payload, args []string, accel string, time
 // kvmStartLimit is how long a KVM boot may take to reach the init. Nested
 // KVM can hang silently before the kernel prints anything (it does on this
 // project's development machine); the runner then emulates instead.
-const kvmStartLimit = 60 * time.Second
+const kvmStartLimit = 30 * time.Second
 
 // kvmFailed remembers, for the kernels after the first, that KVM boots
 // here never reach the init.
@@ -295,11 +323,12 @@ func qemu(kernel, initrd, accel string, timeout time.Duration, logPath string) (
 		cpu = "host,-arch-capabilities"
 	}
 	// no_timer_check: under emulation on a busy host the kernel's IO-APIC
-	// timer check can miss its ticks and panic the boot.
+	// timer check can miss its ticks and panic the boot. lsm=bpf makes the
+	// BPF LSM the active one, so that a test can withhold a hook from kpr.
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
 		"-accel", accel, "-cpu", cpu, "-smp", "2", "-m", "2048",
 		"-kernel", kernel, "-initrd", initrd,
-		"-append", "console=ttyS0 quiet loglevel=4 panic=-1 no_timer_check rdinit=/init",
+		"-append", "console=ttyS0 quiet loglevel=4 panic=-1 no_timer_check rdinit=/init lsm=bpf",
 		"-nic", "none", "-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio")
 	logf, err := os.Create(logPath)
 	if err != nil {

@@ -1,0 +1,161 @@
+package socklb
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/tests/harness"
+)
+
+// kernelMatrixEnv is set by the kernel-matrix VM's init (tests/kernels/init)
+// to the kernel release. Tests that change the whole kernel's behaviour run
+// only there: on a shared machine they would change it for everyone.
+const kernelMatrixEnv = "KPR_KERNEL_MATRIX"
+
+// Offsets in union bpf_attr for BPF_PROG_LOAD (include/uapi/linux/bpf.h),
+// stable since the fields were added (expected_attach_type: 4.17).
+const (
+	attrProgType           = 0
+	attrExpectedAttachType = 68
+	bpfProgLoad            = 5 // BPF_PROG_LOAD
+)
+
+// withholdHook loads a BPF LSM program on the "bpf" hook that refuses, with
+// EPERM, every BPF_PROG_LOAD of a cgroup sock_addr program for the given
+// attach type, as a hardened node's policy would. Everything else still
+// loads, so the rest of kpr's probe finds the kernel as it is. The program
+// is assembled here rather than compiled, because it exists only for this
+// test.
+func withholdHook(t *testing.T, attach ebpf.AttachType) {
+	t.Helper()
+	const allow = "allow"
+	insns := asm.Instructions{
+		// r6 = ctx: the hook's arguments as u64s (cmd, attr, size).
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R2, asm.R6, 0, asm.DWord),
+		asm.JNE.Imm(asm.R2, bpfProgLoad, allow),
+		// Copy attr->prog_type and attr->expected_attach_type to the stack.
+		asm.LoadMem(asm.R7, asm.R6, 8, asm.DWord),
+		asm.Mov.Reg(asm.R1, asm.R10),
+		asm.Add.Imm(asm.R1, -8),
+		asm.Mov.Imm(asm.R2, 4),
+		asm.Mov.Reg(asm.R3, asm.R7),
+		asm.Add.Imm(asm.R3, attrProgType),
+		asm.FnProbeReadKernel.Call(),
+		asm.Mov.Reg(asm.R1, asm.R10),
+		asm.Add.Imm(asm.R1, -4),
+		asm.Mov.Imm(asm.R2, 4),
+		asm.Mov.Reg(asm.R3, asm.R7),
+		asm.Add.Imm(asm.R3, attrExpectedAttachType),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R2, asm.R10, -8, asm.Word),
+		asm.JNE.Imm(asm.R2, int32(ebpf.CGroupSockAddr), allow),
+		asm.LoadMem(asm.R2, asm.R10, -4, asm.Word),
+		asm.JNE.Imm(asm.R2, int32(attach), allow),
+		asm.Mov.Imm(asm.R0, -int32(unix.EPERM)),
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol(allow),
+		asm.Return(),
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         "kpr_withhold",
+		Type:         ebpf.LSM,
+		AttachType:   ebpf.AttachLSMMac,
+		AttachTo:     "bpf",
+		Instructions: insns,
+		License:      "GPL",
+	})
+	if err != nil {
+		t.Fatalf("load the BPF LSM program that withholds the hook: %v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	l, err := link.AttachLSM(link.LSMOptions{Program: prog})
+	if err != nil {
+		t.Fatalf("attach the BPF LSM program (is bpf in the kernel's lsm= list? /sys/kernel/security/lsm): %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
+// bpfLSMActive reports whether the running kernel runs BPF LSM programs,
+// from the active LSMs that securityfs lists.
+func bpfLSMActive() (bool, error) {
+	b, err := os.ReadFile("/sys/kernel/security/lsm")
+	if err != nil {
+		return false, err
+	}
+	for _, name := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		if name == "bpf" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// probeAuto runs `kpr probe -o json` and returns what --mode auto picks.
+func probeAuto(t *testing.T) (backend, cause, reason string) {
+	t.Helper()
+	out, err := exec.Command(kprBinary(t), "probe", "-o", "json").Output()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		t.Fatalf("kpr probe: %v: %s", err, exit.Stderr)
+	} else if err != nil {
+		t.Fatalf("kpr probe: %v", err)
+	}
+	var report struct {
+		loader.Report
+		ModeAuto struct{ Backend, Cause, Reason, Error string } `json:"modeAuto"`
+	}
+	if err := json.Unmarshal(out, &report); err != nil {
+		t.Fatalf("kpr probe -o json: %v\n%s", err, out)
+	}
+	if report.ModeAuto.Error != "" {
+		t.Fatalf("--mode auto refuses to start: %s", report.ModeAuto.Error)
+	}
+	return report.ModeAuto.Backend, report.ModeAuto.Cause, report.ModeAuto.Reason
+}
+
+// A node whose policy forbids the connect hooks runs the fallback under
+// --mode auto, and says which hook it missed; once the policy is gone, auto
+// picks eBPF again. The hook is withheld for real, by a BPF LSM program that
+// makes the kernel refuse the program load, so this is the path a hardened
+// kernel takes, not a simulated probe result.
+func TestAutoModeFallsBackWhenAHookIsWithheld(t *testing.T) {
+	harness.RequireRoot(t)
+	if os.Getenv(kernelMatrixEnv) == "" {
+		t.Skipf("withholding a hook changes the whole kernel, so this test runs only inside the kernel-matrix VMs "+
+			"(make test-kernel-oldest, make test-kernels), where %s is set", kernelMatrixEnv)
+	}
+	active, err := bpfLSMActive()
+	if err != nil {
+		t.Fatalf("read the active LSMs (the VM's init mounts securityfs): %v", err)
+	}
+	if !active {
+		t.Fatal("the BPF LSM is not active in the kernel-matrix VM: its kernel command line must list bpf in lsm=")
+	}
+
+	if backend, _, reason := probeAuto(t); backend != "ebpf" {
+		t.Fatalf("before the hook is withheld, --mode auto picks %q (%s), want ebpf", backend, reason)
+	}
+
+	withholdHook(t, ebpf.AttachCGroupInet4Connect)
+	backend, cause, reason := probeAuto(t)
+	if backend != "iptables" || cause != "ebpf-unavailable" {
+		t.Fatalf("with connect4 withheld, --mode auto picks %q (cause %q, %s), want the iptables fallback", backend, cause, reason)
+	}
+	if !strings.Contains(reason, loader.FeatureConnect) {
+		t.Fatalf("the fallback's reason does not name the withheld hook %q: %s", loader.FeatureConnect, reason)
+	}
+	if strings.Contains(reason, loader.FeatureSendmsg) {
+		t.Fatalf("the reason names %q, which was not withheld: %s", loader.FeatureSendmsg, reason)
+	}
+}
