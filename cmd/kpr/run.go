@@ -173,7 +173,7 @@ const (
 
 func (f *runFlags) checkLBAlgorithm() error {
 	switch f.lbAlgorithm {
-	case lbRandom:
+	case lbRandom, "": // "": runFlags not filled by the flag set
 		return nil
 	case lbMaglev:
 	default:
