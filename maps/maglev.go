@@ -120,16 +120,9 @@ func (mg *Maglev) Sync(keys ...VIPKey) error {
 	// was written.
 	var errs []error
 	for _, k := range drops {
-		h, ok := mg.held[k]
-		if !ok {
-			continue
+		if err := mg.drop(k); err != nil {
+			errs = append(errs, err)
 		}
-		if err := mg.outer.Delete(h.key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete the Maglev table of %s: %w", k.VIP, err))
-			continue
-		}
-		delete(mg.held, k)
-		mg.unref(h.table)
 	}
 	for _, w := range wants {
 		if err := mg.put(w.vip, w.key, w.ids, w.addr); err != nil {
@@ -137,6 +130,20 @@ func (mg *Maglev) Sync(keys ...VIPKey) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// drop removes the frontend's table, if it has one.
+func (mg *Maglev) drop(vip VIPKey) error {
+	h, ok := mg.held[vip]
+	if !ok {
+		return nil
+	}
+	if err := mg.outer.Delete(h.key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete the Maglev table of %s: %w", vip.VIP, err)
+	}
+	delete(mg.held, vip)
+	mg.unref(h.table)
+	return nil
 }
 
 // put points the frontend's entry at the table of these backends, built
@@ -151,7 +158,9 @@ func (mg *Maglev) put(vip VIPKey, key bpf.KprMaglevKey, ids []uint32, addrs []ba
 	if t == nil {
 		var err error
 		if t, err = mg.build(vip, sig, ids, addrs); err != nil {
-			return err
+			// The table the frontend had names backends it no longer
+			// has all of: the backend slots serve it better.
+			return errors.Join(err, mg.drop(vip))
 		}
 		mg.tables[sig] = t
 	}

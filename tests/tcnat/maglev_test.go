@@ -206,3 +206,68 @@ func TestMaglevTablesRemovedForRandom(t *testing.T) {
 		t.Error("a Maglev table is left")
 	}
 }
+
+// The frontends of one backend set share one table, and a restarted kpr
+// replaces the tables with the same ones and removes those of frontends
+// gone meanwhile.
+func TestMaglevTablesSharedAndAdoptedAfterRestart(t *testing.T) {
+	n := newMaglevNode(t, 1021)
+	sp := lbService("web", 0, maglevBackends(10)...)
+	for _, addr := range []string{"192.168.1.1", "192.168.1.2"} {
+		sp.Frontends = append(sp.Frontends, dataplane.Frontend{Addr: netip.MustParseAddr(addr), Port: 30080,
+			Protocol: dataplane.TCP, Kind: dataplane.NodePort, Backends: sp.Frontends[0].Backends})
+	}
+	n.apply(sp)
+	inner := func() map[uint32]int {
+		ids := map[uint32]int{}
+		var k [8]byte
+		var id uint32
+		for it := n.loaded.Maps.KprMaglev.Iterate(); it.Next(&k, &id); {
+			ids[id]++
+		}
+		return ids
+	}
+	if ids := inner(); len(ids) != 1 || sum(ids) != 3 {
+		t.Fatalf("tables %v: want the LoadBalancer IP and both NodePorts on one table", ids)
+	}
+	fe := ap(maglevLB, 80)
+	client := netip.MustParseAddr("198.51.100.7")
+	before := make([]netip.Addr, 200)
+	for i := range before {
+		before[i] = n.pick(client, uint16(20000+i), fe)
+	}
+
+	// kpr restarts: a new LB, Maglev and Plane over the pinned maps, and
+	// the Service lost its second NodePort address while kpr was down.
+	lb, err := maps.New(n.loaded.Maps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mg, err := maps.NewMaglev(lb, n.loaded.Maps.KprMaglev, 1021)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mg.Close() })
+	n.lb, n.plane = lb, ebpfplane.New(lb, nil)
+	n.plane.SetMaglev(mg)
+	sp2 := *sp
+	sp2.Frontends = sp.Frontends[:3]
+	n.apply(&sp2)
+	if ids := inner(); len(ids) != 1 || sum(ids) != 2 {
+		t.Fatalf("tables %v after the restart: want the LoadBalancer IP and one NodePort on one table", ids)
+	}
+	n.flushConntrack()
+	for i := range before {
+		if got := n.pick(client, uint16(20000+i), fe); got != before[i] {
+			t.Fatalf("after the restart, the flow from port %d went to %s, before to %s", 20000+i, got, before[i])
+		}
+	}
+}
+
+func sum(m map[uint32]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
