@@ -565,8 +565,8 @@ static __always_inline void tc_affinity_update(const struct pkt *p, const struct
  * picks alike too; and it is a function of the packet alone, so every node
  * with the same table picks the same backend. A table of another size (a
  * kpr restarted with another --maglev-table-size, until the control plane
- * replaces its tables) returns nothing past its end: those flows take the
- * random pick meanwhile.
+ * replaces its tables) still names a backend of the Service, or nothing
+ * past its end: those flows take the random pick meanwhile.
  */
 static __always_inline __u32 maglev_backend(const struct pkt *p, const struct svc_value *master, __u8 scope)
 {
