@@ -196,6 +196,20 @@ func TestMaglevTablesRemovedForRandom(t *testing.T) {
 	if len(tables) != 1 || tables[0].Addr != maglevLB || len(tables[0].Shares) != 10 || tables[0].Size != maglev.DefaultTableSize {
 		t.Fatalf("tables = %+v, want one of %d slots over 10 backends for %s", tables, maglev.DefaultTableSize, maglevLB)
 	}
+	// kpr dump reads the same from the pins, beside the running kpr.
+	pinned, err := loader.OpenPinnedMaps(n.loaded.BPFRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	ro, err := maps.OpenReadOnly(pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dumped, err := maps.MaglevTables(ro, pinned.KprMaglev); err != nil || len(dumped) != 1 || len(dumped[0].Shares) != 10 ||
+		!dumped[0].Shares[0].Backend.IsValid() {
+		t.Fatalf("tables read from the pins = %+v (%v), want the one table with its 10 backends", dumped, err)
+	}
 	removed, err := maps.RemoveMaglevTables(n.loaded.Maps.KprMaglev)
 	if err != nil || removed != 1 {
 		t.Fatalf("removed %d tables (%v), want 1", removed, err)
