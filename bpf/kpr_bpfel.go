@@ -67,6 +67,13 @@ type KprCtValue struct {
 	RevNatId  uint32
 }
 
+type KprMaglevKey struct {
+	_        structs.HostLayout
+	RevNatId uint32
+	Scope    uint8
+	Pad      [3]uint8
+}
+
 type KprNatStats struct {
 	_                structs.HostLayout
 	Translated       uint64
@@ -167,6 +174,7 @@ const (
 	KprMapKprAffinityMatch = "kpr_affinity_match"
 	KprMapKprBackends      = "kpr_backends"
 	KprMapKprConntrack     = "kpr_conntrack"
+	KprMapKprMaglev        = "kpr_maglev"
 	KprMapKprRevNat        = "kpr_rev_nat"
 	KprMapKprServices      = "kpr_services"
 	KprMapKprSockRev       = "kpr_sock_rev"
@@ -249,6 +257,7 @@ type KprMapSpecs struct {
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
@@ -291,6 +300,7 @@ type KprMaps struct {
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
@@ -304,6 +314,7 @@ func (m *KprMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprMaglev,
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,

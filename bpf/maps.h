@@ -99,3 +99,38 @@ struct {
 	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_tc_affinity SEC(".maps");
+
+/*
+ * Maglev tables of the tc programs (struct maglev_key in types.h): the
+ * backend of a new flow to a frontend that has one is
+ * table[flow hash % maglev_table_size]. The control plane is the only
+ * writer.
+ *
+ * Why a map of maps: a table must change as a whole. A flow picked from a
+ * half-written table would go to a backend neither the old nor the new
+ * table gives it, and another node, which read its table at another
+ * moment, would pick differently. So each table is an array map of its
+ * own, filled before it is published, and a change of the Service's
+ * backends publishes a new array by one update of its entry here, which
+ * the kernel makes atomically (a lookup sees the old array or the new
+ * one). Frontends with the same backends share one array.
+ *
+ * BPF_F_INNER_MAP lets the arrays have any size: the size is a flag of
+ * kpr run, and a kpr started with another size replaces the tables
+ * without this pinned map having to change. The 16381 below is only the
+ * template's size.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, struct maglev_key);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_ARRAY);
+		__type(key, __u32);
+		__type(value, __u32);	/* backend id in kpr_backends */
+		__uint(max_entries, 16381);
+		__uint(map_flags, BPF_F_INNER_MAP);
+	});
+} kpr_maglev SEC(".maps");

@@ -20,6 +20,7 @@ const (
 	SockTermMapKprAffinityMatch = "kpr_affinity_match"
 	SockTermMapKprBackends      = "kpr_backends"
 	SockTermMapKprConntrack     = "kpr_conntrack"
+	SockTermMapKprMaglev        = "kpr_maglev"
 	SockTermMapKprRevNat        = "kpr_rev_nat"
 	SockTermMapKprServices      = "kpr_services"
 	SockTermMapKprSockRev       = "kpr_sock_rev"
@@ -82,6 +83,7 @@ type SockTermMapSpecs struct {
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
@@ -120,6 +122,7 @@ type SockTermMaps struct {
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
@@ -134,6 +137,7 @@ func (m *SockTermMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprMaglev,
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,

@@ -73,6 +73,10 @@ volatile const __u32 ct_udp_stream_s = 120;
 volatile const __u16 snat_port_min = 61000;
 volatile const __u16 snat_port_max = 65535;
 
+/* The size of every Maglev table in kpr_maglev (a prime), set by the
+ * loader from --maglev-table-size. */
+volatile const __u32 maglev_table_size = 16381;
+
 /* How many ports a new SNATed flow tries before it is dropped. */
 #define SNAT_TRIES 16
 
@@ -571,6 +575,31 @@ static __always_inline void tc_affinity_update(const struct pkt *p, const struct
 }
 
 /*
+ * The backend the frontend's Maglev table gives a new flow, or 0 when the
+ * frontend has no table (--lb-algorithm random). The flow hash leaves out
+ * the destination address, so a NodePort reached at either node's address
+ * picks alike too; and it is a function of the packet alone, so every node
+ * with the same table picks the same backend. A table of another size (a
+ * kpr restarted with another --maglev-table-size, until the control plane
+ * replaces its tables) still names a backend of the Service, or nothing
+ * past its end: those flows take the random pick meanwhile.
+ */
+static __always_inline __u32 maglev_backend(const struct pkt *p, const struct svc_value *master, __u8 scope)
+{
+	struct maglev_key key = {.rev_nat_id = master->rev_nat_id, .scope = scope};
+	const __u32 *id;
+	void *table;
+	__u32 slot;
+
+	table = bpf_map_lookup_elem(&kpr_maglev, &key);
+	if (!table)
+		return 0;
+	slot = flow_hash(p) % maglev_table_size;
+	id = bpf_map_lookup_elem(table, &slot);
+	return id ? *id : 0;
+}
+
+/*
  * A new flow to a frontend: pick a backend and store both conntrack
  * entries, the reply one first so that no forward entry exists without it.
  * On success (0) *fwd holds the forward entry; -1 (counted) drops the packet.
@@ -601,6 +630,13 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 			be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
 		if (be)
 			STAT_INC(affinity_hit);
+	}
+	/* ClientIP affinity wins; then the Maglev table, if the frontend has
+	 * one and its backend is still there; then the backend slots. */
+	if (!be) {
+		backend_id = maglev_backend(p, master, skey->scope);
+		if (backend_id)
+			be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
 	}
 	if (!be) {
 		skey->slot = (flow_hash(p) % master->count) + 1;

@@ -20,6 +20,7 @@ const (
 	TcNodeportMapKprAffinityMatch  = "kpr_affinity_match"
 	TcNodeportMapKprBackends       = "kpr_backends"
 	TcNodeportMapKprConntrack      = "kpr_conntrack"
+	TcNodeportMapKprMaglev         = "kpr_maglev"
 	TcNodeportMapKprRevNat         = "kpr_rev_nat"
 	TcNodeportMapKprServices       = "kpr_services"
 	TcNodeportMapKprSockRev        = "kpr_sock_rev"
@@ -36,6 +37,7 @@ const (
 	TcNodeportVarCtTcpSynS         = "ct_tcp_syn_s"
 	TcNodeportVarCtUdpS            = "ct_udp_s"
 	TcNodeportVarCtUdpStreamS      = "ct_udp_stream_s"
+	TcNodeportVarMaglevTableSize   = "maglev_table_size"
 	TcNodeportVarSnatPortMax       = "snat_port_max"
 	TcNodeportVarSnatPortMin       = "snat_port_min"
 )
@@ -94,6 +96,7 @@ type TcNodeportMapSpecs struct {
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
@@ -114,6 +117,7 @@ type TcNodeportVariableSpecs struct {
 	CtTcpSynS         *ebpf.VariableSpec `ebpf:"ct_tcp_syn_s"`
 	CtUdpS            *ebpf.VariableSpec `ebpf:"ct_udp_s"`
 	CtUdpStreamS      *ebpf.VariableSpec `ebpf:"ct_udp_stream_s"`
+	MaglevTableSize   *ebpf.VariableSpec `ebpf:"maglev_table_size"`
 	SnatPortMax       *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin       *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -142,6 +146,7 @@ type TcNodeportMaps struct {
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
@@ -156,6 +161,7 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprMaglev,
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
@@ -177,6 +183,7 @@ type TcNodeportVariables struct {
 	CtTcpSynS         *ebpf.Variable `ebpf:"ct_tcp_syn_s"`
 	CtUdpS            *ebpf.Variable `ebpf:"ct_udp_s"`
 	CtUdpStreamS      *ebpf.Variable `ebpf:"ct_udp_stream_s"`
+	MaglevTableSize   *ebpf.Variable `ebpf:"maglev_table_size"`
 	SnatPortMax       *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin       *ebpf.Variable `ebpf:"snat_port_min"`
 }

@@ -220,3 +220,15 @@ struct nat_stats {
 	__u64 icmp_translated;	/* ICMP errors about a translated flow, rewritten */
 	__u64 affinity_hit;	/* new flows sent to their client's affinity backend */
 };
+
+/*
+ * Maglev consistent hashing of the tc programs (kpr run --lb-algorithm
+ * maglev): the key of kpr_maglev, one table per frontend and scope, whose
+ * value is an array of backend ids (one per slot) that the control plane
+ * builds (maps/maglev) and swaps in whole.
+ */
+struct maglev_key {
+	__u32 rev_nat_id;	/* the frontend */
+	__u8 scope;		/* enum svc_scope */
+	__u8 pad[3];
+};

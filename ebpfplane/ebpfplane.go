@@ -46,6 +46,8 @@ type Plane struct {
 	removed []dataplane.RemovedBackend
 	// metrics, when set, get the maps' fill levels after every call.
 	metrics *metrics.Metrics
+	// maglev, when set, writes the Maglev tables (maglev.go).
+	maglev *maps.Maglev
 }
 
 // SocketTerminator destroys the connected UDP sockets kpr translated to
@@ -234,7 +236,9 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	if inSync && p.holds(all) {
 		// The common case: nothing changed anywhere, except that room
 		// may have been made for what was refused.
-		return p.finish(p.retryRefused())
+		err := p.retryRefused()
+		p.syncMaglevAll()
+		return p.finish(err)
 	}
 	if !inSync {
 		p.log.Info("BPF maps differ from what kpr wrote; re-reading them to repair the difference")
@@ -288,6 +292,7 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	}
 	p.trusted = true
 	err = errors.Join(append(errs, p.write(all, names, wanted))...)
+	p.syncMaglevAll()
 	return p.finish(err)
 }
 
@@ -397,6 +402,7 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort, 
 	if err := p.lb.Delete(stale...); err != nil {
 		errs = append(errs, err)
 	}
+	p.syncMaglev(sps, names)
 	for _, name := range names {
 		if failed[name] {
 			continue

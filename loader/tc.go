@@ -85,6 +85,9 @@ type TCOptions struct {
 	// above the kernel's default ephemeral range, so that they never meet
 	// the node's own connections.
 	SNATPorts [2]uint16
+	// MaglevTableSize is the size of the Maglev tables the control plane
+	// writes (maps.Maglev); zero keeps the default, 16381.
+	MaglevTableSize uint32
 }
 
 // TC is the loaded tc programs.
@@ -124,6 +127,11 @@ func (l *Loaded) LoadTC(opts TCOptions, log *zap.Logger) (*TC, error) {
 	}
 	if err := setSNATPorts(spec, opts.SNATPorts); err != nil {
 		return nil, err
+	}
+	if opts.MaglevTableSize != 0 {
+		if err := spec.Variables[bpf.TcNodeportVarMaglevTableSize].Set(opts.MaglevTableSize); err != nil {
+			return nil, fmt.Errorf("configure tc programs: %w", err)
+		}
 	}
 	var objs struct {
 		Ingress *ebpf.Program `ebpf:"kpr_tc_ingress"`

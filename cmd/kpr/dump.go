@@ -28,11 +28,18 @@ func newDumpCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			tables, err := maglevTables(lb, m.KprMaglev)
+			if err != nil {
+				return err
+			}
 			switch output {
 			case "json":
-				return writeDumpJSON(cmd.OutOrStdout(), lb.List())
+				return writeDumpJSON(cmd.OutOrStdout(), lb.List(), tables)
 			case "table":
-				return writeDumpTable(cmd.OutOrStdout(), lb.List())
+				if err := writeDumpTable(cmd.OutOrStdout(), lb.List()); err != nil {
+					return err
+				}
+				return writeMaglevTable(cmd.OutOrStdout(), tables, lb.List())
 			}
 			return fmt.Errorf("--output %q: want table or json", output)
 		},
@@ -49,14 +56,17 @@ type dumpService struct {
 	Kind            string   `json:"kind"`
 	AffinityTimeout uint32   `json:"affinityTimeoutSeconds,omitempty"`
 	Backends        []string `json:"backends"`
+	// Maglev is the frontend's Maglev table (dump_maglev.go), if any.
+	Maglev *dumpMaglev `json:"maglev,omitempty"`
 }
 
-func writeDumpJSON(w io.Writer, svcs []maps.Service) error {
+func writeDumpJSON(w io.Writer, svcs []maps.Service, tables map[maps.VIPKey]maps.MaglevTable) error {
 	out := make([]dumpService, 0, len(svcs))
 	for _, s := range svcs {
 		d := dumpService{
 			Frontend: frontendAddr(s), Protocol: s.Proto.String(), Scope: s.Scope.String(),
 			Kind: s.Kind.String(), AffinityTimeout: s.AffinityTimeout, Backends: []string{},
+			Maglev: maglevJSON(tables, s.VIPKey),
 		}
 		for _, b := range s.Backends {
 			d.Backends = append(d.Backends, b.String())

@@ -35,6 +35,10 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	log.Info("adopted dataplane", zap.Int("serviceEntries", adopted[0].Entries), zap.Int("backends", adopted[1].Entries))
 
 	plane := ebpfplane.New(lb, log.Named("dataplane"))
+	if err := setLBAlgorithm(f, plane, lb, loaded, log); err != nil {
+		loaded.Close()
+		return builtDataplane{}, err
+	}
 	// The backend sets the map fill levels after every call it gets.
 	plane.PublishMapUsage(m)
 	if loaded.SockTerm != nil {

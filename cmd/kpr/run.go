@@ -20,8 +20,11 @@ import (
 
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/maps/maglev"
 	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/servicehealth"
 	"github.com/kpr-io/kpr/watcher"
@@ -48,7 +51,10 @@ type runFlags struct {
 	tcAttach  string
 	conntrack loader.ConntrackTimeouts
 	snatPorts string
-	kubeProxy kubeProxyFlags // compat.go
+	// How the tc programs pick the backend of a new flow.
+	lbAlgorithm     string
+	maglevTableSize uint32
+	kubeProxy       kubeProxyFlags // compat.go
 
 	fallbackMode string
 }
@@ -114,6 +120,10 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 		"LoadBalancer IPs kpr translates per packet (tc programs); empty serves such traffic nowhere")
 	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to --devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, or clsact")
 	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps 61000-65535")
+	fl.StringVar(&f.lbAlgorithm, "lb-algorithm", lbRandom, "how the tc programs pick the backend of a new flow from outside: random (a hash of the flow over the backends), "+
+		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
+	fl.Uint32Var(&f.maglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "slots of each Service's Maglev table (--lb-algorithm maglev): a prime, "+
+		"at least 100 times the backends of the largest Service for even shares, the same on every node; each table takes 4 bytes a slot")
 	fl.DurationVar(&f.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", 0, "lifetime of an answered TCP flow in the tc programs' conntrack; 0 keeps 24h, as kube-proxy sets it")
 	fl.DurationVar(&f.conntrack.TCPSyn, "conntrack-tcp-timeout-syn", 0, "lifetime of a TCP flow whose SYN got no answer yet; 0 keeps 2m (netfilter's SYN_SENT)")
 	fl.DurationVar(&f.conntrack.TCPFin, "conntrack-tcp-timeout-fin", 0, "lifetime of a TCP flow after a FIN; 0 keeps 2m (netfilter's TIME_WAIT)")
@@ -127,11 +137,14 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 // tcOptions are the tc programs' options from the flags, nil without
 // --devices.
 func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
+	if err := f.checkLBAlgorithm(); err != nil {
+		return nil, err
+	}
 	if len(f.devices) == 0 {
 		return nil, nil
 	}
 	// The devices are the node's own: in --host-netns where it is given.
-	opts := &loader.TCOptions{Devices: f.devices, NetNS: f.hostNetNS, Timeouts: f.conntrack}
+	opts := &loader.TCOptions{Devices: f.devices, NetNS: f.hostNetNS, Timeouts: f.conntrack, MaglevTableSize: f.maglevTableSize}
 	switch f.tcAttach {
 	case "auto":
 		opts.Mode = loader.TCAttachAuto
@@ -150,6 +163,49 @@ func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 		opts.SNATPorts = [2]uint16{first, last}
 	}
 	return opts, nil
+}
+
+// The values of --lb-algorithm.
+const (
+	lbRandom = "random"
+	lbMaglev = "maglev"
+)
+
+func (f *runFlags) checkLBAlgorithm() error {
+	switch f.lbAlgorithm {
+	case lbRandom, "": // "": runFlags not filled by the flag set
+		return nil
+	case lbMaglev:
+	default:
+		return fmt.Errorf("--lb-algorithm %q: give random or maglev", f.lbAlgorithm)
+	}
+	if len(f.devices) == 0 {
+		return errors.New("--lb-algorithm maglev picks backends in the tc programs, for traffic from outside: give --devices too")
+	}
+	if err := maglev.ValidateTableSize(f.maglevTableSize); err != nil {
+		return fmt.Errorf("--maglev-table-size: %w", err)
+	}
+	return nil
+}
+
+// setLBAlgorithm makes the eBPF backend write Maglev tables for
+// --lb-algorithm maglev, or, for random, removes the tables an earlier kpr
+// with maglev left in the pinned map, which the programs would go on using.
+func setLBAlgorithm(f *runFlags, plane *ebpfplane.Plane, lb *maps.LB, loaded *loader.Loaded, log *zap.Logger) error {
+	if f.lbAlgorithm != lbMaglev {
+		n, err := maps.RemoveMaglevTables(loaded.Maps.KprMaglev)
+		if n > 0 {
+			log.Info("removed the Maglev tables of an earlier kpr: --lb-algorithm is random", zap.Int("tables", n))
+		}
+		return err
+	}
+	mg, err := maps.NewMaglev(lb, loaded.Maps.KprMaglev, f.maglevTableSize)
+	if err != nil {
+		return err
+	}
+	plane.SetMaglev(mg)
+	log.Info("new flows from outside pick backends by Maglev consistent hashing", zap.Uint32("tableSize", f.maglevTableSize))
+	return nil
 }
 
 // gcPercent trades CPU for memory, which a per-node agent is charged for on
