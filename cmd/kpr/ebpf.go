@@ -37,6 +37,10 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	plane := ebpfplane.New(lb, log.Named("dataplane"))
 	// The backend sets the map fill levels after every call it gets.
 	plane.PublishMapUsage(m)
+	if loaded.TC != nil {
+		// Read at scrape time: only the programs write these maps.
+		m.Registry.MustRegister(metrics.NewTCCollector(loaded.Maps.KprConntrack, loaded.Maps.KprTcStats))
+	}
 	if loaded.SockTerm != nil {
 		plane.SetSocketTerminator(countingTerminator{
 			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.SockTermTargets), loaded.CgroupRoot, log.Named("socketterm")),
