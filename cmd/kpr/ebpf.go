@@ -47,12 +47,16 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 			destroyed:        m.UDPSocketsDestroyedTotal,
 		})
 	}
-	return builtDataplane{
+	built := builtDataplane{
 		plane: plane,
 		// Closing only drops this process's handles: the pinned
 		// dataplane keeps serving until the next kpr adopts it.
 		close: loaded.Close,
-	}, nil
+	}
+	if loaded.TC != nil {
+		built.setDevices = loaded.TC.SetDevices
+	}
+	return built, nil
 }
 
 // countingTerminator counts the sockets its SocketTerminator destroys.

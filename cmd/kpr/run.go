@@ -46,6 +46,9 @@ type runFlags struct {
 	// The packet-level programs for traffic from other machines.
 	devices   []string
 	tcAttach  string
+	// detectedDevices are the devices the nodeaddrs rule picked at start,
+	// without --devices.
+	detectedDevices []string
 	conntrack loader.ConntrackTimeouts
 	snatPorts string
 	kubeProxy kubeProxyFlags // compat.go
@@ -111,8 +114,10 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
 	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map (LRU, two per flow); 0 keeps the default 131072")
 	fl.StringSliceVar(&f.devices, "devices", nil, "network devices (of --host-netns) whose traffic from other machines to NodePorts, ExternalIPs and "+
-		"LoadBalancer IPs kpr translates per packet (tc programs); empty serves such traffic nowhere")
-	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to --devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, or clsact")
+		"LoadBalancer IPs kpr translates per packet (tc programs); empty means every device that carries a node address, "+
+		"skipping loopback, down, bridge, tunnel and pod devices, followed while kpr runs (docs/tc-dataplane.md)")
+	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to the devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, clsact, "+
+		"or none (no tc programs: traffic from other machines is not served)")
 	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps 61000-65535")
 	fl.DurationVar(&f.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", 0, "lifetime of an answered TCP flow in the tc programs' conntrack; 0 keeps 24h, as kube-proxy sets it")
 	fl.DurationVar(&f.conntrack.TCPSyn, "conntrack-tcp-timeout-syn", 0, "lifetime of a TCP flow whose SYN got no answer yet; 0 keeps 2m (netfilter's SYN_SENT)")
@@ -127,11 +132,19 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 // tcOptions are the tc programs' options from the flags, nil without
 // --devices.
 func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
-	if len(f.devices) == 0 {
+	if f.tcAttach == tcAttachNone {
+		if len(f.devices) > 0 {
+			return nil, fmt.Errorf("--devices %s names devices for the tc programs, which --tc-attach none leaves out: drop one of them",
+				strings.Join(f.devices, ","))
+		}
 		return nil, nil
 	}
+	devices := f.devices
+	if len(devices) == 0 {
+		devices = f.detectedDevices
+	}
 	// The devices are the node's own: in --host-netns where it is given.
-	opts := &loader.TCOptions{Devices: f.devices, NetNS: f.hostNetNS, Timeouts: f.conntrack}
+	opts := &loader.TCOptions{Devices: devices, NetNS: f.hostNetNS, Timeouts: f.conntrack}
 	switch f.tcAttach {
 	case "auto":
 		opts.Mode = loader.TCAttachAuto
@@ -140,7 +153,7 @@ func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 	case "clsact":
 		opts.Mode = loader.TCAttachLegacy
 	default:
-		return nil, fmt.Errorf("--tc-attach %q: give auto, tcx or clsact", f.tcAttach)
+		return nil, fmt.Errorf("--tc-attach %q: give auto, tcx, clsact or none", f.tcAttach)
 	}
 	if f.snatPorts != "" {
 		var first, last uint16
@@ -190,6 +203,13 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 
 	m := metrics.New()
 	exportChoice(m, chosen)
+	devices, err := newNodeDevices(f, chosen, log.Named("nodeaddrs"))
+	if err != nil {
+		return err
+	}
+	if devices != nil {
+		defer devices.close()
+	}
 	dp, err := newDataplane(chosen, g, f, m, log)
 	if err != nil {
 		return err
@@ -208,6 +228,9 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
+	if devices != nil {
+		w.SetLocalAddresses(devices.initial.Addrs)
+	}
 	go removePreviousModeState(w.FirstSync(), ctx.Done(), chosen.backend, g.bpfRoot, f.hostNetNS, log)
 	go tuneStartupGC(ctx, w.CachesSynced(), w.FirstSync(), os.Getenv("GOGC") == "")
 
@@ -222,6 +245,9 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	group.Go(func() error { return svcHealth.Run(ctx) })
 	group.Go(func() error { events.Run(ctx); return nil })
 	group.Go(func() error { return w.Run(ctx) })
+	if devices != nil && dp.setDevices != nil {
+		group.Go(func() error { return devices.follow(ctx, dp.setDevices, w.SetLocalAddresses) })
+	}
 	err = group.Wait()
 	if errors.Is(err, context.Canceled) {
 		err = nil
