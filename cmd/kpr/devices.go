@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"go.uber.org/zap"
 
@@ -61,11 +62,15 @@ func (n *nodeDevices) follow(ctx context.Context, setDevices func([]string) erro
 			return err
 		}
 	}
+	attached := n.initial.Devices
 	return n.follower.Run(ctx, n.initial, func(s nodeaddrs.State) error {
 		// Devices first: a NodePort on a new device's address is only
 		// served once the programs are there.
-		if err := setDevices(s.DeviceNames()); err != nil {
-			return err
+		if !slices.Equal(s.Devices, attached) {
+			if err := setDevices(s.DeviceNames()); err != nil {
+				return err
+			}
+			attached = s.Devices
 		}
 		setAddrs(s.Addrs)
 		return nil
