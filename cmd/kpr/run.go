@@ -46,14 +46,15 @@ type runFlags struct {
 	// The packet-level programs for traffic from other machines.
 	devices   []string
 	tcAttach  string
-	// detectedDevices are the devices the nodeaddrs rule picked at start,
-	// without --devices.
-	detectedDevices []string
 	conntrack loader.ConntrackTimeouts
 	snatPorts string
 	kubeProxy kubeProxyFlags // compat.go
 
 	fallbackMode string
+
+	// detectedDevices are the devices the nodeaddrs rule picked at start,
+	// without --devices (devices.go).
+	detectedDevices []string
 }
 
 func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
