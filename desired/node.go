@@ -77,13 +77,16 @@ func (npa NodePortAddresses) covers(a netip.Addr) bool {
 }
 
 // Select returns the addresses NodePorts are served on: the node's
-// InternalIP and ExternalIP addresses and the loopback addresses 127.0.0.1
-// and ::1 that the list covers, plus the primary IPs for "primary". node
-// may be nil (not seen yet): then only loopback can be selected. The result
-// is sorted and free of duplicates.
-func (npa NodePortAddresses) Select(node *v1.Node) []netip.Addr {
+// InternalIP and ExternalIP addresses, the local addresses (those on the
+// node's own devices, as kube-proxy serves NodePorts on the node's
+// interface addresses) and the loopback addresses 127.0.0.1 and ::1 that
+// the list covers, plus the primary IPs for "primary", which are the Node
+// object's alone. node may be nil (not seen yet). The result is sorted and
+// free of duplicates.
+func (npa NodePortAddresses) Select(node *v1.Node, local ...netip.Addr) []netip.Addr {
 	var out []netip.Addr
-	for _, a := range append(NodeIPs(node), loopback4, loopback6) {
+	candidates := append(append(NodeIPs(node), local...), loopback4, loopback6)
+	for _, a := range candidates {
 		if npa.covers(a) {
 			out = append(out, a)
 		}
@@ -189,7 +192,9 @@ type NodeConfig struct {
 }
 
 // NewNode returns the node facts for translation from this node's Node
-// object, or from nil before it has been seen.
+// object, or from nil before it has been seen, and the addresses on the
+// node's own devices (local), which serve NodePorts alongside the Node
+// object's.
 //
 // Which ExternalIPs are "local" under ExternalIPsNodeLocal is decided by
 // the Node object's status addresses, not by the addresses on the host's
@@ -199,10 +204,10 @@ type NodeConfig struct {
 // translation stays a pure function of API objects. An address configured
 // on an interface but not reported in the Node's status is not local by
 // this rule; run with --external-ips=all to serve such addresses.
-func NewNode(name string, node *v1.Node, cfg NodeConfig) Node {
+func NewNode(name string, node *v1.Node, cfg NodeConfig, local ...netip.Addr) Node {
 	n := Node{
 		Name:        name,
-		Addresses:   cfg.NodePortAddresses.Select(node),
+		Addresses:   cfg.NodePortAddresses.Select(node, local...),
 		IPs:         NodeIPs(node),
 		ExternalIPs: cfg.ExternalIPs,
 	}

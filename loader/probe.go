@@ -1,15 +1,18 @@
 package loader
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/bpf"
@@ -31,6 +34,14 @@ const (
 	FeatureBatchOps           = "batch map operations"
 	FeatureUDPSockTerm        = "UDP socket termination (iter/udp, bpf_sock_destroy)"
 	FeatureNetnsCookieSockopt = "SO_NETNS_COOKIE socket option"
+
+	// The tc programs' features, for traffic from other machines.
+	FeatureTCX           = "tcx attachment of tc programs"
+	FeatureClsact        = "clsact qdisc with BPF filters"
+	FeatureFibLookup     = "bpf_fib_lookup helper"
+	FeatureFibLookupSrc  = "BPF_FIB_LOOKUP_SRC flag of bpf_fib_lookup"
+	FeatureRedirect      = "bpf_redirect helper"
+	FeatureRedirectNeigh = "bpf_redirect_neigh helper"
 )
 
 // Feature is one probed kernel capability.
@@ -165,6 +176,17 @@ func Probe() Report {
 		probeSockTerm())
 	_, err := NetNSCookie(OwnNetNS)
 	add(FeatureNetnsCookieSockopt, "the host network namespace cannot be told apart, so NodePorts on 127.0.0.1 and ::1 are not served (Linux 5.14+)", err)
+
+	add(FeatureTCX, "the tc programs attach as clsact filters instead (tcx is Linux 6.6+)", probeTCX())
+	add(FeatureClsact, "without tcx as well, the tc programs cannot attach: NodePorts are not served to other machines", probeClsact())
+	add(FeatureFibLookup, "the tc programs cannot load: NodePorts are not served to other machines",
+		features.HaveProgramHelper(ebpf.SchedCLS, asm.FnFibLookup))
+	add(FeatureFibLookupSrc, "flows to a backend on another node are not SNATed (Linux 6.7+): its replies must route back through this node",
+		probeFibLookupSrc())
+	add(FeatureRedirect, "the tc programs cannot load: NodePorts are not served to other machines",
+		features.HaveProgramHelper(ebpf.SchedCLS, asm.FnRedirect))
+	add(FeatureRedirectNeigh, "the tc programs cannot load: NodePorts are not served to other machines (Linux 5.10+)",
+		features.HaveProgramHelper(ebpf.SchedCLS, asm.FnRedirectNeigh))
 	return r
 }
 
@@ -261,4 +283,99 @@ func probeCgroupLink() error {
 		return fmt.Errorf("attached with legacy PROG_ATTACH only: %w", err)
 	}
 	return nil
+}
+
+// probeTCX asks the kernel for a tcx link on an interface that cannot
+// exist: a kernel with tcx answers ENODEV, one without it (before 6.6)
+// does not know the attach type.
+func probeTCX() error {
+	p, err := minimalProgram(ebpf.SchedCLS, ebpf.AttachNone)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	l, err := link.AttachTCX(link.TCXOptions{Interface: int(^uint32(0) >> 1), Program: p, Attach: ebpf.AttachTCXIngress})
+	if err == nil {
+		l.Close()
+		return nil
+	}
+	if errors.Is(err, unix.ENODEV) {
+		return nil
+	}
+	return err
+}
+
+// probeClsact adds a clsact qdisc and a direct-action BPF filter to the
+// loopback device of a network namespace made for the probe, which dies
+// with the probe's thread: no device of the node is touched.
+func probeClsact() error {
+	p, err := minimalProgram(ebpf.SchedCLS, ebpf.AttachNone)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	done := make(chan error, 1)
+	go func() {
+		// The thread is never unlocked, so Go ends it, and with it the
+		// namespace, when this goroutine returns.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("create a network namespace to probe in: %w", err)
+			return
+		}
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			done <- fmt.Errorf("find lo in the probe's namespace: %w", err)
+			return
+		}
+		done <- attachLegacy(lo, tcDirections[0], p)
+	}()
+	return <-done
+}
+
+// probeFibLookupSrc runs a program that calls bpf_fib_lookup with
+// BPF_FIB_LOOKUP_SRC and no address family: a kernel that knows the flag
+// (6.7+) refuses the family (EAFNOSUPPORT), one that does not refuses the
+// flag (EINVAL) first.
+func probeFibLookupSrc() error {
+	const (
+		paramsSize       = 64 // struct bpf_fib_lookup
+		fibLookupSrc     = 1 << 4
+		fibLookupSkipNbr = 1 << 2
+	)
+	ins := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1), asm.Mov.Imm(asm.R0, 0)}
+	for off := int16(-paramsSize); off < 0; off += 8 {
+		ins = append(ins, asm.StoreMem(asm.RFP, off, asm.R0, asm.DWord))
+	}
+	ins = append(ins,
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -paramsSize),
+		asm.Mov.Imm(asm.R3, paramsSize),
+		// The flags the tc programs pass.
+		asm.Mov.Imm(asm.R4, fibLookupSrc|fibLookupSkipNbr),
+		asm.FnFibLookup.Call(),
+		asm.Return(),
+	)
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, Instructions: ins, License: "GPL"})
+	if err != nil {
+		return fmt.Errorf("load bpf_fib_lookup probe: %w", err)
+	}
+	defer p.Close()
+	// An Ethernet header and a zero IPv4 header.
+	pkt := make([]byte, 14+20)
+	binary.BigEndian.PutUint16(pkt[12:], unix.ETH_P_IP)
+	pkt[14] = 0x45
+	ret, err := p.Run(&ebpf.RunOptions{Data: pkt})
+	if err != nil {
+		return fmt.Errorf("run bpf_fib_lookup probe: %w", err)
+	}
+	switch errno := unix.Errno(-int32(ret)); errno {
+	case unix.EAFNOSUPPORT:
+		return nil
+	case unix.EINVAL:
+		return fmt.Errorf("bpf_fib_lookup refuses the flag: %w", ebpf.ErrNotSupported)
+	default:
+		return fmt.Errorf("bpf_fib_lookup probe returned %d, want -EAFNOSUPPORT or -EINVAL", int32(ret))
+	}
 }

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -100,6 +102,15 @@ type TC struct {
 	// devices is the programs' set of kpr's devices (by ifindex), which
 	// tells a backend on another node from a local one.
 	devices *ebpf.Map
+
+	// What SetDevices attaches with, and to what the programs are
+	// attached now.
+	bpfRoot  string
+	netNS    string
+	want     TCAttachMode
+	log      *zap.Logger
+	mu       sync.Mutex
+	attached []string
 }
 
 // Close releases this process's handles on the programs. Attachments stay.
@@ -146,24 +157,59 @@ func (l *Loaded) LoadTC(opts TCOptions, log *zap.Logger) (*TC, error) {
 		return nil, fmt.Errorf("load tc programs: kpr_tc_devices holds %d-byte values, this kpr writes %d: the embedded object and loader/tcdevice.go disagree (run make generate)",
 			objs.Devices.ValueSize(), tcDeviceSize)
 	}
-	tc := &TC{Ingress: objs.Ingress, Egress: objs.Egress, devices: objs.Devices}
+	tc := &TC{Ingress: objs.Ingress, Egress: objs.Egress, devices: objs.Devices,
+		bpfRoot: l.BPFRoot, netNS: opts.NetNS, want: opts.Mode, log: log}
 	if len(opts.Devices) > 0 {
-		attach := func() (err error) {
-			tc.Mode, err = attachTC(l.BPFRoot, opts.Devices, opts.Mode, tc, log)
-			return err
-		}
-		if opts.NetNS != "" {
-			err = netnsexec.InPath(opts.NetNS, attach)
-		} else {
-			err = attach()
-		}
-		if err != nil {
+		if err := tc.SetDevices(opts.Devices); err != nil {
 			tc.Close()
 			return nil, err
 		}
 	}
 	l.TC = tc
 	return tc, nil
+}
+
+// SetDevices attaches the programs to exactly devices, for a kpr that
+// follows the node's devices while it runs: new ones get the programs,
+// those no longer named lose them (tcx links and clsact filters alike).
+// The attach mode stays the one the first attachment found.
+func (t *TC) SetDevices(devices []string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	mode := t.want
+	if t.Mode != TCAttachAuto {
+		mode = t.Mode
+	}
+	attach := func() error {
+		used, err := attachTC(t.bpfRoot, devices, mode, t, t.log)
+		if err != nil {
+			return err
+		}
+		if len(devices) > 0 {
+			t.Mode = used
+		}
+		var errs []error
+		for _, dev := range t.attached {
+			if slices.Contains(devices, dev) {
+				continue
+			}
+			iface, err := netlink.LinkByName(dev)
+			if err != nil {
+				continue // gone, and its filters with it
+			}
+			for _, d := range tcDirections {
+				errs = append(errs, removeLegacyFilter(iface, d))
+			}
+			t.log.Info("tc programs detached from a device no longer followed", zap.String("device", dev))
+		}
+		t.attached = slices.Clone(devices)
+		// Last: a packet on a device being detached still finds it.
+		return errors.Join(append(errs, pruneDevices(t.devices, devices))...)
+	}
+	if t.netNS != "" {
+		return netnsexec.InPath(t.netNS, attach)
+	}
+	return attach()
 }
 
 // setTimeouts writes the non-zero timeouts into the object's constants.
@@ -344,6 +390,36 @@ func attachTC(bpfRoot string, devices []string, mode TCAttachMode, tc *TC, log *
 		}
 	}
 	return mode, nil
+}
+
+// pruneDevices drops from the programs' device set the ifindexes of
+// devices no longer attached: a device created later under a freed index
+// must not count as kpr's.
+func pruneDevices(set *ebpf.Map, keep []string) error {
+	kept := map[uint32]bool{}
+	for _, dev := range keep {
+		if l, err := netlink.LinkByName(dev); err == nil {
+			kept[uint32(l.Attrs().Index)] = true
+		}
+	}
+	var stale []uint32
+	var index uint32
+	var v tcDevice
+	it := set.Iterate()
+	for it.Next(&index, &v) {
+		if !kept[index] {
+			stale = append(stale, index)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read the tc programs' device set: %w", err)
+	}
+	for _, index := range stale {
+		if err := set.Delete(index); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("drop device %d from the tc programs' device set: %w", index, err)
+		}
+	}
+	return nil
 }
 
 // attachTCX keeps one pinned tcx link per device and direction. An existing

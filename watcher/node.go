@@ -1,6 +1,8 @@
 package watcher
 
 import (
+	"net/netip"
+	"slices"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -18,6 +20,10 @@ type nodeTracker struct {
 	mu   sync.Mutex
 	info desired.Node
 	seen bool
+	// object is the latest Node object, local the addresses on the
+	// node's own devices (SetLocalAddresses): info is made of both.
+	object *v1.Node
+	local  []netip.Addr
 }
 
 func newNodeTracker(name string, config desired.NodeConfig, health HealthReporter) *nodeTracker {
@@ -25,8 +31,9 @@ func newNodeTracker(name string, config desired.NodeConfig, health HealthReporte
 }
 
 // current returns the node facts for translation. Before the Node object
-// has been seen it has only the name: NodePorts are then served at most on
-// loopback, until the Node appears and every Service is recomputed.
+// has been seen it has only the name and the local addresses: NodePorts
+// are then served at most on those and loopback, until the Node appears
+// and every Service is recomputed.
 func (n *nodeTracker) current() desired.Node {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -47,12 +54,35 @@ func (n *nodeTracker) update(node *v1.Node) (changed bool) {
 	if n.health != nil {
 		n.health.SetNode(node)
 	}
-	info := desired.NewNode(n.name, node, n.config)
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	info := desired.NewNode(n.name, node, n.config, n.local...)
 	changed = !n.seen || !n.info.Equal(info)
-	n.info, n.seen = info, true
+	n.info, n.seen, n.object = info, true, node
 	return changed
+}
+
+// setLocal takes the addresses on the node's own devices and reports
+// whether the facts changed.
+func (n *nodeTracker) setLocal(addrs []netip.Addr) (changed bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.local = slices.Clone(addrs)
+	info := desired.NewNode(n.name, n.object, n.config, n.local...)
+	changed = !n.info.Equal(info)
+	n.info = info
+	return changed
+}
+
+// SetLocalAddresses gives the addresses on the node's own devices, which
+// serve NodePorts besides the Node object's InternalIPs and ExternalIPs,
+// filtered by NodePortAddresses alike (kube-proxy serves NodePorts on the
+// node's interface addresses). When they change, every Service is
+// recomputed. Safe to call from any goroutine, before or during Run.
+func (w *Watcher) SetLocalAddresses(addrs []netip.Addr) {
+	if w.node.setLocal(addrs) {
+		w.runner.tracker.allChanged()
+	}
 }
 
 // deleted records that the Node object is gone. The last known facts are

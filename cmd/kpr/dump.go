@@ -45,6 +45,7 @@ func newDumpCommand(g *globalFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	addDumpConntrack(cmd, g)
 	return cmd
 }
 

@@ -41,18 +41,26 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	}
 	// The backend sets the map fill levels after every call it gets.
 	plane.PublishMapUsage(m)
+	if loaded.TC != nil {
+		// Read at scrape time: only the programs write these maps.
+		m.Registry.MustRegister(metrics.NewTCCollector(loaded.Maps.KprConntrack, loaded.Maps.KprTcStats))
+	}
 	if loaded.SockTerm != nil {
 		plane.SetSocketTerminator(countingTerminator{
 			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.SockTermTargets), loaded.CgroupRoot, log.Named("socketterm")),
 			destroyed:        m.UDPSocketsDestroyedTotal,
 		})
 	}
-	return builtDataplane{
+	built := builtDataplane{
 		plane: plane,
 		// Closing only drops this process's handles: the pinned
 		// dataplane keeps serving until the next kpr adopts it.
 		close: loaded.Close,
-	}, nil
+	}
+	if loaded.TC != nil {
+		built.setDevices = loaded.TC.SetDevices
+	}
+	return built, nil
 }
 
 // countingTerminator counts the sockets its SocketTerminator destroys.

@@ -115,6 +115,9 @@ type builtDataplane struct {
 	// close drops this process's handles on the backend's state; what the
 	// backend programmed keeps serving until the next kpr adopts it.
 	close func() error
+	// setDevices moves the tc programs to these devices; nil for a
+	// backend without them.
+	setDevices func(devices []string) error
 }
 
 // newDataplane builds the backend c names, as kube-proxy's createProxier

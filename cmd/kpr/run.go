@@ -57,6 +57,10 @@ type runFlags struct {
 	kubeProxy       kubeProxyFlags // compat.go
 
 	fallbackMode string
+
+	// detectedDevices are the devices the nodeaddrs rule picked at start,
+	// without --devices (devices.go).
+	detectedDevices []string
 }
 
 func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
@@ -117,8 +121,10 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
 	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map (LRU, two per flow); 0 keeps the default 131072")
 	fl.StringSliceVar(&f.devices, "devices", nil, "network devices (of --host-netns) whose traffic from other machines to NodePorts, ExternalIPs and "+
-		"LoadBalancer IPs kpr translates per packet (tc programs); empty serves such traffic nowhere")
-	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to --devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, or clsact")
+		"LoadBalancer IPs kpr translates per packet (tc programs); empty means every device that carries a node address, "+
+		"skipping loopback, down, bridge, tunnel and pod devices, followed while kpr runs (docs/tc-dataplane.md)")
+	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to the devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, clsact, "+
+		"or none (no tc programs: traffic from other machines is not served)")
 	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps 61000-65535")
 	fl.StringVar(&f.lbAlgorithm, "lb-algorithm", lbRandom, "how the tc programs pick the backend of a new flow from outside: random (a hash of the flow over the backends), "+
 		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
@@ -140,11 +146,19 @@ func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 	if err := f.checkLBAlgorithm(); err != nil {
 		return nil, err
 	}
-	if len(f.devices) == 0 {
+	if f.tcAttach == tcAttachNone {
+		if len(f.devices) > 0 {
+			return nil, fmt.Errorf("--devices %s names devices for the tc programs, which --tc-attach none leaves out: drop one of them",
+				strings.Join(f.devices, ","))
+		}
 		return nil, nil
 	}
+	devices := f.devices
+	if len(devices) == 0 {
+		devices = f.detectedDevices
+	}
 	// The devices are the node's own: in --host-netns where it is given.
-	opts := &loader.TCOptions{Devices: f.devices, NetNS: f.hostNetNS, Timeouts: f.conntrack, MaglevTableSize: f.maglevTableSize}
+	opts := &loader.TCOptions{Devices: devices, NetNS: f.hostNetNS, Timeouts: f.conntrack, MaglevTableSize: f.maglevTableSize}
 	switch f.tcAttach {
 	case "auto":
 		opts.Mode = loader.TCAttachAuto
@@ -153,7 +167,7 @@ func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 	case "clsact":
 		opts.Mode = loader.TCAttachLegacy
 	default:
-		return nil, fmt.Errorf("--tc-attach %q: give auto, tcx or clsact", f.tcAttach)
+		return nil, fmt.Errorf("--tc-attach %q: give auto, tcx, clsact or none", f.tcAttach)
 	}
 	if f.snatPorts != "" {
 		var first, last uint16
@@ -246,6 +260,13 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 
 	m := metrics.New()
 	exportChoice(m, chosen)
+	devices, err := newNodeDevices(f, chosen, log.Named("nodeaddrs"))
+	if err != nil {
+		return err
+	}
+	if devices != nil {
+		defer devices.close()
+	}
 	dp, err := newDataplane(chosen, g, f, m, log)
 	if err != nil {
 		return err
@@ -264,6 +285,9 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
+	if devices != nil {
+		w.SetLocalAddresses(devices.initial.Addrs)
+	}
 	go removePreviousModeState(w.FirstSync(), ctx.Done(), chosen.backend, g.bpfRoot, f.hostNetNS, log)
 	go tuneStartupGC(ctx, w.CachesSynced(), w.FirstSync(), os.Getenv("GOGC") == "")
 
@@ -278,6 +302,9 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	group.Go(func() error { return svcHealth.Run(ctx) })
 	group.Go(func() error { events.Run(ctx); return nil })
 	group.Go(func() error { return w.Run(ctx) })
+	if devices != nil && dp.setDevices != nil {
+		group.Go(func() error { return devices.follow(ctx, dp.setDevices, w.SetLocalAddresses) })
+	}
 	err = group.Wait()
 	if errors.Is(err, context.Canceled) {
 		err = nil

@@ -142,6 +142,13 @@ func (p *Process) start(bin string) error {
 	if p.HostNetNS != "" {
 		args = append(args, "--host-netns", p.HostNetNS)
 	}
+	if !wantsTC(p.Args) {
+		// Without --devices kpr attaches its tc programs to every device
+		// of its namespace that carries an address: for a test run in
+		// the machine's own namespace, its real NICs. A test gets them
+		// only by asking.
+		args = append(args, "--tc-attach=none")
+	}
 	p.cmd = exec.Command(bin, append(args, p.Args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	// A test binary killed outright must not leave kpr running.
@@ -157,6 +164,17 @@ func (p *Process) start(bin string) error {
 		close(p.done)
 	}()
 	return nil
+}
+
+// wantsTC says whether args ask for the tc programs (--devices or
+// --tc-attach).
+func wantsTC(args []string) bool {
+	for _, a := range args {
+		if strings.HasPrefix(a, "--devices") || strings.HasPrefix(a, "--tc-attach") {
+			return true
+		}
+	}
+	return false
 }
 
 // PID is the running process's id.
