@@ -193,8 +193,8 @@ func (f *runFlags) checkLBAlgorithm() error {
 	default:
 		return fmt.Errorf("--lb-algorithm %q: give random or maglev", f.lbAlgorithm)
 	}
-	if len(f.devices) == 0 {
-		return errors.New("--lb-algorithm maglev picks backends in the tc programs, for traffic from outside: give --devices too")
+	if f.tcAttach == tcAttachNone {
+		return errors.New("--lb-algorithm maglev picks backends in the tc programs, for traffic from outside, which --tc-attach none leaves out: drop one of them")
 	}
 	if err := maglev.ValidateTableSize(f.maglevTableSize); err != nil {
 		return fmt.Errorf("--maglev-table-size: %w", err)

@@ -7,7 +7,8 @@ import (
 
 func TestLBAlgorithmFlags(t *testing.T) {
 	ok := []runFlags{
-		{lbAlgorithm: "random"},
+		{lbAlgorithm: "random", tcAttach: "auto"},
+		{lbAlgorithm: "maglev", tcAttach: "auto", maglevTableSize: 16381}, // the detected devices
 		{lbAlgorithm: "maglev", devices: []string{"eth0"}, tcAttach: "auto", maglevTableSize: 16381},
 		{lbAlgorithm: "maglev", devices: []string{"eth0"}, tcAttach: "auto", maglevTableSize: 251},
 	}
@@ -23,7 +24,7 @@ func TestLBAlgorithmFlags(t *testing.T) {
 	}
 	for want, f := range map[string]runFlags{
 		"--lb-algorithm":      {lbAlgorithm: "roundrobin", devices: []string{"eth0"}},
-		"give --devices":      {lbAlgorithm: "maglev", maglevTableSize: 16381},
+		"--tc-attach none":    {lbAlgorithm: "maglev", tcAttach: "none", maglevTableSize: 16381},
 		"not prime":           {lbAlgorithm: "maglev", devices: []string{"eth0"}, maglevTableSize: 16383},
 		"--maglev-table-size": {lbAlgorithm: "maglev", devices: []string{"eth0"}, maglevTableSize: 31},
 	} {

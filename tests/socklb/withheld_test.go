@@ -86,6 +86,20 @@ func withholdHook(t *testing.T, attach ebpf.AttachType) {
 	t.Cleanup(func() { l.Close() })
 }
 
+// loadsCgroupProgram loads a trivial cgroup sock_addr program for attach.
+func loadsCgroupProgram(attach ebpf.AttachType) error {
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.CGroupSockAddr,
+		AttachType:   attach,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+		License:      "GPL",
+	})
+	if err != nil {
+		return err
+	}
+	return p.Close()
+}
+
 // bpfLSMActive reports whether the running kernel runs BPF LSM programs,
 // from the active LSMs that securityfs lists.
 func bpfLSMActive() (bool, error) {
@@ -148,6 +162,12 @@ func TestAutoModeFallsBackWhenAHookIsWithheld(t *testing.T) {
 	}
 
 	withholdHook(t, ebpf.AttachCGroupInet4Connect)
+	if err := loadsCgroupProgram(ebpf.AttachCGroupInet4Connect); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("with the BPF LSM program attached, loading a connect4 program: %v, want EPERM", err)
+	}
+	if err := loadsCgroupProgram(ebpf.AttachCGroupUDP4Sendmsg); err != nil {
+		t.Fatalf("the BPF LSM program withholds more than connect4: loading a sendmsg4 program: %v", err)
+	}
 	backend, cause, reason := probeAuto(t)
 	if backend != "iptables" || cause != "ebpf-unavailable" {
 		t.Fatalf("with connect4 withheld, --mode auto picks %q (cause %q, %s), want the iptables fallback", backend, cause, reason)
