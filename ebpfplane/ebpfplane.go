@@ -479,12 +479,19 @@ func (p *Plane) addSourceRanges(sp *dataplane.ServicePort) error {
 // trimSourceRanges removes the source ranges that the ServicePorts names
 // had before this write and no longer have: each frontend keeps the ranges
 // its master now asks for, which for a failed ServicePort is its earlier
-// state (held).
+// state (held). A failed ServicePort whose earlier state this Plane does
+// not know (adopted after a restart) keeps every range the map has for it:
+// its adopted masters may ask for them, and a master without its ranges
+// would drop every client.
 func (p *Plane) trimSourceRanges(sps map[dataplane.ServicePortName]*dataplane.ServicePort, names []dataplane.ServicePortName, failed map[dataplane.ServicePortName]bool) error {
 	keep := map[maps.VIP][]netip.Prefix{}
 	touched := map[maps.VIP]bool{}
 	for _, name := range names {
-		next, old := sourceRanges(sps[name]), sourceRanges(p.held[name])
+		held, known := p.held[name]
+		if failed[name] && !known {
+			continue
+		}
+		next, old := sourceRanges(sps[name]), sourceRanges(held)
 		if failed[name] {
 			next = old
 		}

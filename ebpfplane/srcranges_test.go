@@ -83,3 +83,31 @@ func TestReconcileRemovesStaleSourceRanges(t *testing.T) {
 		t.Errorf("Reconcile left ranges for %v", got)
 	}
 }
+
+// A ServicePort refused for lack of room keeps its earlier masters, and so
+// the source ranges they ask for: none of the new ones, all of the old.
+func TestRefusedServicePortKeepsItsOldSourceRanges(t *testing.T) {
+	lb := maps.NewInMemory(20, 1000, 1000)
+	p := New(lb, nil)
+	apply := func(sp *dataplane.ServicePort) {
+		t.Helper()
+		if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("fenced"): sp}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(fenced("10.0.0.0/8"))
+	big := fenced("192.168.0.0/16")
+	for i := range big.Frontends {
+		big.Frontends[i].Backends = backends(30)
+	}
+	apply(big)
+	if _, refused := p.Refused()[name("fenced")]; !refused {
+		t.Fatal("the grown ServicePort was not refused; the test needs it to be")
+	}
+	if got := lb.SourceRanges().Get(lbVIP); !slices.Equal(got, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}) {
+		t.Errorf("a refused ServicePort left %v in the map, want its old [10.0.0.0/8]", got)
+	}
+	if svc, _ := lb.Get(maps.VIPKey{VIP: lbVIP, Scope: maps.ScopeInternal}); !svc.SourceRanges {
+		t.Error("the refused ServicePort's old master lost its source-range flag")
+	}
+}

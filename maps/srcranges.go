@@ -35,14 +35,17 @@ func newSourceRanges(t table[bpf.KprSrcRangeKey, uint8], readOnly bool) (*Source
 	return &SourceRanges{t: t, readOnly: readOnly, held: map[VIP][]netip.Prefix{}}, nil
 }
 
-// Resync rebuilds the view from the map.
+// Resync rebuilds the view from the map and deletes the entries that are
+// no key kpr writes (no lookup of the programs can match them).
 func (s *SourceRanges) Resync() error {
 	s.held = map[VIP][]netip.Prefix{}
 	s.entries = 0
+	var junk []bpf.KprSrcRangeKey
 	err := s.t.dump(func(k bpf.KprSrcRangeKey, _ uint8) {
 		vip, p, ok := srcRangeFromBPF(k)
 		if !ok {
-			return // not a key kpr writes; Trim of its frontend never meets it
+			junk = append(junk, k)
+			return
 		}
 		s.held[vip] = append(s.held[vip], p)
 		s.entries++
@@ -51,7 +54,10 @@ func (s *SourceRanges) Resync() error {
 		slices.SortFunc(ps, comparePrefixes)
 		s.held[vip] = ps
 	}
-	return err
+	if err != nil || s.readOnly {
+		return err
+	}
+	return s.t.delete(junk)
 }
 
 // inSync reports whether the map holds exactly what the view says.
