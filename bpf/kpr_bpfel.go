@@ -89,6 +89,7 @@ type KprNatStats struct {
 	Redirected       uint64
 	IcmpTranslated   uint64
 	AffinityHit      uint64
+	DropSourceRange  uint64
 }
 
 type KprRevNatValue struct {
@@ -120,6 +121,16 @@ type KprSockTermKey struct {
 	FrontendAddr [4]uint32
 	BackendPort  uint16
 	FrontendPort uint16
+}
+
+type KprSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Frontend  [4]uint32
+	Port      uint16
+	Proto     uint8
+	Pad       uint8
+	Source    [4]uint32
 }
 
 type KprSvcKey struct {
@@ -155,7 +166,7 @@ type KprSvcValue struct {
 	AffinityTimeout uint32
 	Count           uint16
 	Kind            uint8
-	Pad             uint8
+	Flags           uint8
 }
 
 type KprTcAffinityKey struct {
@@ -178,6 +189,7 @@ const (
 	KprMapKprRevNat        = "kpr_rev_nat"
 	KprMapKprServices      = "kpr_services"
 	KprMapKprSockRev       = "kpr_sock_rev"
+	KprMapKprSrcRanges     = "kpr_src_ranges"
 	KprMapKprTcAffinity    = "kpr_tc_affinity"
 	KprMapKprTcStats       = "kpr_tc_stats"
 	KprProgKprConnect4     = "kpr_connect4"
@@ -261,6 +273,7 @@ type KprMapSpecs struct {
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
+	KprSrcRanges     *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
 	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
@@ -304,6 +317,7 @@ type KprMaps struct {
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
+	KprSrcRanges     *ebpf.Map `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
 	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
@@ -318,6 +332,7 @@ func (m *KprMaps) Close() error {
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
+		m.KprSrcRanges,
 		m.KprTcAffinity,
 		m.KprTcStats,
 	)

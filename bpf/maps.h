@@ -134,3 +134,15 @@ struct {
 		__uint(map_flags, BPF_F_INNER_MAP);
 	});
 } kpr_maglev SEC(".maps");
+
+/* loadBalancerSourceRanges (struct src_range_key in types.h). Value unused:
+ * presence is the answer. Only masters with SVC_F_SOURCE_RANGES are looked
+ * up here, so Services without ranges pay nothing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_src_ranges SEC(".maps");

@@ -25,6 +25,7 @@ const (
 	SockTermMapKprServices      = "kpr_services"
 	SockTermMapKprSockRev       = "kpr_sock_rev"
 	SockTermMapKprSockTerm      = "kpr_sock_term"
+	SockTermMapKprSrcRanges     = "kpr_src_ranges"
 	SockTermMapKprTcAffinity    = "kpr_tc_affinity"
 	SockTermMapKprTcStats       = "kpr_tc_stats"
 	SockTermProgKprSockTermUdp  = "kpr_sock_term_udp"
@@ -88,6 +89,7 @@ type SockTermMapSpecs struct {
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
 	KprSockTerm      *ebpf.MapSpec `ebpf:"kpr_sock_term"`
+	KprSrcRanges     *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
 	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
@@ -127,6 +129,7 @@ type SockTermMaps struct {
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
 	KprSockTerm      *ebpf.Map `ebpf:"kpr_sock_term"`
+	KprSrcRanges     *ebpf.Map `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
 	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
@@ -142,6 +145,7 @@ func (m *SockTermMaps) Close() error {
 		m.KprServices,
 		m.KprSockRev,
 		m.KprSockTerm,
+		m.KprSrcRanges,
 		m.KprTcAffinity,
 		m.KprTcStats,
 	)

@@ -96,6 +96,7 @@ struct {
  * (maps/conntrack.go) against this object. Nothing reads them. */
 volatile const enum ct_dir btf_ct_dir = CT_DIR_FORWARD;
 volatile const enum ct_flags btf_ct_flags = CT_F_REPLIED;
+volatile const enum svc_flags btf_svc_flags = SVC_F_SOURCE_RANGES;
 
 /* A flow's lifetime is written back only when it gains at least this much,
  * so an established flow does not write its entry on every packet. */
@@ -407,6 +408,24 @@ static __always_inline const struct svc_value *frontend_lookup(const struct pkt 
 		return NULL;
 	}
 	return master;
+}
+
+/* Whether a new flow may reach the frontend key names: always, unless
+ * the master restricts its sources (loadBalancerSourceRanges) and none of
+ * its ranges in kpr_src_ranges holds the client. */
+static __always_inline int source_allowed(const struct pkt *p, const struct svc_key *key,
+					  const struct svc_value *master)
+{
+	struct src_range_key rkey = {};
+
+	if (!(master->flags & SVC_F_SOURCE_RANGES))
+		return 1;
+	rkey.prefixlen = SRC_RANGE_FRONTEND_BITS + 128;
+	addr_copy(rkey.frontend, key->addr);
+	rkey.port = key->port;
+	rkey.proto = key->proto;
+	addr_copy(rkey.source, p->saddr);
+	return bpf_map_lookup_elem(&kpr_src_ranges, &rkey) != NULL;
 }
 
 /* Whether ifindex is one of the devices kpr's programs are on. */
@@ -995,6 +1014,10 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 		master = frontend_lookup(&p, &skey);
 		if (!master)
 			return TC_PASS;
+		if (!source_allowed(&p, &skey, master)) {
+			STAT_INC(drop_source_range);
+			return TC_ACT_SHOT;
+		}
 		if (ct_create(skb, &p, &fkey, &skey, master, &to, now))
 			return TC_ACT_SHOT;
 	}

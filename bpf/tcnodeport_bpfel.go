@@ -24,6 +24,7 @@ const (
 	TcNodeportMapKprRevNat         = "kpr_rev_nat"
 	TcNodeportMapKprServices       = "kpr_services"
 	TcNodeportMapKprSockRev        = "kpr_sock_rev"
+	TcNodeportMapKprSrcRanges      = "kpr_src_ranges"
 	TcNodeportMapKprTcAffinity     = "kpr_tc_affinity"
 	TcNodeportMapKprTcDevices      = "kpr_tc_devices"
 	TcNodeportMapKprTcStats        = "kpr_tc_stats"
@@ -31,6 +32,7 @@ const (
 	TcNodeportProgKprTcIngress     = "kpr_tc_ingress"
 	TcNodeportVarBtfCtDir          = "btf_ct_dir"
 	TcNodeportVarBtfCtFlags        = "btf_ct_flags"
+	TcNodeportVarBtfSvcFlags       = "btf_svc_flags"
 	TcNodeportVarCtTcpEstablishedS = "ct_tcp_established_s"
 	TcNodeportVarCtTcpFinS         = "ct_tcp_fin_s"
 	TcNodeportVarCtTcpRstS         = "ct_tcp_rst_s"
@@ -100,6 +102,7 @@ type TcNodeportMapSpecs struct {
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
+	KprSrcRanges     *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
 	KprTcDevices     *ebpf.MapSpec `ebpf:"kpr_tc_devices"`
 	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
@@ -111,6 +114,7 @@ type TcNodeportMapSpecs struct {
 type TcNodeportVariableSpecs struct {
 	BtfCtDir          *ebpf.VariableSpec `ebpf:"btf_ct_dir"`
 	BtfCtFlags        *ebpf.VariableSpec `ebpf:"btf_ct_flags"`
+	BtfSvcFlags       *ebpf.VariableSpec `ebpf:"btf_svc_flags"`
 	CtTcpEstablishedS *ebpf.VariableSpec `ebpf:"ct_tcp_established_s"`
 	CtTcpFinS         *ebpf.VariableSpec `ebpf:"ct_tcp_fin_s"`
 	CtTcpRstS         *ebpf.VariableSpec `ebpf:"ct_tcp_rst_s"`
@@ -150,6 +154,7 @@ type TcNodeportMaps struct {
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
+	KprSrcRanges     *ebpf.Map `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
 	KprTcDevices     *ebpf.Map `ebpf:"kpr_tc_devices"`
 	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
@@ -165,6 +170,7 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
+		m.KprSrcRanges,
 		m.KprTcAffinity,
 		m.KprTcDevices,
 		m.KprTcStats,
@@ -177,6 +183,7 @@ func (m *TcNodeportMaps) Close() error {
 type TcNodeportVariables struct {
 	BtfCtDir          *ebpf.Variable `ebpf:"btf_ct_dir"`
 	BtfCtFlags        *ebpf.Variable `ebpf:"btf_ct_flags"`
+	BtfSvcFlags       *ebpf.Variable `ebpf:"btf_svc_flags"`
 	CtTcpEstablishedS *ebpf.Variable `ebpf:"ct_tcp_established_s"`
 	CtTcpFinS         *ebpf.Variable `ebpf:"ct_tcp_fin_s"`
 	CtTcpRstS         *ebpf.Variable `ebpf:"ct_tcp_rst_s"`

@@ -35,6 +35,14 @@ enum svc_kind {
 	SVC_KIND_LOAD_BALANCER = 3,
 };
 
+/* svc_value.flags: what a master entry asks of the tc programs beyond its
+ * backends. Like enum svc_kind, persisted: never renumber. */
+enum svc_flags {
+	/* loadBalancerSourceRanges: a new flow from outside is served only
+	 * when kpr_src_ranges holds its source for this frontend. */
+	SVC_F_SOURCE_RANGES = 1,
+};
+
 struct svc_key {
 	__u32 addr[4];	/* frontend address */
 	__u16 port;	/* frontend port, network byte order */
@@ -52,7 +60,8 @@ struct svc_value {
 	__u8 kind;		/* master only: enum svc_kind, for display;
 				 * only Go reads it. A __u8, not the enum, keeps
 				 * the value layout of earlier pinned maps. */
-	__u8 pad;
+	__u8 flags;		/* master only: enum svc_flags. Was padding, so
+				 * earlier pinned entries read as no flags. */
 };
 
 struct backend {
@@ -219,6 +228,27 @@ struct nat_stats {
 	__u64 redirected;	/* packets sent out through a FIB lookup */
 	__u64 icmp_translated;	/* ICMP errors about a translated flow, rewritten */
 	__u64 affinity_hit;	/* new flows sent to their client's affinity backend */
+	__u64 drop_source_range; /* new flow to a LoadBalancer IP from outside
+				  * its loadBalancerSourceRanges, dropped */
+};
+
+/*
+ * loadBalancerSourceRanges of the tc programs (kpr_src_ranges, an LPM
+ * trie): one entry per (LoadBalancer frontend, source range). The
+ * frontend part is always matched in full; prefixlen counts its
+ * SRC_RANGE_FRONTEND_BITS plus the range's bits, of an IPv4 range in its
+ * v4-mapped form (96 + its bits). A lookup uses the client's address and
+ * SRC_RANGE_FRONTEND_BITS + 128.
+ */
+#define SRC_RANGE_FRONTEND_BITS 160
+
+struct src_range_key {
+	__u32 prefixlen;
+	__u32 frontend[4];	/* the LoadBalancer IP */
+	__u16 port;		/* frontend port, network byte order */
+	__u8 proto;		/* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+	__u32 source[4];	/* the range's network address */
 };
 
 /*

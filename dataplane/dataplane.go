@@ -110,6 +110,31 @@ type ServicePort struct {
 	// AffinityTimeout is the ClientIP session affinity timeout; zero means no
 	// session affinity.
 	AffinityTimeout time.Duration
+	// SourceRanges are the Service's loadBalancerSourceRanges, parsed:
+	// masked, IPv4 as 4-byte prefixes, sorted, without duplicates. They
+	// restrict LoadBalancer frontends only, and each frontend only by the
+	// prefixes of its own family (SourceRangesFor): with none of its
+	// family it accepts every client, as kube-proxy's per-family proxiers
+	// do. A restricted frontend accepts new connections only from sources
+	// inside one of its prefixes and drops the others.
+	SourceRanges []netip.Prefix
+}
+
+// SourceRangesFor returns the prefixes that restrict fe, nil when fe
+// accepts every client: fe is not a LoadBalancer frontend, or sp has no
+// source range of fe's family.
+func (sp *ServicePort) SourceRangesFor(fe Frontend) []netip.Prefix {
+	if fe.Kind != LoadBalancer || len(sp.SourceRanges) == 0 {
+		return nil
+	}
+	is4 := fe.Addr.Unmap().Is4()
+	var out []netip.Prefix
+	for _, p := range sp.SourceRanges {
+		if p.Addr().Is4() == is4 {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Dataplane is what the control plane drives. What it may rely on:

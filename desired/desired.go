@@ -42,6 +42,10 @@ type Node struct {
 	// IPs are all of the node's InternalIP and ExternalIP addresses: the
 	// addresses ExternalIPsNodeLocal counts as this node's.
 	IPs []netip.Addr
+	// PrimaryIPs are the node's primary IP of each family (PrimaryIPs):
+	// kube-proxy's node IP, which decides whether loadBalancerSourceRanges
+	// let the node's own requests to a load-balancer IP through.
+	PrimaryIPs []netip.Addr
 	// ExternalIPs says which Service externalIPs are programmed.
 	ExternalIPs ExternalIPPolicy
 }
@@ -137,6 +141,7 @@ func translate(svc *v1.Service, slices []*discoveryv1.EndpointSlice, node Node, 
 	t.families = t.serviceFamilies()
 	t.servicePolicies()
 	t.frontendAddrs()
+	t.ranges = t.sourceRanges()
 	t.slices = t.parseSlices(slices)
 	ports, facts = t.servicePorts()
 	return ports, facts, t.problems
@@ -156,6 +161,7 @@ type translation struct {
 	affinity      time.Duration
 	nodeAddrs     map[family][]netip.Addr // NodePort addresses, loopback included
 	externalAddrs map[family][]externalAddr
+	ranges        []netip.Prefix // loadBalancerSourceRanges, parsed (sourceRanges)
 
 	slices   []parsedSlice
 	problems []Problem

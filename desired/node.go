@@ -209,6 +209,7 @@ func NewNode(name string, node *v1.Node, cfg NodeConfig, local ...netip.Addr) No
 		Name:        name,
 		Addresses:   cfg.NodePortAddresses.Select(node, local...),
 		IPs:         NodeIPs(node),
+		PrimaryIPs:  PrimaryIPs(node),
 		ExternalIPs: cfg.ExternalIPs,
 	}
 	if node != nil {
@@ -220,5 +221,5 @@ func NewNode(name string, node *v1.Node, cfg NodeConfig, local ...netip.Addr) No
 // Equal reports whether two sets of node facts translate alike.
 func (n Node) Equal(o Node) bool {
 	return n.Name == o.Name && n.Zone == o.Zone && n.ExternalIPs == o.ExternalIPs &&
-		slices.Equal(n.Addresses, o.Addresses) && slices.Equal(n.IPs, o.IPs)
+		slices.Equal(n.Addresses, o.Addresses) && slices.Equal(n.IPs, o.IPs) && slices.Equal(n.PrimaryIPs, o.PrimaryIPs)
 }

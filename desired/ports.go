@@ -39,6 +39,7 @@ func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, 
 	}
 	sp.Name = dataplane.ServicePortName{Namespace: t.svc.Namespace, Name: t.svc.Name, Port: p.Name, Protocol: proto}
 	sp.AffinityTimeout = t.affinity
+	sp.SourceRanges = slices.Clone(t.ranges)
 
 	nodePort := t.nodePort(p, label)
 	endpoints := t.endpointsFor(p.Name, proto)

@@ -1,6 +1,7 @@
 package ebpfplane_test
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -48,11 +49,21 @@ func served(lb *maps.LB) dataplanetest.State {
 			k.Traffic = dataplanetest.External
 		}
 		s := dataplanetest.Serving{Backends: svc.Backends, AffinityTimeout: time.Duration(svc.AffinityTimeout) * time.Second}
+		// Only the tc programs, which see traffic from outside, consult
+		// the source ranges a master asks for.
+		var ranges []netip.Prefix
+		if svc.SourceRanges {
+			ranges = lb.SourceRanges().Get(svc.VIP)
+		}
+		if k.Traffic == dataplanetest.External {
+			s.SourceRanges = ranges
+		}
 		out[k] = s
 		if k.Traffic == dataplanetest.Internal {
 			ext := k
 			ext.Traffic = dataplanetest.External
 			if _, ok := out[ext]; !ok {
+				s.SourceRanges = ranges
 				out[ext] = s
 			}
 		}

@@ -116,3 +116,90 @@ func monotonicNow() (uint64, error) {
 	}
 	return uint64(ts.Nano()), nil
 }
+
+// DeleteUDPFlows deletes from m, a kpr_conntrack map, the UDP flows that
+// the tc programs sent from one of removed's frontends to its backend,
+// both entries of each, and returns how many flows it deleted. It is the tc
+// counterpart of kube-proxy's conntrack cleanup: UDP has no connection to
+// end, so without it a client that keeps sending from one port stays on a
+// backend that has left (the programs' own liveness check only notices a
+// backend that is gone from every Service). A flow whose entries the
+// programs replace meanwhile is simply not found; an LRU walk aborted by
+// concurrent writes is retried once, and what it missed is reported.
+func DeleteUDPFlows(m *ebpf.Map, removed []dataplane.RemovedBackend) (int, error) {
+	if m == nil || len(removed) == 0 {
+		return 0, nil
+	}
+	gone := make(map[dataplane.RemovedBackend]bool, len(removed))
+	for _, r := range removed {
+		gone[dataplane.RemovedBackend{
+			Frontend: netip.AddrPortFrom(r.Frontend.Addr().Unmap(), r.Frontend.Port()),
+			Backend:  netip.AddrPortFrom(r.Backend.Addr().Unmap(), r.Backend.Port()),
+		}] = true
+	}
+	var keys []bpf.KprCtKey
+	walk := func() error {
+		keys = keys[:0]
+		var k bpf.KprCtKey
+		var v bpf.KprCtValue
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			if k.Dir != ctDirForward || k.Proto != uint8(dataplane.UDP) {
+				continue
+			}
+			pair := dataplane.RemovedBackend{
+				Frontend: netip.AddrPortFrom(addrFromBPF(k.Daddr), portFromBPF(k.Dport)),
+				Backend:  netip.AddrPortFrom(addrFromBPF(v.Addr), portFromBPF(v.Port)),
+			}
+			if !gone[pair] {
+				continue
+			}
+			keys = append(keys, k, replyKey(k, v))
+		}
+		return it.Err()
+	}
+	err := walk()
+	if errors.Is(err, ebpf.ErrIterationAborted) {
+		err = walk()
+	}
+	deleted := 0
+	for i := 0; i < len(keys); i += 2 {
+		// The forward entry first: once it is gone the next datagram
+		// picks a live backend, and its new reply entry replaces the old.
+		ferr := m.Delete(&keys[i])
+		if ferr != nil && !errors.Is(ferr, ebpf.ErrKeyNotExist) {
+			return deleted, fmt.Errorf("delete conntrack entry of a removed UDP backend: %w", ferr)
+		}
+		if rerr := m.Delete(&keys[i+1]); rerr != nil && !errors.Is(rerr, ebpf.ErrKeyNotExist) {
+			return deleted, fmt.Errorf("delete conntrack entry of a removed UDP backend: %w", rerr)
+		}
+		if ferr == nil {
+			deleted++
+		}
+	}
+	if err != nil {
+		return deleted, fmt.Errorf("read conntrack map for removed UDP backends (some flows may stay on them until they expire): %w", err)
+	}
+	return deleted, nil
+}
+
+// replyKey is the key of the reply entry of the flow whose forward entry is
+// k, v: the backend answering the client, or the node address and port the
+// flow was SNATed to (ct_reply_key in bpf/tc_nodeport.c).
+func replyKey(k bpf.KprCtKey, v bpf.KprCtValue) bpf.KprCtKey {
+	r := bpf.KprCtKey{Saddr: v.Addr, Sport: v.Port, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto, Dir: ctDirReply}
+	if v.Flags&ctFlagSNAT != 0 {
+		r.Daddr, r.Dport = v.NatAddr, v.NatPort
+	}
+	return r
+}
+
+// DeleteUDPFlows deletes the tc programs' flows to removed UDP backends
+// (DeleteUDPFlows); an LB without the conntrack map (in memory, read-only)
+// deletes nothing.
+func (lb *LB) DeleteUDPFlows(removed []dataplane.RemovedBackend) (int, error) {
+	if lb.readOnly {
+		return 0, errReadOnly
+	}
+	return DeleteUDPFlows(lb.conntrack, removed)
+}

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"sort"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 )
@@ -50,6 +52,10 @@ type Service struct {
 	Kind dataplane.FrontendKind
 	// AffinityTimeout is the ClientIP affinity timeout in seconds; 0 is off.
 	AffinityTimeout uint32
+	// SourceRanges makes the tc programs serve a new flow from outside
+	// only from a source the SourceRanges map holds for the frontend
+	// (loadBalancerSourceRanges); write those entries first.
+	SourceRanges bool
 	// Backends in slot order. An empty list makes connects fail.
 	Backends []dataplane.Backend
 }
@@ -98,6 +104,8 @@ type svcState struct {
 	// unknown value survives a rollback unchanged.
 	kind            uint8
 	affinityTimeout uint32
+	// flags is svc_value.flags as the map holds it (enum svc_flags).
+	flags uint8
 	// slots[i] is the backend id in slot i+1; 0 where the map lacks the slot.
 	slots []uint32
 }
@@ -125,6 +133,11 @@ type LB struct {
 
 	// readOnly LBs only look: they neither write nor collect garbage.
 	readOnly bool
+	// ranges are the source ranges the masters' flags refer to.
+	ranges *SourceRanges
+	// conntrack is the tc programs' kpr_conntrack, whose flows to
+	// removed UDP backends DeleteUDPFlows deletes; nil in memory.
+	conntrack *ebpf.Map
 
 	// scan is the DriftScan in progress, if any, and touched the keys
 	// written during its current stage.
@@ -137,13 +150,17 @@ type LB struct {
 
 // New opens the LB over loaded or pinned maps and adopts their contents.
 func New(m *bpf.KprMaps) (*LB, error) {
-	return newLB(bpfTables(m), false)
+	lb, err := newLB(bpfTables(m), newBPFTable[bpf.KprSrcRangeKey, uint8](m.KprSrcRanges), false)
+	if lb != nil {
+		lb.conntrack = m.KprConntrack
+	}
+	return lb, err
 }
 
 // OpenReadOnly reads the maps without ever writing them, for inspection
 // tools such as `kpr dump` that run beside a live control plane.
 func OpenReadOnly(m *bpf.KprMaps) (*LB, error) {
-	return newLB(bpfTables(m), true)
+	return newLB(bpfTables(m), newBPFTable[bpf.KprSrcRangeKey, uint8](m.KprSrcRanges), true)
 }
 
 // tables are the maps an LB writes.
@@ -163,14 +180,22 @@ func bpfTables(m *bpf.KprMaps) tables {
 	}
 }
 
-func newLB(t tables, readOnly bool) (*LB, error) {
+func newLB(t tables, ranges table[bpf.KprSrcRangeKey, uint8], readOnly bool) (*LB, error) {
 	lb := &LB{readOnly: readOnly}
 	lb.tables = lb.tracked(t)
+	var err error
+	if lb.ranges, err = newSourceRanges(ranges, readOnly); err != nil {
+		return nil, err
+	}
 	if err := lb.Resync(); err != nil {
 		return nil, err
 	}
 	return lb, nil
 }
+
+// SourceRanges returns the writer of the source-range map that the
+// masters with Service.SourceRanges set refer to.
+func (lb *LB) SourceRanges() *SourceRanges { return lb.ranges }
 
 // Resync rebuilds the in-memory view from the maps, so that later
 // comparisons see drift (entries changed behind kpr's back), and removes
@@ -179,6 +204,9 @@ func newLB(t tables, readOnly bool) (*LB, error) {
 func (lb *LB) Resync() error {
 	if lb.scan != nil {
 		lb.scan.abandon() // it compares with the view rebuilt here
+	}
+	if err := lb.ranges.Resync(); err != nil {
+		return err
 	}
 	lb.svcs = map[VIPKey]*svcState{}
 	lb.svcEntries = 0
@@ -202,7 +230,7 @@ func (lb *LB) Resync() error {
 			return
 		}
 		lb.svcs[key] = &svcState{revNat: v.RevNatId, kind: v.Kind,
-			affinityTimeout: v.AffinityTimeout, slots: make([]uint32, v.Count)}
+			affinityTimeout: v.AffinityTimeout, flags: v.Flags, slots: make([]uint32, v.Count)}
 		lb.svcEntries++
 	})
 	if err != nil {
@@ -339,7 +367,7 @@ func (lb *LB) Get(key VIPKey) (Service, bool) {
 		return Service{}, false
 	}
 	kind, _ := kindFromBPF(st.kind) // unknownKind when not a known kind
-	svc := Service{VIPKey: key, Kind: kind, AffinityTimeout: st.affinityTimeout}
+	svc := Service{VIPKey: key, Kind: kind, AffinityTimeout: st.affinityTimeout, SourceRanges: st.flags&svcFlagSourceRanges != 0}
 	for _, id := range st.slots {
 		var b dataplane.Backend
 		if e, ok := lb.backendOf[id]; ok {
@@ -374,7 +402,7 @@ func (lb *LB) Keys() []VIPKey {
 func (lb *LB) Matches(svc Service) bool {
 	st, ok := lb.svcs[svc.VIPKey]
 	kind, known := kindToBPF(svc.Kind)
-	if !ok || !known || st.revNat == 0 || st.kind != kind || st.affinityTimeout != svc.AffinityTimeout ||
+	if !ok || !known || st.revNat == 0 || st.kind != kind || st.affinityTimeout != svc.AffinityTimeout || st.flags != svc.flags() ||
 		len(st.slots) != len(svc.Backends) {
 		return false
 	}
@@ -385,6 +413,19 @@ func (lb *LB) Matches(svc Service) bool {
 		}
 	}
 	return true
+}
+
+// svcFlagSourceRanges is SVC_F_SOURCE_RANGES of enum svc_flags
+// (bpf/types.h), which bpf2go does not generate: srcranges_test.go checks
+// it against the tc object's BTF.
+const svcFlagSourceRanges = 1
+
+// flags is svc_value.flags for svc.
+func (svc Service) flags() uint8 {
+	if svc.SourceRanges {
+		return svcFlagSourceRanges
+	}
+	return 0
 }
 
 func keyLess(a, b VIPKey) bool {

@@ -94,7 +94,7 @@ func (f *fakeMaps) checkLookupSafe() {
 
 func (f *fakeMaps) lb() *LB {
 	f.t.Helper()
-	lb, err := newLB(tables{f.services, f.backends, f.revNat, f.affinityMatch}, false)
+	lb, err := newLB(tables{f.services, f.backends, f.revNat, f.affinityMatch}, newMemTable[bpf.KprSrcRangeKey, uint8](16), false)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -444,7 +444,7 @@ func TestAffinityMatchesFollowTheBackendSet(t *testing.T) {
 
 	// Matches survive a restart, and a restart repairs lost ones.
 	clear(f.affinityMatch.data)
-	if _, err := newLB(tables{f.services, f.backends, f.revNat, f.affinityMatch}, false); err != nil {
+	if _, err := newLB(tables{f.services, f.backends, f.revNat, f.affinityMatch}, newMemTable[bpf.KprSrcRangeKey, uint8](16), false); err != nil {
 		t.Fatal(err)
 	}
 	f.checkMatches()

@@ -21,11 +21,11 @@ func NewInMemory(services, backends, revNats int) *LB {
 	t.backends.(*memTable[uint32, bpf.KprBackend]).fault = fault
 	t.revNat.(*memTable[uint32, bpf.KprRevNatValue]).fault = fault
 	t.affinityMatch.(*memTable[bpf.KprAffinityMatchKey, uint8]).fault = fault
-	return mustLoadInMemory(t, false)
+	return mustLoadInMemory(t, newMemTable[bpf.KprSrcRangeKey, uint8](65536), false)
 }
 
-func mustLoadInMemory(t tables, readOnly bool) *LB {
-	lb, err := newLB(t, readOnly)
+func mustLoadInMemory(t tables, ranges table[bpf.KprSrcRangeKey, uint8], readOnly bool) *LB {
+	lb, err := newLB(t, ranges, readOnly)
 	if err != nil {
 		panic("maps: in-memory tables cannot fail to load: " + err.Error())
 	}
@@ -43,7 +43,7 @@ func (lb *LB) ReopenInMemory(readOnly bool) *LB {
 		backends:      lb.backends.(trackedTable[uint32, bpf.KprBackend]).table,
 		revNat:        lb.revNat.(trackedTable[uint32, bpf.KprRevNatValue]).table,
 		affinityMatch: lb.affinityMatch.(trackedTable[bpf.KprAffinityMatchKey, uint8]).table,
-	}, readOnly)
+	}, lb.ranges.t, readOnly)
 }
 
 // FailInMemoryWrite makes the n-th entry written from now on, counted

@@ -50,7 +50,10 @@ func (lb *LB) InSync() (bool, error) {
 			inSync = false
 		}
 	})
-	return err == nil && inSync && matches == len(lb.matches), err
+	if err != nil || !inSync || matches != len(lb.matches) {
+		return false, err
+	}
+	return lb.ranges.inSync()
 }
 
 // holdsServiceEntry reports whether a service map entry is what the LB's
@@ -62,7 +65,7 @@ func (lb *LB) holdsServiceEntry(k bpf.KprSvcKey, v bpf.KprSvcValue) bool {
 		return false
 	case k.Slot == 0:
 		return int(v.Count) == len(st.slots) && v.RevNatId == st.revNat && st.revNat != 0 &&
-			v.AffinityTimeout == st.affinityTimeout && v.Kind == st.kind
+			v.AffinityTimeout == st.affinityTimeout && v.Kind == st.kind && v.Flags == st.flags
 	default:
 		return int(k.Slot) <= len(st.slots) && st.slots[k.Slot-1] == v.BackendId && v.BackendId != 0
 	}

@@ -329,7 +329,7 @@ func (lb *LB) commit(plans []*plan) error {
 	for _, p := range plans {
 		mKeys = append(mKeys, p.svc.bpfKey(0))
 		mVals = append(mVals, bpf.KprSvcValue{Count: uint16(len(p.slots)), RevNatId: p.revNat,
-			AffinityTimeout: p.svc.AffinityTimeout, Kind: p.kind})
+			AffinityTimeout: p.svc.AffinityTimeout, Kind: p.kind, Flags: p.svc.flags()})
 	}
 	if err := lb.services.put(mKeys, mVals); err != nil {
 		return lb.rollback(plans, err)
@@ -339,7 +339,7 @@ func (lb *LB) commit(plans []*plan) error {
 	var surplus []bpf.KprSvcKey
 	var released []uint32
 	for _, p := range plans {
-		st := &svcState{revNat: p.revNat, kind: p.kind, affinityTimeout: p.svc.AffinityTimeout, slots: p.slots}
+		st := &svcState{revNat: p.revNat, kind: p.kind, affinityTimeout: p.svc.AffinityTimeout, flags: p.svc.flags(), slots: p.slots}
 		lb.svcEntries += p.newCount
 		if p.old != nil {
 			for i := len(p.slots); i < len(p.old.slots); i++ {
@@ -448,7 +448,7 @@ func (lb *LB) rollback(plans []*plan, cause error) error {
 		} else {
 			restoreKeys = append(restoreKeys, p.svc.bpfKey(0))
 			restoreVals = append(restoreVals, bpf.KprSvcValue{Count: uint16(len(p.old.slots)), RevNatId: p.old.revNat,
-				AffinityTimeout: p.old.affinityTimeout, Kind: p.old.kind})
+				AffinityTimeout: p.old.affinityTimeout, Kind: p.old.kind, Flags: p.old.flags})
 		}
 		oldN := 0
 		if p.old != nil {

@@ -50,6 +50,13 @@ type Serving struct {
 	Backends []dataplane.Backend
 	// AffinityTimeout is the ClientIP affinity timeout; zero is off.
 	AffinityTimeout time.Duration
+	// SourceRanges, on an External key, are the only client prefixes
+	// whose new connections are served (loadBalancerSourceRanges); the
+	// others are dropped. Empty serves every client. What ranges do to
+	// traffic of the node itself is not part of the contract yet
+	// (kube-proxy's iptables rules restrict it too, kpr's socket hooks
+	// do not), so observers never report them on Internal keys.
+	SourceRanges []netip.Prefix
 }
 
 // State is everything a dataplane serves: a frontend it does not serve at
@@ -217,8 +224,19 @@ func normalise(s State) State {
 		if len(bs) == 0 {
 			bs, aff = nil, 0
 		}
+		var ranges []netip.Prefix
+		if len(bs) > 0 && k.Traffic == External {
+			ranges = slices.Clone(v.SourceRanges)
+			slices.SortFunc(ranges, func(a, b netip.Prefix) int {
+				if c := a.Addr().Compare(b.Addr()); c != 0 {
+					return c
+				}
+				return a.Bits() - b.Bits()
+			})
+			ranges = slices.Compact(ranges)
+		}
 		k.Addr = k.Addr.Unmap()
-		out[k] = Serving{Backends: bs, AffinityTimeout: aff}
+		out[k] = Serving{Backends: bs, AffinityTimeout: aff, SourceRanges: ranges}
 	}
 	return out
 }
@@ -239,7 +257,7 @@ func diff(got, want State) string {
 		switch {
 		case !ok:
 			lines = append(lines, fmt.Sprintf("  %s: not served, want %s", k, w))
-		case !slices.Equal(g.Backends, w.Backends) || g.AffinityTimeout != w.AffinityTimeout:
+		case !slices.Equal(g.Backends, w.Backends) || g.AffinityTimeout != w.AffinityTimeout || !slices.Equal(g.SourceRanges, w.SourceRanges):
 			lines = append(lines, fmt.Sprintf("  %s: serves %s, want %s", k, g, w))
 		}
 	}
@@ -263,6 +281,9 @@ func (s Serving) String() string {
 	out := "[" + strings.Join(parts, " ") + "]"
 	if s.AffinityTimeout != 0 {
 		out += " affinity " + s.AffinityTimeout.String()
+	}
+	if len(s.SourceRanges) > 0 {
+		out += fmt.Sprintf(" from %v only", s.SourceRanges)
 	}
 	return out
 }

@@ -311,6 +311,29 @@ func withAffinity(timeout time.Duration, s State) State {
 	return out
 }
 
+// fenced is svc with loadBalancerSourceRanges.
+func fenced(ranges []string, n dataplane.ServicePortName, fes ...dataplane.Frontend) *dataplane.ServicePort {
+	sp := svc(n, fes...)
+	for _, r := range ranges {
+		sp.SourceRanges = append(sp.SourceRanges, netip.MustParsePrefix(r))
+	}
+	return sp
+}
+
+// onlyFrom is s with traffic from outside to frontend f served only from
+// ranges.
+func onlyFrom(f string, ranges []string, s State) State {
+	out := state(s)
+	k := key(f, External)
+	v := out[k]
+	v.SourceRanges = nil
+	for _, r := range ranges {
+		v.SourceRanges = append(v.SourceRanges, netip.MustParsePrefix(r))
+	}
+	out[k] = v
+	return out
+}
+
 // expected is the State the contract asks for sps, derived from the
 // contract's own words: for code-driven scenarios whose states are too
 // many to write out.
@@ -328,7 +351,7 @@ func expected(sps ...*dataplane.ServicePort) State {
 			if ext == nil {
 				ext = f.Backends
 			}
-			out[k] = Serving{Backends: ext, AffinityTimeout: sp.AffinityTimeout}
+			out[k] = Serving{Backends: ext, AffinityTimeout: sp.AffinityTimeout, SourceRanges: sp.SourceRangesFor(f)}
 		}
 	}
 	return normalise(out)

@@ -33,6 +33,7 @@ const (
 	webNode = "192.168.1.10:30080/TCP"
 	webExt  = "203.0.113.10:80/TCP"
 	webLB   = "198.51.100.10:80/TCP"
+	webLB6  = "[2001:db8:51::10]:80/TCP"
 	apiNode = "192.168.1.10:30081/TCP"
 )
 
@@ -79,6 +80,32 @@ func scenarios() []scenario {
 			{do: apply(svc(web, clusterIP(webIP))), want: rejects(webIP)},
 			{do: apply(svc(web, clusterIP(webIP, pod1))), want: serves(webIP, pod1)},
 			{do: apply(svc(web, clusterIP(webIP))), want: rejects(webIP)},
+		}},
+
+		{name: "loadBalancerSourceRanges restrict outside traffic to LoadBalancer IPs of their family", steps: []step{
+			// The NodePort and the ClusterIP are not restricted, nor is
+			// the IPv6 load-balancer IP: the ranges are all IPv4.
+			{do: apply(fenced(list("10.0.0.0/8", "192.168.0.0/16"), web, clusterIP(webIP, pod1, pod2),
+				cluster(dataplane.NodePort, webNode, pod1, pod2),
+				cluster(dataplane.LoadBalancer, webLB, pod1, pod2),
+				cluster(dataplane.LoadBalancer, webLB6, pod1v6))),
+				want: state(serves(webIP, pod1, pod2), serves(webNode, pod1, pod2),
+					onlyFrom(webLB, list("10.0.0.0/8", "192.168.0.0/16"), serves(webLB, pod1, pod2)),
+					serves(webLB6, pod1v6))},
+			// Changed ranges replace the old ones.
+			{do: apply(fenced(list("10.1.0.0/16"), web, clusterIP(webIP, pod1, pod2),
+				cluster(dataplane.LoadBalancer, webLB, pod1, pod2))),
+				want: state(serves(webIP, pod1, pod2), onlyFrom(webLB, list("10.1.0.0/16"), serves(webLB, pod1, pod2)))},
+			// Under externalTrafficPolicy Local they restrict the local
+			// backends that outside traffic gets.
+			{do: apply(fenced(list("10.1.0.0/16"), web, clusterIP(webIP, pod1, pod2),
+				local(dataplane.LoadBalancer, webLB, list(pod1, pod2), list(pod1)))),
+				want: state(serves(webIP, pod1, pod2),
+					onlyFrom(webLB, list("10.1.0.0/16"), servesSplit(webLB, list(pod1, pod2), list(pod1))))},
+			{do: reconcileHanded()},
+			// Without ranges every client is served again.
+			{do: apply(svc(web, clusterIP(webIP, pod1, pod2), cluster(dataplane.LoadBalancer, webLB, pod1, pod2))),
+				want: state(serves(webIP, pod1, pod2), serves(webLB, pod1, pod2))},
 		}},
 
 		{name: "externalTrafficPolicy decides the backends of external traffic", steps: []step{

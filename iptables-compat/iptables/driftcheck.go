@@ -107,7 +107,7 @@ func sharedChains(table string) []string {
 	if table == tableNAT {
 		return []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq}
 	}
-	return []string{chainServices, chainExternalServices, chainForward}
+	return []string{chainServices, chainExternalServices, chainForward, chainProxyFirewall}
 }
 
 // fingerprint is what a rule does, in a form that is the same for the

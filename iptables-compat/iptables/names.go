@@ -18,6 +18,10 @@ const (
 	chainForward          = "KUBE-FORWARD"
 	chainPostrouting      = "KUBE-POSTROUTING"
 	chainMarkMasq         = "KUBE-MARK-MASQ"
+	// chainProxyFirewall (filter) drops what a KUBE-FW-* chain did not
+	// let through to be DNATed: new connections to a load-balancer IP
+	// from outside its loadBalancerSourceRanges.
+	chainProxyFirewall = "KUBE-PROXY-FIREWALL"
 )
 
 // masqMark is kube-proxy's default masquerade mark (--iptables-masquerade-bit
@@ -81,6 +85,11 @@ func localChain(n dataplane.ServicePortName) string { return prefixLocalPolicy +
 // externalChain is KUBE-EXT-<hash>: where NodePort, external and
 // load-balancer traffic enters, to pick the policy chain and masquerade.
 func externalChain(n dataplane.ServicePortName) string { return prefixExternal + portProtoHash(n) }
+
+// firewallChain is KUBE-FW-<hash>: load-balancer traffic of a ServicePort
+// with loadBalancerSourceRanges enters here, and only sources inside them
+// go on to KUBE-EXT-*.
+func firewallChain(n dataplane.ServicePortName) string { return prefixFirewall + portProtoHash(n) }
 
 // endpointChain is KUBE-SEP-<hash> of one endpoint of the ServicePort.
 func endpointChain(n dataplane.ServicePortName, b dataplane.Backend) string {

@@ -73,6 +73,12 @@ func observeFamily(tables map[string]*savedTable, out dataplanetest.State) error
 						s.Backends = append(s.Backends, o.backend)
 					}
 					s.AffinityTimeout = max(s.AffinityTimeout, time.Duration(o.affinity)*time.Second)
+					// The ranges restrict node traffic too, as in
+					// kube-proxy, but the contract speaks only of
+					// traffic from outside (dataplanetest.Serving).
+					if tr == dataplanetest.External {
+						s.SourceRanges = append(s.SourceRanges, o.ranges...)
+					}
 				}
 			}
 			if !dnat {
@@ -156,6 +162,9 @@ type outcome struct {
 	verdict  string
 	backend  dataplane.Backend
 	affinity int
+	// ranges are the sources a KUBE-FW-* chain on the way let through;
+	// nil when the way had none.
+	ranges []netip.Prefix
 }
 
 type matched uint8
@@ -216,6 +225,15 @@ func walk(t *savedTable, chainName string, pr probe, depth, affinity int) ([]out
 			if err != nil {
 				return nil, false, err
 			}
+			if strings.HasPrefix(target, prefixFirewall) {
+				ranges, err := firewallRanges(t, target)
+				if err != nil {
+					return nil, false, err
+				}
+				for i := range sub {
+					sub[i].ranges = ranges
+				}
+			}
 			outs = append(outs, sub...)
 			terminal = !falls
 		}
@@ -224,6 +242,31 @@ func walk(t *savedTable, chainName string, pr probe, depth, affinity int) ([]out
 		}
 	}
 	return outs, true, nil
+}
+
+// firewallRanges are the source addresses chain (a KUBE-FW-* chain) sends
+// on to be DNATed.
+func firewallRanges(t *savedTable, chain string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, r := range t.rules {
+		if r[1] != chain || ruleArg(r, "-j") == "" {
+			continue
+		}
+		s := ruleArg(r, "-s")
+		if s == "" || negated(r, "-s") {
+			return nil, fmt.Errorf("%s lets traffic through without a source match: %v", chain, r)
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, fmt.Errorf("%s: source %q: %w", chain, s, err)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // match decides r's matches for pr, up to its target.

@@ -198,8 +198,8 @@ func TestReconcileDeletesUnownedChainsAndKeepsOthers(t *testing.T) {
 			t.Errorf("nat %s has %d rules after two Reconciles, want its one jump: %v", builtin, n, nat.rules[builtin])
 		}
 	}
-	if n := len(tp.fake.tables["iptables"]["filter"].rules["FORWARD"]); n != 3 {
-		t.Errorf("filter FORWARD has %d rules, want the 3 base jumps", n)
+	if n := len(tp.fake.tables["iptables"]["filter"].rules["FORWARD"]); n != 4 {
+		t.Errorf("filter FORWARD has %d rules, want the 4 base jumps", n)
 	}
 }
 

@@ -49,6 +49,7 @@ type portRules struct {
 	natNodePorts   []string // nat KUBE-NODEPORTS
 	filterServices []string // filter KUBE-SERVICES: reject without endpoints
 	filterExternal []string // filter KUBE-EXTERNAL-SERVICES: reject or drop of outside traffic
+	filterFirewall []string // filter KUBE-PROXY-FIREWALL: drop of what KUBE-FW-* did not let through
 	chains         []chain
 }
 
@@ -83,7 +84,12 @@ func comment(text string) string { return `-m comment --comment "` + text + `"` 
 //     affinity; each KUBE-SEP-* DNATs to one endpoint;
 //   - a frontend without endpoints is rejected in filter KUBE-SERVICES,
 //     outside traffic under a Local policy without local endpoints dropped
-//     in filter KUBE-EXTERNAL-SERVICES.
+//     in filter KUBE-EXTERNAL-SERVICES;
+//   - a load-balancer IP with loadBalancerSourceRanges of its family (and
+//     endpoints) jumps to KUBE-FW-* instead, which sends sources inside the
+//     ranges on to KUBE-EXT-*; the rest leave nat undrafted and are dropped
+//     by filter KUBE-PROXY-FIREWALL, which matches the load-balancer IP and
+//     port (a DNATed packet no longer has them).
 //
 // kpr's frontends carry their addresses, NodePorts too, so every rule
 // matches its destination address (kube-proxy matches NodePorts by port
@@ -122,6 +128,12 @@ func renderPort(sp *dataplane.ServicePort, fam Family) portRules {
 			if !direct {
 				target = pol.external(internal, external, local).name
 			}
+			if ranges := sp.SourceRangesFor(fe); len(ranges) > 0 {
+				fw := pol.firewall(target, ranges)
+				target = fw.name
+				out.filterFirewall = append(out.filterFirewall,
+					line("-A", chainProxyFirewall, comment(name+" traffic not accepted by "+fw.name), line(dest...), "-j", "DROP"))
+			}
 			switch fe.Kind {
 			case dataplane.NodePort:
 				out.natNodePorts = append(out.natNodePorts, line("-A", chainNodePorts, comment(name), line(dest...), "-j", target))
@@ -144,6 +156,9 @@ func renderPort(sp *dataplane.ServicePort, fam Family) portRules {
 		}
 	}
 
+	for _, f := range pol.fws {
+		out.chains = append(out.chains, f.render(name))
+	}
 	for _, e := range pol.exts {
 		out.chains = append(out.chains, e.render(name))
 	}
@@ -190,6 +205,44 @@ type policies struct {
 	fam  Family
 	sets []*backendSet
 	exts []*extChain
+	fws  []*fwChain
+}
+
+// fwChain is a KUBE-FW-* chain: the source ranges that may go on to an
+// external chain. The load-balancer frontends of one ServicePort share
+// one, as they share their ranges and KUBE-EXT-* chain.
+type fwChain struct {
+	name   string
+	next   string
+	ranges []netip.Prefix
+}
+
+// firewall returns the fwChain that lets ranges through to next, adding
+// it when new.
+func (p *policies) firewall(next string, ranges []netip.Prefix) *fwChain {
+	for _, f := range p.fws {
+		if f.next == next && slices.Equal(f.ranges, ranges) {
+			return f
+		}
+	}
+	f := &fwChain{name: firewallChain(p.name), next: next, ranges: ranges}
+	if rank := len(p.fws); rank > 0 {
+		f.name = prefixFirewall + hash16(portName(p.name)+protoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
+	}
+	p.fws = append(p.fws, f)
+	return f
+}
+
+// render renders the KUBE-FW-* chain as kube-proxy does: one rule per
+// range, then a rule without a target that only counts what falls
+// through to KUBE-PROXY-FIREWALL.
+func (f *fwChain) render(name string) chain {
+	c := chain{name: f.name}
+	for _, r := range f.ranges {
+		c.rules = append(c.rules, line("-A", c.name, comment(name+" loadbalancer IP"), "-s", r.String(), "-j", f.next))
+	}
+	c.rules = append(c.rules, line("-A", c.name, comment("other traffic to "+name+" will be dropped by "+chainProxyFirewall)))
+	return c
 }
 
 // extChain is a KUBE-EXT-* chain: the backend sets it sends traffic of

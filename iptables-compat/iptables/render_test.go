@@ -63,6 +63,7 @@ func goldenCases() map[string][]*dataplane.ServicePort {
 	empty := spn("shop", "empty", "", dataplane.TCP)
 	sticky := spn("shop", "cart", "", dataplane.TCP)
 	dual := spn("shop", "dual", "", dataplane.TCP)
+	fenced := spn("shop", "fenced", "https", dataplane.TCP)
 	return map[string][]*dataplane.ServicePort{
 		"clusterip-udp": {{Name: dns, Frontends: []dataplane.Frontend{
 			front(dataplane.ClusterIP, "10.96.0.10:53", dataplane.UDP, bes("10.244.0.10:53", "10.244.1.10:53"), nil)}}},
@@ -83,6 +84,17 @@ func goldenCases() map[string][]*dataplane.ServicePort {
 			front(dataplane.ExternalIP, "203.0.113.40:80", dataplane.TCP, bes(), nil)}}},
 		"session-affinity": {{Name: sticky, AffinityTimeout: 3 * time.Hour, Frontends: []dataplane.Frontend{
 			front(dataplane.ClusterIP, "10.96.0.50:80", dataplane.TCP, bes("10.244.0.8:80", "10.244.1.8:80"), nil)}}},
+		// Ranges of IPv4 only: the IPv6 load-balancer IP stays open, as
+		// under kube-proxy's IPv6 proxier; 198.51.100.50/32 is the VIP the
+		// desired state adds when the ranges hold the node IP.
+		"loadbalancer-source-ranges": {{Name: fenced,
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("198.51.100.50/32")},
+			Frontends: []dataplane.Frontend{
+				front(dataplane.ClusterIP, "10.96.0.70:443", dataplane.TCP, bes("10.244.0.11:8443"), nil),
+				front(dataplane.NodePort, "192.168.1.10:31444", dataplane.TCP, bes("10.244.0.11:8443"), nil),
+				front(dataplane.LoadBalancer, "198.51.100.50:443", dataplane.TCP, bes("10.244.0.11:8443"), nil),
+				front(dataplane.ClusterIP, "[fd00:10:96::70]:443", dataplane.TCP, bes("[fd00:10:244::11]:8443"), nil),
+				front(dataplane.LoadBalancer, "[2001:db8:51::50]:443", dataplane.TCP, bes("[fd00:10:244::11]:8443"), nil)}}},
 		"dual-stack": {{Name: dual, Frontends: []dataplane.Frontend{
 			front(dataplane.ClusterIP, "10.96.0.60:80", dataplane.TCP, bes("10.244.0.9:80"), nil),
 			front(dataplane.ClusterIP, "[fd00:10:96::60]:80", dataplane.TCP, bes("[fd00:10:244::9]:80", "[fd00:10:244:1::9]:80"), nil)}}},

@@ -47,6 +47,9 @@ var baseJumps = []baseJump{
 	jumpRule(tableFilter, "FORWARD", newConn, "kubernetes service portals", chainServices),
 	jumpRule(tableFilter, "OUTPUT", newConn, "kubernetes service portals", chainServices),
 	jumpRule(tableFilter, "FORWARD", "", "kubernetes forwarding rules", chainForward),
+	jumpRule(tableFilter, "INPUT", newConn, "kubernetes load balancer firewall", chainProxyFirewall),
+	jumpRule(tableFilter, "OUTPUT", newConn, "kubernetes load balancer firewall", chainProxyFirewall),
+	jumpRule(tableFilter, "FORWARD", newConn, "kubernetes load balancer firewall", chainProxyFirewall),
 }
 
 // missingJumps returns the base jumps of table that saved lacks.
@@ -96,7 +99,7 @@ func (in tableInput) render() []byte {
 			}
 		}
 	case tableFilter:
-		for _, c := range []string{chainServices, chainExternalServices, chainForward} {
+		for _, c := range sharedChains(tableFilter) {
 			declare(c)
 		}
 	}
@@ -147,6 +150,11 @@ func (in tableInput) render() []byte {
 		}
 		for _, p := range in.ports {
 			for _, r := range p.filterExternal {
+				ln(r)
+			}
+		}
+		for _, p := range in.ports {
+			for _, r := range p.filterFirewall {
 				ln(r)
 			}
 		}

@@ -1,0 +1,109 @@
+package tcnat
+
+import (
+	"context"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kpr-io/kpr/tests/cluster"
+	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/kprproc"
+	"github.com/kpr-io/kpr/tests/kubeobj"
+)
+
+// `kpr run --devices` against a real API server with a LoadBalancer
+// Service whose loadBalancerSourceRanges admit one of two clients outside
+// the node (the entry padded with blanks, as the API lets through): the
+// one inside is served on the load-balancer IP, the other is not until the
+// ranges are removed from the Service.
+func TestKprRunLoadBalancerSourceRanges(t *testing.T) {
+	harness.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cl := cluster.StartForTest(t, cluster.Options{APIServerArgs: map[string]string{"request-timeout": "5s"}})
+	api := kubeobj.Client{Interface: cl.Client}
+	top := buildTopology(t, 1)
+	top.addOutsider(t)
+	const nodeName = "kpr-tcnat-ranges"
+	if err := cl.CreateNode(ctx, nodeName, []string{nodeAddrs[0].Addr().String()},
+		map[string]string{v1.LabelHostname: nodeName}); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := harness.NewCgroup(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kpr, err := kprproc.Start(kprproc.Options{
+		Kubeconfig: cl.KubeconfigPath, NodeName: nodeName, CgroupRoot: cg.Path,
+		Args:    []string{"--host-netns", top.node.NetNS.Path, "--devices", extDev},
+		LogPath: filepath.Join(t.TempDir(), "kpr.log"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kpr log:\n%s", kpr.Log())
+		}
+		if err := kpr.Cleanup(); err != nil {
+			t.Errorf("kpr cleanup: %v", err)
+		}
+	})
+	if err := kpr.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const ns = "ranges"
+	if _, err := api.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	lbIP := netip.MustParseAddr("203.0.113.20")
+	inside, outside := clientAddr(false), outsiderAddr(false)
+	svc := kubeobj.Service(ns, "fenced", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
+	svc.Spec.Type = v1.ServiceTypeLoadBalancer
+	svc.Spec.LoadBalancerSourceRanges = []string{" " + inside.String() + "/32 "}
+	svc, err = api.CreateService(ctx, svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: lbIP.String()}}
+	if svc, err = api.CoreV1().Services(ns).UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := api.ApplySlice(ctx, kubeobj.Slice(svc, svc.Name+"-ipv4", discoveryv1.AddressTypeIPv4,
+		kubeobj.Endpoint{Addr: top.pods[0].IPv4, NodeName: nodeName})); err != nil {
+		t.Fatal(err)
+	}
+	fe := netip.AddrPortFrom(lbIP, 80)
+	waitWhoFrom(t, top, inside, fe)
+	if who, err := whoFrom(top.client.NetNS, outside, fe, time.Second); err == nil {
+		t.Errorf("%s from %s, outside loadBalancerSourceRanges, reached %s", fe, outside, who)
+	}
+
+	svc.Spec.LoadBalancerSourceRanges = nil
+	if _, err := api.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitWhoFrom(t, top, outside, fe)
+}
+
+// waitWhoFrom waits until fe answers a connection from src.
+func waitWhoFrom(t *testing.T, top *topology, src netip.Addr, fe netip.AddrPort) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		who, err := whoFrom(top.client.NetNS, src, fe, time.Second)
+		if err == nil && who == top.pods[0].Name {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never answered %s from outside: %q, %v", fe, src, who, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
