@@ -70,6 +70,7 @@ var tcCounters = []tcCounter{
 	{"DropCtInsert", tcDropsDesc, "conntrack_insert"},
 	{"DropRewrite", tcDropsDesc, "rewrite"},
 	{"DropSnatPorts", tcDropsDesc, "snat_ports"},
+	{"DropSourceRange", tcDropsDesc, "source_range"},
 	{"ClusterIpOutside", tcPassedDesc, "cluster_ip_outside"},
 	{"Fragment", tcPassedDesc, "fragment"},
 	{"Redirected", tcRedirectedDesc, ""},
