@@ -170,10 +170,13 @@ func (c *connState) follow(lw *cache.ListWatch) *cache.ListWatch {
 		if err != nil {
 			return w, err
 		}
-		// Every item counts, bookmarks too: they are how a quiet but
-		// healthy watch shows it is alive.
+		// Every item the API server sent counts, bookmarks too: they are
+		// how a quiet but healthy watch shows it is alive. An Error item
+		// may be the client's own (a connection it gave up).
 		return watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
-			c.heard()
+			if e.Type != watch.Error {
+				c.heard()
+			}
 			return e, true
 		}), nil
 	}

@@ -127,7 +127,14 @@ func TestConnStateCallsSilentWatchesStuck(t *testing.T) {
 	if st := c.status(); st.Stuck || !st.LastHeard.Equal(now) {
 		t.Errorf("after a bookmark: %+v, want heard at the bookmark, not stuck", st)
 	}
-	now = now.Add(watchSilenceLimit + time.Second)
+	heard := now
+	now = now.Add(time.Second)
+	go fake.Error(&metav1.Status{Message: "http2: client connection lost"})
+	<-w.ResultChan()
+	if st := c.status(); !st.LastHeard.Equal(heard) {
+		t.Errorf("after an Error item: last heard %s, want the bookmark's %s: the error may be the client's own", st.LastHeard, heard)
+	}
+	now = now.Add(watchSilenceLimit)
 	st := c.status()
 	if !st.Connected || !st.Stuck {
 		t.Errorf("silent for %s: %+v, want connected but stuck", watchSilenceLimit+time.Second, st)

@@ -292,7 +292,7 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 		fmt.Fprintf(w, "mode:     %s (%s)\n", d.Mode, d.Reason)
 		ws := d.Watcher
 		if s := ws.LastSuccessfulSync; s != nil {
-			fmt.Fprintf(w, "sync:     last successful %s, took %s, %d service ports\n", ago(s.At), s.Took, s.ServicePorts)
+			fmt.Fprintf(w, "sync:     last successful %s, took %s, %d service ports handed to the dataplane\n", ago(s.At), s.Took, s.ServicePorts)
 		} else {
 			fmt.Fprintln(w, "sync:     no successful sync yet")
 		}
