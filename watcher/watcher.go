@@ -185,6 +185,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w.api.start(ctx.Done())
+	go logAPIState(ctx, w.api.conn, w.log, apiLogInterval)
 	defer func() {
 		cancel()
 		w.api.shutdown()

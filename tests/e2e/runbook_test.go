@@ -33,6 +33,8 @@ const (
 	logDrift   = "The dataplane drifted from what kpr wrote (or a call failed); running a complete reconcile to repair it"
 	logMapFull = "Service port does not fit in the BPF maps: refused it alone"
 	logSynced  = "Synced the dataplane"
+	logAPIDown = "The API server does not answer kpr's list and watch calls"
+	logAPIBack = "The API server answers kpr's calls again"
 )
 
 func TestRunbook(t *testing.T) {
@@ -240,6 +242,7 @@ func testRunbookWatchStuck(t *testing.T, f *fixture, ns string) {
 	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
 	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
 
+	beforePause := len(f.kpr.Log())
 	paused := time.Now()
 	proxy.Pause()
 	if err := f.client.DiscoveryV1().EndpointSlices(ns).Delete(f.ctx, slice.Name, metav1.DeleteOptions{}); err != nil {
@@ -256,6 +259,12 @@ func testRunbookWatchStuck(t *testing.T, f *fixture, ns string) {
 		return nil
 	})
 	t.Logf("kpr status reported the API not connected %s after the pause", time.Since(paused).Round(time.Second))
+	waitUntil(t, 2*time.Second, "kpr logs the outage", func() error {
+		if !strings.Contains(f.kpr.Log()[beforePause:], logAPIDown) {
+			return errNotYet
+		}
+		return nil
+	})
 	if v, err := f.kpr.Metric("kpr_api_connected"); err != nil || v != "0" {
 		t.Errorf("kpr_api_connected = %q, %v; want 0", v, err)
 	}
@@ -280,6 +289,13 @@ func testRunbookWatchStuck(t *testing.T, f *fixture, ns string) {
 		return nil
 	})
 	f.waitMetric(t, "kpr_api_connected", "1")
+	// The log follows the state within a second.
+	waitUntil(t, 2*time.Second, "kpr logs the end of the outage", func() error {
+		if !strings.Contains(f.kpr.Log()[logged:], logAPIBack) {
+			return errNotYet
+		}
+		return nil
+	})
 	synced := slices.ContainsFunc(strings.Split(f.kpr.Log()[logged:], "\n"), func(l string) bool {
 		return strings.Contains(l, logSynced) && strings.Contains(l, ns+"/web")
 	})
