@@ -271,8 +271,14 @@ func testRunbookWatchStuck(t *testing.T, f *fixture, ns string) {
 	if code, err := f.healthz(); err != nil || code != 200 {
 		t.Errorf("/healthz = %d, %v with the watch stuck; want 200, as kube-proxy", code, err)
 	}
-	// The delete did not arrive: the dataplane serves what it had.
+	// The delete did not arrive: the dataplane serves what it had, and
+	// kpr explain, which reads the API itself, names the difference.
 	requireServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	if r := f.explain(t, ns+"/web"); !slices.ContainsFunc(r.Divergences, func(d string) bool {
+		return strings.Contains(d, "the maps hold backends") && strings.Contains(d, f.pod("pod-b").IPv4.String())
+	}) {
+		t.Errorf("kpr explain during the stuck watch: divergences %q, want the maps' stale backends named", r.Divergences)
+	}
 	table := string(f.kprCommand(t, f.statusArgs()...))
 	if !strings.Contains(table, "api:      NOT CONNECTED since") || !strings.Contains(table, "last heard from") {
 		t.Errorf("kpr status does not show the stuck connection:\n%s", table)
