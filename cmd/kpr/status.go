@@ -18,8 +18,10 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/netnsexec"
@@ -72,6 +74,10 @@ type statusOutput struct {
 	Links     []linkStatus   `json:"links"`
 	Maps      []mapStatus    `json:"maps"`
 	PinsError string         `json:"pinsError,omitempty"`
+	// Rules are the chains and rules of kpr's iptables mode per family,
+	// when it recorded writing this network namespace's tables.
+	Rules      []iptables.Size `json:"rules,omitempty"`
+	RulesError string          `json:"rulesError,omitempty"`
 }
 
 type linkStatus struct {
@@ -135,8 +141,33 @@ func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusO
 	st.Maps, err = pinnedMapUsage(bpfRoot)
 	if err != nil {
 		st.PinsError = err.Error()
+		if st.Rules, err = iptablesSizes(bpfRoot, hostNetNS); err != nil {
+			st.RulesError = err.Error()
+		}
 	}
 	return st
+}
+
+// iptablesSizes reads the size of kpr's iptables rules, the iptables
+// mode's counterpart of map fill, if that mode recorded writing the tables
+// of hostNetNS; nil if it did not.
+func iptablesSizes(bpfRoot, hostNetNS string) ([]iptables.Size, error) {
+	marker, err := iptablesMarker(bpfRoot, hostNetNS)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(marker); err != nil {
+		return nil, nil
+	}
+	opts, err := iptables.NodeOptions(netfilterRunner(hostNetNS), zap.NewNop())
+	if err != nil {
+		return nil, err
+	}
+	tables, err := iptables.ReadTables(opts)
+	if err != nil {
+		return nil, fmt.Errorf("read the iptables rules: %w", err)
+	}
+	return tables.Sizes(), nil
 }
 
 func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) {
@@ -354,11 +385,29 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 		fmt.Fprintf(tw, "  %s\t%s\tprogram %s\t%s\n", filepath.Base(l.Pin), l.Type, l.Program, l.attachedTo())
 	}
 	tw.Flush()
+	if len(st.Rules) > 0 || st.RulesError != "" {
+		writeRuleSizes(w, st) // the iptables mode has no maps
+	} else {
+		writeMapFill(w, st)
+	}
+}
+
+func writeRuleSizes(w io.Writer, st statusOutput) {
+	fmt.Fprintln(w, "\niptables rules in kpr's chains (KUBE-*):")
+	if st.RulesError != "" {
+		fmt.Fprintf(w, "  cannot read them: %s\n", st.RulesError)
+	}
+	for _, r := range st.Rules {
+		fmt.Fprintf(w, "  %s: %d chains, %d rules\n", r.Family, r.Chains, r.Rules)
+	}
+}
+
+func writeMapFill(w io.Writer, st statusOutput) {
 	fmt.Fprintln(w, "\nmaps:")
 	if st.PinsError != "" {
 		fmt.Fprintf(w, "  cannot read the pinned maps: %s\n", st.PinsError)
 	}
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, m := range st.Maps {
 		pct := 0.0
 		if m.MaxEntries > 0 {

@@ -280,3 +280,38 @@ func joinRule(r []string) string {
 	}
 	return strings.Join(words, " ")
 }
+
+// Size is how many chains and rules of the backend's a family's tables
+// hold: the chains it names (KUBE-*), built-in ones' jumps left out.
+// It is the iptables mode's counterpart of map fill.
+type Size struct {
+	Family string `json:"family"`
+	Chains int    `json:"chains"`
+	Rules  int    `json:"rules"`
+}
+
+// Sizes returns the Size of each family read.
+func (t *Tables) Sizes() []Size {
+	out := []Size{}
+	for _, fam := range t.families {
+		s := Size{Family: fam.String()}
+		for _, table := range tables {
+			saved := t.saved[fam][table]
+			if saved == nil {
+				continue
+			}
+			for _, c := range saved.chains {
+				if strings.HasPrefix(c, "KUBE-") {
+					s.Chains++
+				}
+			}
+			for _, r := range saved.rules {
+				if strings.HasPrefix(r[1], "KUBE-") {
+					s.Rules++
+				}
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}

@@ -31,6 +31,12 @@ func TestInspectReadsWhatThePlaneWrote(t *testing.T) {
 		return tabs
 	}
 
+	// Both families have the 7 shared chains and their fixed rules; IPv4
+	// also web's KUBE-SVC, KUBE-SVL, KUBE-EXT and 2 KUBE-SEP chains, and
+	// the rules of both Services.
+	if sizes, want := read().Sizes(), []Size{{"IPv4", 12, 20}, {"IPv6", 7, 7}}; !slices.Equal(sizes, want) {
+		t.Errorf("sizes = %+v, want %+v", sizes, want)
+	}
 	got := read().Inspect(web)
 	if len(got.Divergences) != 0 {
 		t.Errorf("divergences in tables the Plane wrote: %q", got.Divergences)

@@ -74,6 +74,24 @@ func TestExplainIPTables(t *testing.T) {
 			return nil
 		})
 
+		// kpr status shows the rules' size where the eBPF mode shows map fill.
+		var st struct {
+			Daemon *struct {
+				Mode string `json:"mode"`
+			} `json:"daemon"`
+			Rules []struct {
+				Family string `json:"family"`
+				Chains int    `json:"chains"`
+				Rules  int    `json:"rules"`
+			} `json:"rules"`
+		}
+		if err := json.Unmarshal(f.kprCommand(t, f.statusArgs("-o", "json")...), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Daemon == nil || st.Daemon.Mode != "iptables" || len(st.Rules) == 0 || st.Rules[0].Family != "IPv4" || st.Rules[0].Rules == 0 {
+			t.Errorf("kpr status in the iptables mode: daemon %+v, rules %+v; want the mode and kpr's IPv4 rules counted", st.Daemon, st.Rules)
+		}
+
 		// By hand: the chain of pod-b's endpoint flushed, as an operator
 		// with iptables -F could.
 		sep := ""
