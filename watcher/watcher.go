@@ -185,7 +185,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w.api.start(ctx.Done())
-	go logAPIState(ctx, w.api.conn, w.log, apiLogInterval)
+	// Waited for with the informers, so that nothing logs after Run.
+	w.api.running.Go(func() { logAPIState(ctx, w.api.conn, w.log, apiLogInterval) })
 	defer func() {
 		cancel()
 		w.api.shutdown()
