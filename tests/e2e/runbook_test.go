@@ -265,6 +265,9 @@ func testRunbookWatchStuck(t *testing.T, f *fixture, ns string) {
 		}
 		return nil
 	})
+	if !strings.Contains(f.kpr.Log()[beforePause:], "http2: client connection lost") {
+		t.Errorf("no client-go line says the HTTP/2 health check gave the connection up:\n%s", lastLines(f.kpr.Log(), 20))
+	}
 	if v, err := f.kpr.Metric("kpr_api_connected"); err != nil || v != "0" {
 		t.Errorf("kpr_api_connected = %q, %v; want 0", v, err)
 	}
