@@ -41,26 +41,40 @@ type SyncStatus struct {
 }
 
 // APIStatus is the state of the connection to the API server, as the
-// informers' list and watch calls see it: a call that failed, or a watch
-// call that has waited for the API server longer than apiWaitLimit (kpr's
-// client holds calls through a short outage, see apiclient), makes it
-// disconnected until a call succeeds again.
+// informers' list and watch calls see it: a call that failed, or a list or
+// watch call that has waited for the API server longer than apiWaitLimit
+// (kpr's client holds calls through a short outage, see apiclient), makes
+// it disconnected until a call succeeds again.
 type APIStatus struct {
 	Connected bool `json:"connected"`
 	// DisconnectedSince is the start of the current outage.
 	DisconnectedSince *time.Time `json:"disconnectedSince,omitempty"`
 	LastError         string     `json:"lastError,omitempty"`
 	LastErrorAt       *time.Time `json:"lastErrorAt,omitempty"`
-	// LastEvent is when an informer last delivered an object. The API
-	// may be reachable and still send nothing (a stuck watch): a
-	// LastEvent far behind while Services change is how that shows.
+	// LastEvent is when an informer last delivered an object.
 	LastEvent *time.Time `json:"lastEvent,omitempty"`
+	// LastHeard is when the API server last sent kpr anything: a list, a
+	// watch opened, or an event or bookmark on a watch. It advances in a
+	// quiet cluster too: the API server sends every watch a bookmark
+	// about once a minute, and client-go renews each watch within 5 to
+	// 10 minutes.
+	LastHeard *time.Time `json:"lastHeard,omitempty"`
+	// Stuck is set while no call fails or waits and yet nothing was
+	// heard for watchSilenceLimit: the watches are open but deliver
+	// nothing, so changes in the API do not reach the dataplane.
+	Stuck bool `json:"stuck,omitempty"`
 }
 
-// apiWaitLimit is how long a watch call may wait for its response before
-// Status counts the API server as unreachable. A watch answers as soon as
-// the server accepts it, in milliseconds.
+// apiWaitLimit is how long a list or watch call may wait for its response
+// before Status counts the API server as unreachable. A watch answers as
+// soon as the server accepts it, in milliseconds; a list starts answering
+// within seconds even in a large cluster.
 const apiWaitLimit = 3 * time.Second
+
+// watchSilenceLimit is how long the watches may deliver nothing at all,
+// not even a bookmark, before Status calls them stuck: three of the API
+// server's once-a-minute bookmarks missed.
+const watchSilenceLimit = 3 * time.Minute
 
 // recentFailures is how many failed syncs Status keeps.
 const recentFailures = 5
@@ -125,7 +139,9 @@ type connState struct {
 	// current outage (zero while calls succeed).
 	lastErrorAt, failingSince time.Time
 	lastEvent                 time.Time
-	// waiting holds the start of every watch call under way.
+	// lastHeard is the last answer of a call or item on a watch.
+	lastHeard time.Time
+	// waiting holds the start of every list and watch call under way.
 	waiting map[uint64]time.Time
 	nextID  uint64
 }
@@ -140,7 +156,9 @@ func newConnState(now func() time.Time) *connState {
 func (c *connState) follow(lw *cache.ListWatch) *cache.ListWatch {
 	list, watchFn := lw.ListWithContextFunc, lw.WatchFuncWithContext
 	lw.ListWithContextFunc = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		id := c.start()
 		obj, err := list(ctx, o)
+		c.finish(id)
 		c.done(err)
 		return obj, err
 	}
@@ -149,7 +167,18 @@ func (c *connState) follow(lw *cache.ListWatch) *cache.ListWatch {
 		w, err := watchFn(ctx, o)
 		c.finish(id)
 		c.done(err)
-		return w, err
+		if err != nil {
+			return w, err
+		}
+		// Every item the API server sent counts, bookmarks too: they are
+		// how a quiet but healthy watch shows it is alive. An Error item
+		// may be the client's own (a connection it gave up).
+		return watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+			if e.Type != watch.Error {
+				c.heard()
+			}
+			return e, true
+		}), nil
 	}
 	lw.ListFunc = func(o metav1.ListOptions) (runtime.Object, error) {
 		return lw.ListWithContextFunc(context.Background(), o)
@@ -182,15 +211,23 @@ func (c *connState) done(err error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	now := c.now()
 	if err == nil {
 		c.failingSince = time.Time{}
+		c.lastHeard = now
 		return
 	}
-	now := c.now()
 	if c.failingSince.IsZero() {
 		c.failingSince = now
 	}
 	c.lastError, c.lastErrorAt = err.Error(), now
+}
+
+// heard records an item a watch delivered.
+func (c *connState) heard() {
+	c.mu.Lock()
+	c.lastHeard = c.now()
+	c.mu.Unlock()
 }
 
 // event records that an informer delivered an object.
@@ -214,8 +251,13 @@ func (c *connState) status() APIStatus {
 	if !since.IsZero() {
 		st.DisconnectedSince = &since
 		if c.failingSince.IsZero() || since.Before(c.failingSince) {
-			st.LastError = fmt.Sprintf("a watch call has waited for the API server for %s", now.Sub(since).Round(time.Second))
+			st.LastError = fmt.Sprintf("a list or watch call has waited for the API server for %s", now.Sub(since).Round(time.Second))
 		}
+	}
+	if !c.lastHeard.IsZero() {
+		heard := c.lastHeard
+		st.LastHeard = &heard
+		st.Stuck = st.Connected && now.Sub(heard) > watchSilenceLimit
 	}
 	if !c.lastErrorAt.IsZero() {
 		at := c.lastErrorAt

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -86,4 +87,92 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// A watch that stays open and delivers nothing, not even a bookmark, for
+// watchSilenceLimit is reported stuck, while the calls themselves look
+// fine; any item on it, a bookmark too, counts as hearing from the API.
+// A list that hangs counts as a disconnection, as a waiting watch does.
+func TestConnStateCallsSilentWatchesStuck(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newConnState(func() time.Time { return now })
+	fake := watch.NewFake()
+	hang := make(chan struct{})
+	listHangs := false
+	lw := c.follow(&cache.ListWatch{
+		ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+			if listHangs {
+				<-hang
+			}
+			return &v1.ServiceList{}, nil
+		},
+		WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) { return fake, nil },
+	})
+	if _, err := lw.List(metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := lw.Watch(metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := c.status(); !st.Connected || st.Stuck || st.LastHeard == nil || !st.LastHeard.Equal(now) {
+		t.Fatalf("after a list and a watch: %+v, want connected, heard now", st)
+	}
+
+	now = now.Add(2 * time.Minute)
+	go fake.Action(watch.Bookmark, &v1.Service{})
+	if e := <-w.ResultChan(); e.Type != watch.Bookmark {
+		t.Fatalf("the watch passed on %v, want the bookmark", e.Type)
+	}
+	if st := c.status(); st.Stuck || !st.LastHeard.Equal(now) {
+		t.Errorf("after a bookmark: %+v, want heard at the bookmark, not stuck", st)
+	}
+	heard := now
+	now = now.Add(time.Second)
+	go fake.Error(&metav1.Status{Message: "http2: client connection lost"})
+	<-w.ResultChan()
+	if st := c.status(); !st.LastHeard.Equal(heard) {
+		t.Errorf("after an Error item: last heard %s, want the bookmark's %s: the error may be the client's own", st.LastHeard, heard)
+	}
+	now = now.Add(watchSilenceLimit)
+	st := c.status()
+	if !st.Connected || !st.Stuck {
+		t.Errorf("silent for %s: %+v, want connected but stuck", watchSilenceLimit+time.Second, st)
+	}
+	reg := prometheus.NewRegistry()
+	if err := registerAPIMetrics(reg, c); err != nil {
+		t.Fatal(err)
+	}
+	if got := gathered(t, reg, "kpr_api_last_heard_timestamp_seconds"); got != float64(st.LastHeard.Unix()) {
+		t.Errorf("kpr_api_last_heard_timestamp_seconds = %v, want %d", got, st.LastHeard.Unix())
+	}
+
+	listHangs = true
+	go func() { _, _ = lw.List(metav1.ListOptions{}) }()
+	waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return len(c.waiting) == 1 })
+	now = now.Add(apiWaitLimit + time.Second)
+	if st := c.status(); st.Connected || st.Stuck || !strings.Contains(st.LastError, "a list or watch call has waited") {
+		t.Errorf("a list waiting for %s: %+v, want disconnected, and then not called stuck", apiWaitLimit+time.Second, st)
+	}
+	if got := gathered(t, reg, "kpr_api_connected"); got != 0 {
+		t.Errorf("kpr_api_connected = %v while a list waits, want 0", got)
+	}
+	close(hang)
+	w.Stop()
+}
+
+// gathered is the value of the gauge name in reg.
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

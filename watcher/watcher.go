@@ -125,6 +125,9 @@ func New(cfg Config, client *apiclient.Clients, dp dataplane.Dataplane, log *zap
 	if err != nil {
 		return nil, fmt.Errorf("watcher: set up informers: %w", err)
 	}
+	if err := registerAPIMetrics(cfg.Metrics.Registry, api.conn); err != nil {
+		return nil, fmt.Errorf("watcher: %w", err)
+	}
 	if refuser, ok := dp.(dataplane.Refuser); ok {
 		// Reported from OnSync, so the sync loop itself need not know.
 		rep := newRefusalReporter(refuser, api, cfg.Events, cfg.Metrics.ServicePortsRefused, log)
@@ -182,6 +185,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w.api.start(ctx.Done())
+	// Waited for with the informers, so that nothing logs after Run.
+	w.api.running.Go(func() { logAPIState(ctx, w.api.conn, w.log, apiLogInterval) })
 	defer func() {
 		cancel()
 		w.api.shutdown()

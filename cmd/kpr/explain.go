@@ -6,19 +6,23 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/kpr-io/kpr/apiclient"
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/ebpfplane"
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 )
@@ -30,6 +34,12 @@ type explainFlags struct {
 	output string
 }
 
+// The dataplane explain compared the translation with.
+const (
+	comparedMaps  = "ebpf"
+	comparedRules = "iptables"
+)
+
 func newExplainCommand(g *globalFlags) *cobra.Command {
 	f := &explainFlags{}
 	cmd := &cobra.Command{
@@ -37,8 +47,8 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 		Short: "Explain where a Service goes on this node, and why: every endpoint used or left out, the backends per frontend, and what the maps hold",
 		Long: "explain reads the Service, its EndpointSlices and this node's Node from the API and translates them with the code " +
 			"`kpr run` uses, recording why each endpoint is used or left out. It then compares the result with the pinned BPF maps " +
-			"under --bpf-root and names every difference. Pass the same --hostname-override, --nodeport-addresses and " +
-			"--external-ips as the daemon.",
+			"under --bpf-root, or in the iptables mode with the rules in the node's tables, and names every difference. " +
+			"Pass the same --hostname-override, --nodeport-addresses, --external-ips, --bpf-root and --host-netns as the daemon.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f.output != "table" && f.output != "json" {
@@ -53,7 +63,7 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := explain(cmd.Context(), client, g.bpfRoot, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
+			res, err := explain(cmd.Context(), client, dataplaneAt{bpfRoot: g.bpfRoot, hostNetNS: f.run.hostNetNS}, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
 			if err != nil {
 				return err
 			}
@@ -72,6 +82,7 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&f.run.hostnameOverride, "hostname-override", "", "this node's name in the API, as given to kpr run; default: the hostname")
 	fl.StringSliceVar(&f.run.nodePortAddresses, "nodeport-addresses", nil, "as given to kpr run")
 	fl.StringVar(&f.run.externalIPs, "external-ips", "all", "as given to kpr run")
+	fl.StringVar(&f.run.hostNetNS, "host-netns", "", "as given to kpr run: the network namespace whose tables the iptables mode programs; empty means this one")
 	return cmd
 }
 
@@ -80,13 +91,25 @@ type explainOutput struct {
 	Node        string               `json:"node"`
 	Explanation *desired.Explanation `json:"explanation"`
 	Problems    []string             `json:"problems,omitempty"`
+	// Dataplane is what the translation was compared with: "ebpf" (the
+	// pinned maps) or "iptables" (the rules in the node's tables); empty
+	// when neither was found.
+	Dataplane string `json:"dataplane,omitempty"`
 	// Maps is what the pinned maps hold for each frontend and scope.
 	Maps []mapEntryCheck `json:"maps"`
-	// MapsError says why the maps could not be read (no eBPF dataplane).
+	// Rules is what the iptables rules do with each frontend.
+	Rules []iptables.FrontendRules `json:"rules,omitempty"`
+	// MapsError says why no dataplane could be read.
 	MapsError string `json:"mapsError,omitempty"`
 	// Divergences name every difference between the translation and the
-	// maps; empty when the dataplane holds what kpr wants.
+	// maps or rules; empty when the dataplane holds what kpr wants.
 	Divergences []string `json:"divergences"`
+}
+
+// dataplaneAt is where the daemon's dataplane is: its pins, and the
+// network namespace whose tables its iptables mode programs.
+type dataplaneAt struct {
+	bpfRoot, hostNetNS string
 }
 
 // mapEntryCheck is one frontend and scope: what kpr wants in the maps
@@ -119,7 +142,7 @@ func parseTarget(s string) (target, error) {
 	return target{namespace: ns, name: name, port: port}, nil
 }
 
-func explain(ctx context.Context, client *apiclient.Clients, bpfRoot string, nodeCfg desired.NodeConfig, nodeName, arg string) (*explainOutput, error) {
+func explain(ctx context.Context, client *apiclient.Clients, at dataplaneAt, nodeCfg desired.NodeConfig, nodeName, arg string) (*explainOutput, error) {
 	tgt, err := parseTarget(arg)
 	if err != nil {
 		return nil, err
@@ -163,10 +186,53 @@ func explain(ctx context.Context, client *apiclient.Clients, bpfRoot string, nod
 	for _, p := range problems {
 		out.Problems = append(out.Problems, p.String())
 	}
-	if err := compareMaps(out, bpfRoot, ports); err != nil {
+	if err := compareDataplane(out, at, ports); err != nil {
 		out.MapsError = err.Error()
 	}
 	return out, nil
+}
+
+// compareDataplane compares ports with the pinned maps when there are
+// any, else with the iptables rules when kpr's iptables mode recorded
+// writing them (`kpr run` removes the other mode's state once it has
+// synced, so at most one is found for long).
+func compareDataplane(out *explainOutput, at dataplaneAt, ports []dataplane.ServicePort) error {
+	pinned, mapsErr := loader.OpenPinnedMaps(at.bpfRoot)
+	if mapsErr == nil {
+		defer pinned.Close()
+		out.Dataplane = comparedMaps
+		return compareMaps(out, pinned, ports)
+	}
+	marker, err := iptablesMarker(at.bpfRoot, at.hostNetNS)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(marker); err != nil {
+		return fmt.Errorf("nothing to compare with: no eBPF maps (%v) and no record of kpr's iptables mode for this network namespace (%v); "+
+			"kpr never ran here, or give the daemon's --bpf-root and --host-netns", mapsErr, err)
+	}
+	out.Dataplane = comparedRules
+	return compareRules(out, at.hostNetNS, ports)
+}
+
+// compareRules reads the iptables rules through the iptables backend's
+// own reader, which compares them with what that backend writes.
+func compareRules(out *explainOutput, hostNetNS string, ports []dataplane.ServicePort) error {
+	opts, err := iptables.NodeOptions(netfilterRunner(hostNetNS), zap.NewNop())
+	if err != nil {
+		return err
+	}
+	tables, err := iptables.ReadTables(opts)
+	if err != nil {
+		return fmt.Errorf("read the iptables rules: %w", err)
+	}
+	out.Rules = []iptables.FrontendRules{}
+	for i := range ports {
+		pr := tables.Inspect(&ports[i])
+		out.Rules = append(out.Rules, pr.Frontends...)
+		out.Divergences = append(out.Divergences, pr.Divergences...)
+	}
+	return nil
 }
 
 // serviceAt finds the Service with a frontend at ap on this node, by
@@ -191,12 +257,7 @@ func serviceAt(ctx context.Context, client *apiclient.Clients, node desired.Node
 
 // compareMaps fills in what the pinned maps hold for ports, entry by entry
 // as the eBPF backend writes them, and every divergence.
-func compareMaps(out *explainOutput, bpfRoot string, ports []dataplane.ServicePort) error {
-	pinned, err := loader.OpenPinnedMaps(bpfRoot)
-	if err != nil {
-		return fmt.Errorf("no eBPF maps to compare with (iptables mode, or kpr never ran here): %w", err)
-	}
-	defer pinned.Close()
+func compareMaps(out *explainOutput, pinned *bpf.KprMaps, ports []dataplane.ServicePort) error {
 	lb, err := maps.OpenReadOnly(pinned)
 	if err != nil {
 		return err
@@ -289,6 +350,10 @@ func writeExplain(w io.Writer, res *explainOutput) {
 	for _, p := range res.Problems {
 		fmt.Fprintf(w, "\nproblem: %s\n", p)
 	}
+	if res.Dataplane == comparedRules {
+		writeRules(w, res)
+		return
+	}
 	fmt.Fprintln(w, "\nmaps:")
 	if res.MapsError != "" {
 		fmt.Fprintf(w, "  %s\n", res.MapsError)
@@ -306,6 +371,27 @@ func writeExplain(w io.Writer, res *explainOutput) {
 	}
 	if len(res.Divergences) == 0 {
 		fmt.Fprintln(w, "  the maps hold exactly what kpr wants for this Service")
+	}
+	for _, d := range res.Divergences {
+		fmt.Fprintf(w, "  DIVERGENCE: %s\n", d)
+	}
+}
+
+// writeRules is the iptables mode's counterpart of the maps section.
+func writeRules(w io.Writer, res *explainOutput) {
+	fmt.Fprintln(w, "\niptables rules:")
+	for _, r := range res.Rules {
+		state := "no rule sends it anywhere"
+		if r.Jump != "" {
+			state = r.Jump + " -> " + backendsOrReject(r.Backends)
+		}
+		if r.Rejected {
+			state += "; new connections rejected"
+		}
+		fmt.Fprintf(w, "  %s: %s\n", r.Frontend, state)
+	}
+	if len(res.Divergences) == 0 {
+		fmt.Fprintln(w, "  the rules hold exactly what kpr writes for this Service")
 	}
 	for _, d := range res.Divergences {
 		fmt.Fprintf(w, "  DIVERGENCE: %s\n", d)

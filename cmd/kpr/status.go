@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,9 +18,13 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/netnsexec"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -68,14 +74,24 @@ type statusOutput struct {
 	Links     []linkStatus   `json:"links"`
 	Maps      []mapStatus    `json:"maps"`
 	PinsError string         `json:"pinsError,omitempty"`
+	// Rules are the chains and rules of kpr's iptables mode per family,
+	// when it recorded writing this network namespace's tables.
+	Rules      []iptables.Size `json:"rules,omitempty"`
+	RulesError string          `json:"rulesError,omitempty"`
 }
 
 type linkStatus struct {
 	Pin      string `json:"pin"`
-	Type     string `json:"type"` // the attach type, for a cgroup link
+	Type     string `json:"type"` // the attach type, for a cgroup or tcx link
 	Program  string `json:"program"`
 	CgroupID uint64 `json:"cgroupId,omitempty"`
-	Error    string `json:"error,omitempty"`
+	// Cgroup is the cgroup's path under the cgroup2 mount, when found.
+	Cgroup string `json:"cgroup,omitempty"`
+	// Ifindex and Device are a tcx link's device (the name as found in
+	// --host-netns).
+	Ifindex uint32 `json:"ifindex,omitempty"`
+	Device  string `json:"device,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 type mapStatus struct {
@@ -85,7 +101,7 @@ type mapStatus struct {
 }
 
 func newStatusCommand(g *globalFlags) *cobra.Command {
-	var output, addr string
+	var output, addr, hostNetNS string
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show whether kpr is healthy: mode, kernel, attached programs, map fill, syncs and the API connection",
@@ -95,7 +111,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("--output %q: want table or json", output)
 			}
-			st := collectStatus(cmd.Context(), g.bpfRoot, addr)
+			st := collectStatus(cmd.Context(), g.bpfRoot, addr, hostNetNS)
 			if output == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
@@ -107,10 +123,11 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	cmd.Flags().StringVar(&addr, "metrics-address", "127.0.0.1:10249", "the daemon's --metrics-bind-address (0.0.0.0 means this host's loopback)")
+	cmd.Flags().StringVar(&hostNetNS, "host-netns", "", "as given to kpr run: the network namespace of the --devices the tc programs are attached to; empty means this one")
 	return cmd
 }
 
-func collectStatus(ctx context.Context, bpfRoot, addr string) statusOutput {
+func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusOutput {
 	st := statusOutput{BPFRoot: bpfRoot, Links: []linkStatus{}, Maps: []mapStatus{}}
 	d, err := fetchDaemonStatus(ctx, addr)
 	if err != nil {
@@ -120,12 +137,37 @@ func collectStatus(ctx context.Context, bpfRoot, addr string) statusOutput {
 	} else {
 		st.Daemon = d
 	}
-	st.Links = pinnedLinks(bpfRoot)
+	st.Links = pinnedLinks(bpfRoot, hostNetNS)
 	st.Maps, err = pinnedMapUsage(bpfRoot)
 	if err != nil {
 		st.PinsError = err.Error()
+		if st.Rules, err = iptablesSizes(bpfRoot, hostNetNS); err != nil {
+			st.RulesError = err.Error()
+		}
 	}
 	return st
+}
+
+// iptablesSizes reads the size of kpr's iptables rules, the iptables
+// mode's counterpart of map fill, if that mode recorded writing the tables
+// of hostNetNS; nil if it did not.
+func iptablesSizes(bpfRoot, hostNetNS string) ([]iptables.Size, error) {
+	marker, err := iptablesMarker(bpfRoot, hostNetNS)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(marker); err != nil {
+		return nil, nil
+	}
+	opts, err := iptables.NodeOptions(netfilterRunner(hostNetNS), zap.NewNop())
+	if err != nil {
+		return nil, err
+	}
+	tables, err := iptables.ReadTables(opts)
+	if err != nil {
+		return nil, fmt.Errorf("read the iptables rules: %w", err)
+	}
+	return tables.Sizes(), nil
 }
 
 func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) {
@@ -152,9 +194,10 @@ func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) 
 }
 
 // pinnedLinks lists the links kpr pinned under bpfRoot/links, with the
-// program each runs and the cgroup it is attached to.
-func pinnedLinks(bpfRoot string) []linkStatus {
+// program each runs and the cgroup or device it is attached to.
+func pinnedLinks(bpfRoot, hostNetNS string) []linkStatus {
 	out := []linkStatus{}
+	cgroups := cgroupPaths{}
 	pins, _ := filepath.Glob(filepath.Join(bpfRoot, "links", "*"))
 	sort.Strings(pins)
 	for _, pin := range pins {
@@ -171,6 +214,11 @@ func pinnedLinks(bpfRoot string) []linkStatus {
 			if c := info.Cgroup(); c != nil {
 				ls.Type = ebpf.AttachType(c.AttachType).String()
 				ls.CgroupID = c.CgroupId
+				ls.Cgroup = cgroups.path(c.CgroupId)
+			} else if tc := info.TCX(); tc != nil {
+				ls.Type = ebpf.AttachType(tc.AttachType).String()
+				ls.Ifindex = tc.Ifindex
+				ls.Device = deviceName(hostNetNS, tc.Ifindex)
 			} else {
 				ls.Type = fmt.Sprintf("link type %d", info.Type)
 			}
@@ -185,6 +233,51 @@ func pinnedLinks(bpfRoot string) []linkStatus {
 		out = append(out, ls)
 	}
 	return out
+}
+
+// cgroupPaths finds cgroups by id (a cgroup2 directory's inode number).
+type cgroupPaths map[uint64]string
+
+func (c cgroupPaths) path(id uint64) string {
+	if p, ok := c[id]; ok {
+		return p
+	}
+	root, err := loader.FindCgroup2Mount()
+	if err != nil {
+		return ""
+	}
+	found := ""
+	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil && st.Ino == id {
+			found = path
+			return fs.SkipAll
+		}
+		return nil
+	})
+	c[id] = found
+	return found
+}
+
+// deviceName is the name of the device ifindex in the network namespace
+// at netnsPath (this one if empty), "" if there is none.
+func deviceName(netnsPath string, ifindex uint32) string {
+	name := ""
+	lookup := func() error {
+		if iface, err := net.InterfaceByIndex(int(ifindex)); err == nil {
+			name = iface.Name
+		}
+		return nil
+	}
+	if netnsPath == "" {
+		_ = lookup()
+	} else {
+		_ = netnsexec.InPath(netnsPath, lookup)
+	}
+	return name
 }
 
 func pinnedMapUsage(bpfRoot string) ([]mapStatus, error) {
@@ -204,6 +297,21 @@ func pinnedMapUsage(bpfRoot string) ([]mapStatus, error) {
 	return out, nil
 }
 
+// attachedTo says where the link's program runs.
+func (l linkStatus) attachedTo() string {
+	switch {
+	case l.CgroupID != 0 && l.Cgroup != "":
+		return fmt.Sprintf("cgroup %s (id %d)", l.Cgroup, l.CgroupID)
+	case l.CgroupID != 0:
+		return fmt.Sprintf("cgroup id %d", l.CgroupID)
+	case l.Ifindex != 0 && l.Device != "":
+		return fmt.Sprintf("device %s (ifindex %d)", l.Device, l.Ifindex)
+	case l.Ifindex != 0:
+		return fmt.Sprintf("ifindex %d (not in this network namespace: give --host-netns)", l.Ifindex)
+	}
+	return "-"
+}
+
 func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 	ago := func(t time.Time) string {
 		return fmt.Sprintf("%s (%s ago)", t.UTC().Format(time.RFC3339), now.Sub(t).Round(time.Second))
@@ -215,7 +323,7 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 		fmt.Fprintf(w, "mode:     %s (%s)\n", d.Mode, d.Reason)
 		ws := d.Watcher
 		if s := ws.LastSuccessfulSync; s != nil {
-			fmt.Fprintf(w, "sync:     last successful %s, took %s, %d service ports\n", ago(s.At), s.Took, s.ServicePorts)
+			fmt.Fprintf(w, "sync:     last successful %s, took %s, %d service ports handed to the dataplane\n", ago(s.At), s.Took, s.ServicePorts)
 		} else {
 			fmt.Fprintln(w, "sync:     no successful sync yet")
 		}
@@ -237,7 +345,14 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 		if api.LastEvent != nil {
 			fmt.Fprintf(w, ", last event %s", ago(*api.LastEvent))
 		}
+		if api.LastHeard != nil {
+			fmt.Fprintf(w, ", last heard from %s", ago(*api.LastHeard))
+		}
 		fmt.Fprintln(w)
+		if api.Stuck {
+			fmt.Fprintln(w, "          WATCHES STUCK: not even a bookmark (the API server sends one a minute) since the last heard; "+
+				"changes in the API do not reach the dataplane. Restart kpr to list everything again.")
+		}
 		for _, f := range ws.RecentFailures {
 			fmt.Fprintf(w, "failed:   %s (full %v): %s\n", ago(f.At), f.Full, f.Error)
 		}
@@ -267,14 +382,32 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 			fmt.Fprintf(tw, "  %s\terror: %s\n", filepath.Base(l.Pin), l.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "  %s\t%s\tprogram %s\tcgroup id %d\n", filepath.Base(l.Pin), l.Type, l.Program, l.CgroupID)
+		fmt.Fprintf(tw, "  %s\t%s\tprogram %s\t%s\n", filepath.Base(l.Pin), l.Type, l.Program, l.attachedTo())
 	}
 	tw.Flush()
+	if len(st.Rules) > 0 || st.RulesError != "" {
+		writeRuleSizes(w, st) // the iptables mode has no maps
+	} else {
+		writeMapFill(w, st)
+	}
+}
+
+func writeRuleSizes(w io.Writer, st statusOutput) {
+	fmt.Fprintln(w, "\niptables rules in kpr's chains (KUBE-*):")
+	if st.RulesError != "" {
+		fmt.Fprintf(w, "  cannot read them: %s\n", st.RulesError)
+	}
+	for _, r := range st.Rules {
+		fmt.Fprintf(w, "  %s: %d chains, %d rules\n", r.Family, r.Chains, r.Rules)
+	}
+}
+
+func writeMapFill(w io.Writer, st statusOutput) {
 	fmt.Fprintln(w, "\nmaps:")
 	if st.PinsError != "" {
 		fmt.Fprintf(w, "  cannot read the pinned maps: %s\n", st.PinsError)
 	}
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, m := range st.Maps {
 		pct := 0.0
 		if m.MaxEntries > 0 {

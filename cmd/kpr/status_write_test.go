@@ -1,0 +1,47 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kpr-io/kpr/watcher"
+)
+
+// The status screen names where each link runs and, for stuck watches,
+// says so on a line of its own.
+func TestWriteStatusShowsAttachmentsAndStuckWatches(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	heard := now.Add(-4 * time.Minute)
+	st := statusOutput{
+		Daemon: &daemonStatus{Version: "v1", Mode: "ebpf", Reason: "r", StartedAt: now.Add(-time.Hour),
+			Watcher: watcher.Status{API: watcher.APIStatus{Connected: true, LastHeard: &heard, Stuck: true}}},
+		BPFRoot: "/sys/fs/bpf/kpr",
+		Links: []linkStatus{
+			{Pin: "/sys/fs/bpf/kpr/links/kpr_connect4", Type: "CGroupInet4Connect", Program: "kpr_connect4", CgroupID: 7, Cgroup: "/sys/fs/cgroup/kubepods"},
+			{Pin: "/sys/fs/bpf/kpr/links/tc-ingress-eth0", Type: "TCXIngress", Program: "kpr_tc_ingress", Ifindex: 2, Device: "eth0"},
+			{Pin: "/sys/fs/bpf/kpr/links/tc-egress-eth1", Type: "TCXEgress", Program: "kpr_tc_egress", Ifindex: 3},
+		},
+	}
+	var b bytes.Buffer
+	writeStatus(&b, st, now)
+	out := b.String()
+	for _, want := range []string{
+		"api:      connected, last heard from 2026-12-01T11:56:00Z (4m0s ago)",
+		"WATCHES STUCK",
+		"cgroup /sys/fs/cgroup/kubepods (id 7)",
+		"device eth0 (ifindex 2)",
+		"ifindex 3 (not in this network namespace: give --host-netns)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	st.Daemon.Watcher.API.Stuck = false
+	b.Reset()
+	writeStatus(&b, st, now)
+	if strings.Contains(b.String(), "STUCK") {
+		t.Errorf("status says STUCK for watches that are not:\n%s", b.String())
+	}
+}

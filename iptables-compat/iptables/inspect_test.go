@@ -1,0 +1,86 @@
+package iptables
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+// The reader follows each frontend to the endpoints its rules DNAT to and
+// finds no divergence in tables the Plane wrote; a rule or chain changed
+// by hand is named.
+func TestInspectReadsWhatThePlaneWrote(t *testing.T) {
+	tp := newTestPlane(t)
+	web := &dataplane.ServicePort{Name: spn("shop", "web", "http", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.20:80", dataplane.TCP, bes("10.244.0.5:8080", "10.244.1.5:8080"), nil),
+		front(dataplane.NodePort, "192.168.1.10:30080", dataplane.TCP, bes("10.244.0.5:8080", "10.244.1.5:8080"), bes("10.244.0.5:8080")),
+	}}
+	empty := &dataplane.ServicePort{Name: spn("shop", "empty", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.21:80", dataplane.TCP, nil, nil)}}
+	if err := tp.Apply(changes(web, empty)); err != nil {
+		t.Fatal(err)
+	}
+	read := func() *Tables {
+		t.Helper()
+		tabs, err := ReadTables(Options{Runner: tp.fake, Families: tp.tools})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tabs
+	}
+
+	// Both families have the 7 shared chains and their fixed rules; IPv4
+	// also web's KUBE-SVC, KUBE-SVL, KUBE-EXT and 2 KUBE-SEP chains, and
+	// the rules of both Services.
+	if sizes, want := read().Sizes(), []Size{{"IPv4", 12, 20}, {"IPv6", 7, 7}}; !slices.Equal(sizes, want) {
+		t.Errorf("sizes = %+v, want %+v", sizes, want)
+	}
+	got := read().Inspect(web)
+	if len(got.Divergences) != 0 {
+		t.Errorf("divergences in tables the Plane wrote: %q", got.Divergences)
+	}
+	want := []FrontendRules{
+		{Frontend: "10.96.0.20:80/TCP", Jump: clusterChain(web.Name), Backends: []string{"10.244.0.5:8080", "10.244.1.5:8080"}},
+		{Frontend: "192.168.1.10:30080/TCP", Jump: externalChain(web.Name), Backends: []string{"10.244.0.5:8080", "10.244.1.5:8080"}},
+	}
+	if !slices.EqualFunc(got.Frontends, want, func(a, b FrontendRules) bool {
+		return a.Frontend == b.Frontend && a.Jump == b.Jump && slices.Equal(a.Backends, b.Backends) && a.Rejected == b.Rejected
+	}) {
+		t.Errorf("frontends = %+v, want %+v", got.Frontends, want)
+	}
+	if e := read().Inspect(empty); len(e.Frontends) != 1 || !e.Frontends[0].Rejected || e.Frontends[0].Jump != "" || len(e.Divergences) != 0 {
+		t.Errorf("Service without endpoints: %+v, want its frontend rejected, no jump, no divergence", e)
+	}
+
+	// By hand: the jump to one endpoint's chain deleted from KUBE-SVC-*.
+	sep := endpointChain(web.Name, be("10.244.1.5:8080"))
+	nat := tp.fake.tables["iptables"][tableNAT]
+	svc := clusterChain(web.Name)
+	nat.rules[svc] = slices.DeleteFunc(nat.rules[svc], func(r []string) bool { return slices.Contains(r, sep) })
+	got = read().Inspect(web)
+	if len(got.Divergences) != 1 || !strings.HasPrefix(got.Divergences[0], "IPv4 nat "+svc+" lacks the rule: -A "+svc) ||
+		!strings.Contains(got.Divergences[0], "-j "+sep) {
+		t.Errorf("after deleting the jump to %s: divergences %q, want the missing rule named", sep, got.Divergences)
+	}
+	if b := got.Frontends[0].Backends; !slices.Equal(b, []string{"10.244.0.5:8080"}) {
+		t.Errorf("ClusterIP backends after the deletion = %v, want only 10.244.0.5:8080", b)
+	}
+
+	// By hand: the endpoint's chain flushed and deleted, and a stray rule.
+	delete(nat.rules, sep)
+	nat.order = slices.DeleteFunc(nat.order, func(c string) bool { return c == sep })
+	nat.rules[svc] = append(nat.rules[svc], []string{"-m", "comment", "--comment", "stray", "-j", "ACCEPT"})
+	got = read().Inspect(web)
+	joined := strings.Join(got.Divergences, "\n")
+	for _, w := range []string{"nat chain " + sep + " is missing (the endpoint 10.244.1.5:8080)", "nat " + svc + " has a rule kpr does not write: -A " + svc + ` -m comment --comment stray -j ACCEPT`} {
+		if !strings.Contains(joined, w) {
+			t.Errorf("divergences %q lack %q", got.Divergences, w)
+		}
+	}
+	// The other Service's rules are not this one's.
+	if e := read().Inspect(empty); len(e.Divergences) != 0 {
+		t.Errorf("divergences of an untouched Service: %q", e.Divergences)
+	}
+}
