@@ -21,6 +21,6 @@ package bpf
 // asm/types.h); `make generate` sets it from hack/multiarch.sh, so the same
 // lines work on x86-64 and arm64 build hosts.
 //go:generate -command bpf2go go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -I/usr/include/${KPR_BPF_MULTIARCH}" -target bpfel
-//go:generate bpf2go -type svc_key -type svc_value -type backend -type rev_nat_value -type sock_rev_key -type sock_rev_value -type affinity_key -type affinity_value -type affinity_match_key Kpr sock_lb.c -- -I.
+//go:generate bpf2go -type svc_key -type svc_value -type backend -type rev_nat_value -type sock_rev_key -type sock_rev_value -type affinity_key -type affinity_value -type affinity_match_key -type sock_hook -type sock_verdict -type trace_event Kpr sock_lb.c -- -I.
 //go:generate bpf2go -no-global-types SockTerm sock_term.c -- -I.
 //go:generate bpf2go -no-global-types TcNodeport tc_nodeport.c -- -I.

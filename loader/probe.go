@@ -31,6 +31,7 @@ const (
 	FeatureBatchOps           = "batch map operations"
 	FeatureUDPSockTerm        = "UDP socket termination (iter/udp, bpf_sock_destroy)"
 	FeatureNetnsCookieSockopt = "SO_NETNS_COOKIE socket option"
+	FeatureTaskHelpers        = "current task helpers in socket hooks"
 )
 
 // Feature is one probed kernel capability.
@@ -163,6 +164,9 @@ func Probe() Report {
 		probeCgroupLink())
 	add(FeatureUDPSockTerm, "a connected UDP socket keeps sending to a removed backend until the application reconnects (Linux 6.5+)",
 		probeSockTerm())
+	add(FeatureTaskHelpers, "kpr trace shows no pid and comm of the client",
+		errors.Join(features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetCurrentPidTgid),
+			features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetCurrentComm)))
 	_, err := NetNSCookie(OwnNetNS)
 	add(FeatureNetnsCookieSockopt, "the host network namespace cannot be told apart, so NodePorts on 127.0.0.1 and ::1 are not served (Linux 5.14+)", err)
 	return r
