@@ -37,6 +37,7 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	plane := ebpfplane.New(lb, log.Named("dataplane"))
 	// The backend sets the map fill levels after every call it gets.
 	plane.PublishMapUsage(m)
+	m.Registry.MustRegister(metrics.NewSockStatsCollector(maps.SockStatsReader(loaded.Maps.KprSockStats)))
 	if loaded.SockTerm != nil {
 		plane.SetSocketTerminator(countingTerminator{
 			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.SockTermTargets), loaded.CgroupRoot, log.Named("socketterm")),

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/spf13/cobra"
 
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/watcher"
@@ -68,6 +69,11 @@ type statusOutput struct {
 	Links     []linkStatus   `json:"links"`
 	Maps      []mapStatus    `json:"maps"`
 	PinsError string         `json:"pinsError,omitempty"`
+	// SockCounters are the socket hooks' datapath counters since the
+	// dataplane was first loaded; SockCountersError says why they could
+	// not be read.
+	SockCounters      []maps.SockHookStats `json:"sockCounters"`
+	SockCountersError string               `json:"sockCountersError,omitempty"`
 }
 
 type linkStatus struct {
@@ -111,7 +117,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 }
 
 func collectStatus(ctx context.Context, bpfRoot, addr string) statusOutput {
-	st := statusOutput{BPFRoot: bpfRoot, Links: []linkStatus{}, Maps: []mapStatus{}}
+	st := statusOutput{BPFRoot: bpfRoot, Links: []linkStatus{}, Maps: []mapStatus{}, SockCounters: []maps.SockHookStats{}}
 	d, err := fetchDaemonStatus(ctx, addr)
 	if err != nil {
 		st.DaemonError = err.Error()
@@ -125,7 +131,21 @@ func collectStatus(ctx context.Context, bpfRoot, addr string) statusOutput {
 	if err != nil {
 		st.PinsError = err.Error()
 	}
+	st.SockCounters, err = pinnedSockStats(bpfRoot)
+	if err != nil {
+		st.SockCountersError = err.Error()
+	}
 	return st
+}
+
+// pinnedSockStats reads the socket hooks' counters from their pin.
+func pinnedSockStats(bpfRoot string) ([]maps.SockHookStats, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpfRoot, bpf.KprMapKprSockStats), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return []maps.SockHookStats{}, fmt.Errorf("open the counters' pin: %w (is kpr running with --bpf-root %s?)", err, bpfRoot)
+	}
+	defer m.Close()
+	return maps.SockStats(m)
 }
 
 func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) {
@@ -281,6 +301,22 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 			pct = 100 * float64(m.Entries) / float64(m.MaxEntries)
 		}
 		fmt.Fprintf(tw, "  %s\t%d / %d\t%.1f%%\n", m.Map, m.Entries, m.MaxEntries, pct)
+	}
+	tw.Flush()
+	writeSockCounters(w, st)
+}
+
+// writeSockCounters is the counters section of `kpr status`.
+func writeSockCounters(w io.Writer, st statusOutput) {
+	fmt.Fprintln(w, "\nsocket hook counters (since the dataplane was first loaded):")
+	if st.SockCountersError != "" {
+		fmt.Fprintf(w, "  cannot read them: %s\n", st.SockCountersError)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "  hook\ttranslated\trejected (no endpoints)\tpassed\t")
+	for _, c := range st.SockCounters {
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t\n", c.Hook, c.Translated, c.Rejected, c.Passed)
 	}
 	tw.Flush()
 }
