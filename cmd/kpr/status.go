@@ -313,10 +313,10 @@ func writeSockCounters(w io.Writer, st statusOutput) {
 		fmt.Fprintf(w, "  cannot read them: %s\n", st.SockCountersError)
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "  hook\ttranslated\trejected (no endpoints)\tpassed\t")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  hook\ttranslated\trejected (no endpoints)\tpassed")
 	for _, c := range st.SockCounters {
-		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t\n", c.Hook, c.Translated, c.Rejected, c.Passed)
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\n", c.Hook, c.Translated, c.Rejected, c.Passed)
 	}
 	tw.Flush()
 }

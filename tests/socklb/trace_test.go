@@ -363,3 +363,42 @@ func TestSockCountersCountEachVerdict(t *testing.T) {
 		t.Errorf("kpr status lacks the counters section:\n%s", out)
 	}
 }
+
+// BenchmarkConnectTrace is BenchmarkConnect's measurement (one Service)
+// with the trace machinery in each state: "off", no trace running, the
+// state every node is in but while someone debugs, whose cost must be that
+// of the tree before tracing existed (compare BenchmarkConnect/services=1
+// there); "other", a trace of another frontend, so every connect checks the
+// selection; "traced", a trace of this frontend, drained as it runs.
+//
+//	go test ./tests/socklb -run '^$' -bench ConnectTrace -benchtime 5000x
+func BenchmarkConnectTrace(b *testing.B) {
+	f := newFixture(b, 1, loader.MapSizes{})
+	backend := netip.AddrPortFrom(f.pods[0].IPv4, tcpPort)
+	f.service(tracedVIP.Addr(), tracedVIP.Port(), dataplane.TCP, f.pods[0])
+
+	b.Run("off", func(b *testing.B) { benchConnect(b, f, tracedVIP, backend) })
+	b.Run("other", func(b *testing.B) {
+		tr, err := maps.StartTrace(f.loaded.Maps, []netip.AddrPort{untracedVIP})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer tr.Close()
+		benchConnect(b, f, tracedVIP, backend)
+	})
+	b.Run("traced", func(b *testing.B) {
+		tr, err := maps.StartTrace(f.loaded.Maps, []netip.AddrPort{tracedVIP})
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			for {
+				if _, err := tr.Read(); err != nil {
+					return
+				}
+			}
+		}()
+		defer tr.Close()
+		benchConnect(b, f, tracedVIP, backend)
+	})
+}
