@@ -241,6 +241,46 @@ func TestTwoTracesKeepEachOthersSelection(t *testing.T) {
 	assertNoTrace(t, f.loaded.Maps)
 }
 
+// A trace killed before it could remove its selection (SIGKILL) leaves
+// its session behind; the next trace clears it, so that sessions do not
+// run out and tracing switches off once that trace ends.
+func TestKilledTraceIsClearedByTheNext(t *testing.T) {
+	f := newFixture(t, 1, loader.MapSizes{})
+	f.traceServices()
+	killed := startKprTrace(t, f.bpfRoot, "--frontend", untracedVIP.String())
+	if err := killed.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed.cmd.Wait()
+	var k bpf.KprTraceKey
+	if err := f.loaded.Maps.KprTraceFrontends.NextKey(nil, &k); err != nil {
+		t.Fatalf("the killed trace left no selection to clear (%v): the test proves nothing", err)
+	}
+
+	tr, err := maps.StartTrace(f.loaded.Maps, []netip.AddrPort{tracedVIP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Left: this trace's one entry, under its session and pid.
+	var pid uint32
+	entries := 0
+	it := f.loaded.Maps.KprTraceFrontends.Iterate()
+	for it.Next(&k, &pid) {
+		entries++
+		if uint32(k.Session) != tr.Session() || pid != uint32(os.Getpid()) {
+			t.Errorf("selection entry of session %d, pid %d left after the next trace (session %d, pid %d) started",
+				k.Session, pid, tr.Session(), os.Getpid())
+		}
+	}
+	if entries != 1 {
+		t.Errorf("%d selection entries after the next trace started, want its 1", entries)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	assertNoTrace(t, f.loaded.Maps)
+}
+
 func readTrace(t *testing.T, tr *maps.Trace) maps.TraceEvent {
 	t.Helper()
 	got := make(chan maps.TraceEvent, 1)
