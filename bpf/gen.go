@@ -15,7 +15,10 @@ package bpf
 // that each type has one Go name. bpf2go generates the types of maps and
 // variables without -type; the types only Go uses (enum svc_kind, struct
 // sock_term_key) reach it through the variables in sock_lb.c that exist
-// for that, and naming them in -type too would generate them twice.
+// for that, and naming them in -type too would generate them twice. The
+// trace record (struct trace_event, with enum sock_hook and enum
+// sock_verdict) is in BTF because the out-of-line trace_emit takes it, and
+// no map or variable has it: it comes through -type.
 //
 // KPR_BPF_MULTIARCH names the host's multiarch include directory (for
 // asm/types.h); `make generate` sets it from hack/multiarch.sh, so the same
