@@ -114,7 +114,8 @@ static __always_inline void count(enum sock_hook hook, enum sock_verdict verdict
 	__u32 key = hook;
 	struct sock_stats *st = bpf_map_lookup_elem(&kpr_sock_stats, &key);
 
-	/* Per CPU, and a program is not preempted on its CPU: no atomics. */
+	/* Per CPU, so without atomics: only a program that preempts another
+	 * on the same CPU can lose an increment, which a rate never shows. */
 	if (st && verdict < SOCK_VERDICT_COUNT)
 		st->count[verdict]++;
 }
@@ -162,8 +163,8 @@ static __always_inline void trace_offer(struct bpf_sock_addr *ctx, struct trace_
 
 /*
  * Out of line, so the hooks carry only the flag check in record(): this
- * runs only while a trace exists. The sessions are spelled out rather than
- * looped over, which the verifier of older kernels would refuse.
+ * runs only while a trace exists. The sessions are spelled out: the
+ * verifier took clang's loop over them for an infinite one.
  */
 static __noinline void trace_emit(struct bpf_sock_addr *ctx, struct trace_event *ev)
 {
