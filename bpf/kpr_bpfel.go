@@ -99,6 +99,20 @@ type KprRevNatValue struct {
 	Pad  uint16
 }
 
+type KprSockHook uint32
+
+const (
+	KprSockHookSOCK_HOOK_CONNECT4     KprSockHook = 0
+	KprSockHookSOCK_HOOK_CONNECT6     KprSockHook = 1
+	KprSockHookSOCK_HOOK_SENDMSG4     KprSockHook = 2
+	KprSockHookSOCK_HOOK_SENDMSG6     KprSockHook = 3
+	KprSockHookSOCK_HOOK_RECVMSG4     KprSockHook = 4
+	KprSockHookSOCK_HOOK_RECVMSG6     KprSockHook = 5
+	KprSockHookSOCK_HOOK_GETPEERNAME4 KprSockHook = 6
+	KprSockHookSOCK_HOOK_GETPEERNAME6 KprSockHook = 7
+	KprSockHookSOCK_HOOK_COUNT        KprSockHook = 8
+)
+
 type KprSockRevKey struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -115,6 +129,11 @@ type KprSockRevValue struct {
 	RevNatId uint32
 }
 
+type KprSockStats struct {
+	_     structs.HostLayout
+	Count [3]uint64
+}
+
 type KprSockTermKey struct {
 	_            structs.HostLayout
 	BackendAddr  [4]uint32
@@ -122,6 +141,15 @@ type KprSockTermKey struct {
 	BackendPort  uint16
 	FrontendPort uint16
 }
+
+type KprSockVerdict uint32
+
+const (
+	KprSockVerdictSOCK_VERDICT_PASSED     KprSockVerdict = 0
+	KprSockVerdictSOCK_VERDICT_TRANSLATED KprSockVerdict = 1
+	KprSockVerdictSOCK_VERDICT_REJECTED   KprSockVerdict = 2
+	KprSockVerdictSOCK_VERDICT_COUNT      KprSockVerdict = 3
+)
 
 type KprSrcRangeKey struct {
 	_         structs.HostLayout
@@ -177,35 +205,66 @@ type KprTcAffinityKey struct {
 	Pad      [3]uint8
 }
 
+type KprTraceEvent struct {
+	_            structs.HostLayout
+	TimeNs       uint64
+	SocketCookie uint64
+	NetnsCookie  uint64
+	Pid          uint32
+	Comm         [16]uint8
+	FrontendAddr [4]uint32
+	BackendAddr  [4]uint32
+	FrontendPort uint16
+	BackendPort  uint16
+	Proto        uint8
+	Pad          [3]uint8
+	Hook         KprSockHook
+	Verdict      KprSockVerdict
+	_            [4]byte
+}
+
+type KprTraceKey struct {
+	_       structs.HostLayout
+	Addr    [4]uint32
+	Port    uint16
+	Session uint8
+	Pad     uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	KprMapKprAffinity      = "kpr_affinity"
-	KprMapKprAffinityMatch = "kpr_affinity_match"
-	KprMapKprBackends      = "kpr_backends"
-	KprMapKprConntrack     = "kpr_conntrack"
-	KprMapKprMaglev        = "kpr_maglev"
-	KprMapKprRevNat        = "kpr_rev_nat"
-	KprMapKprServices      = "kpr_services"
-	KprMapKprSockRev       = "kpr_sock_rev"
-	KprMapKprSrcRanges     = "kpr_src_ranges"
-	KprMapKprTcAffinity    = "kpr_tc_affinity"
-	KprMapKprTcStats       = "kpr_tc_stats"
-	KprProgKprConnect4     = "kpr_connect4"
-	KprProgKprConnect6     = "kpr_connect6"
-	KprProgKprGetpeer4     = "kpr_getpeer4"
-	KprProgKprGetpeer6     = "kpr_getpeer6"
-	KprProgKprRecvmsg4     = "kpr_recvmsg4"
-	KprProgKprRecvmsg6     = "kpr_recvmsg6"
-	KprProgKprSendmsg4     = "kpr_sendmsg4"
-	KprProgKprSendmsg6     = "kpr_sendmsg6"
-	KprProgKprSockRelease  = "kpr_sock_release"
-	KprVarBtfSockTermKey   = "btf_sock_term_key"
-	KprVarBtfSvcKind       = "btf_svc_kind"
-	KprVarHaveSetRetval    = "have_set_retval"
-	KprVarHostNetnsCookie  = "host_netns_cookie"
-	KprVarSockScope        = "sock_scope"
+	KprMapKprAffinity       = "kpr_affinity"
+	KprMapKprAffinityMatch  = "kpr_affinity_match"
+	KprMapKprBackends       = "kpr_backends"
+	KprMapKprConntrack      = "kpr_conntrack"
+	KprMapKprMaglev         = "kpr_maglev"
+	KprMapKprRevNat         = "kpr_rev_nat"
+	KprMapKprServices       = "kpr_services"
+	KprMapKprSockRev        = "kpr_sock_rev"
+	KprMapKprSockStats      = "kpr_sock_stats"
+	KprMapKprSrcRanges      = "kpr_src_ranges"
+	KprMapKprTcAffinity     = "kpr_tc_affinity"
+	KprMapKprTcStats        = "kpr_tc_stats"
+	KprMapKprTraceFrontends = "kpr_trace_frontends"
+	KprMapKprTraceOn        = "kpr_trace_on"
+	KprMapKprTraceRings     = "kpr_trace_rings"
+	KprProgKprConnect4      = "kpr_connect4"
+	KprProgKprConnect6      = "kpr_connect6"
+	KprProgKprGetpeer4      = "kpr_getpeer4"
+	KprProgKprGetpeer6      = "kpr_getpeer6"
+	KprProgKprRecvmsg4      = "kpr_recvmsg4"
+	KprProgKprRecvmsg6      = "kpr_recvmsg6"
+	KprProgKprSendmsg4      = "kpr_sendmsg4"
+	KprProgKprSendmsg6      = "kpr_sendmsg6"
+	KprProgKprSockRelease   = "kpr_sock_release"
+	KprVarBtfSockTermKey    = "btf_sock_term_key"
+	KprVarBtfSvcKind        = "btf_svc_kind"
+	KprVarHaveSetRetval     = "have_set_retval"
+	KprVarHaveTaskHelpers   = "have_task_helpers"
+	KprVarHostNetnsCookie   = "host_netns_cookie"
+	KprVarSockScope         = "sock_scope"
 )
 
 // LoadKpr returns the embedded CollectionSpec for Kpr.
@@ -265,17 +324,21 @@ type KprProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type KprMapSpecs struct {
-	KprAffinity      *ebpf.MapSpec `ebpf:"kpr_affinity"`
-	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
-	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
-	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
-	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
-	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
-	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
-	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
-	KprSrcRanges     *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
-	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
-	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
+	KprAffinity       *ebpf.MapSpec `ebpf:"kpr_affinity"`
+	KprAffinityMatch  *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
+	KprBackends       *ebpf.MapSpec `ebpf:"kpr_backends"`
+	KprConntrack      *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprMaglev         *ebpf.MapSpec `ebpf:"kpr_maglev"`
+	KprRevNat         *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
+	KprServices       *ebpf.MapSpec `ebpf:"kpr_services"`
+	KprSockRev        *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
+	KprSockStats      *ebpf.MapSpec `ebpf:"kpr_sock_stats"`
+	KprSrcRanges      *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
+	KprTcAffinity     *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
+	KprTcStats        *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
+	KprTraceFrontends *ebpf.MapSpec `ebpf:"kpr_trace_frontends"`
+	KprTraceOn        *ebpf.MapSpec `ebpf:"kpr_trace_on"`
+	KprTraceRings     *ebpf.MapSpec `ebpf:"kpr_trace_rings"`
 }
 
 // KprVariableSpecs contains global variables before they are loaded into the kernel.
@@ -285,6 +348,7 @@ type KprVariableSpecs struct {
 	BtfSockTermKey  *ebpf.VariableSpec `ebpf:"btf_sock_term_key"`
 	BtfSvcKind      *ebpf.VariableSpec `ebpf:"btf_svc_kind"`
 	HaveSetRetval   *ebpf.VariableSpec `ebpf:"have_set_retval"`
+	HaveTaskHelpers *ebpf.VariableSpec `ebpf:"have_task_helpers"`
 	HostNetnsCookie *ebpf.VariableSpec `ebpf:"host_netns_cookie"`
 	SockScope       *ebpf.VariableSpec `ebpf:"sock_scope"`
 }
@@ -309,17 +373,21 @@ func (o *KprObjects) Close() error {
 //
 // It can be passed to LoadKprObjects or ebpf.CollectionSpec.LoadAndAssign.
 type KprMaps struct {
-	KprAffinity      *ebpf.Map `ebpf:"kpr_affinity"`
-	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
-	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
-	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
-	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
-	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
-	KprServices      *ebpf.Map `ebpf:"kpr_services"`
-	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
-	KprSrcRanges     *ebpf.Map `ebpf:"kpr_src_ranges"`
-	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
-	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
+	KprAffinity       *ebpf.Map `ebpf:"kpr_affinity"`
+	KprAffinityMatch  *ebpf.Map `ebpf:"kpr_affinity_match"`
+	KprBackends       *ebpf.Map `ebpf:"kpr_backends"`
+	KprConntrack      *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprMaglev         *ebpf.Map `ebpf:"kpr_maglev"`
+	KprRevNat         *ebpf.Map `ebpf:"kpr_rev_nat"`
+	KprServices       *ebpf.Map `ebpf:"kpr_services"`
+	KprSockRev        *ebpf.Map `ebpf:"kpr_sock_rev"`
+	KprSockStats      *ebpf.Map `ebpf:"kpr_sock_stats"`
+	KprSrcRanges      *ebpf.Map `ebpf:"kpr_src_ranges"`
+	KprTcAffinity     *ebpf.Map `ebpf:"kpr_tc_affinity"`
+	KprTcStats        *ebpf.Map `ebpf:"kpr_tc_stats"`
+	KprTraceFrontends *ebpf.Map `ebpf:"kpr_trace_frontends"`
+	KprTraceOn        *ebpf.Map `ebpf:"kpr_trace_on"`
+	KprTraceRings     *ebpf.Map `ebpf:"kpr_trace_rings"`
 }
 
 func (m *KprMaps) Close() error {
@@ -332,9 +400,13 @@ func (m *KprMaps) Close() error {
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
+		m.KprSockStats,
 		m.KprSrcRanges,
 		m.KprTcAffinity,
 		m.KprTcStats,
+		m.KprTraceFrontends,
+		m.KprTraceOn,
+		m.KprTraceRings,
 	)
 }
 
@@ -345,6 +417,7 @@ type KprVariables struct {
 	BtfSockTermKey  *ebpf.Variable `ebpf:"btf_sock_term_key"`
 	BtfSvcKind      *ebpf.Variable `ebpf:"btf_svc_kind"`
 	HaveSetRetval   *ebpf.Variable `ebpf:"have_set_retval"`
+	HaveTaskHelpers *ebpf.Variable `ebpf:"have_task_helpers"`
 	HostNetnsCookie *ebpf.Variable `ebpf:"host_netns_cookie"`
 	SockScope       *ebpf.Variable `ebpf:"sock_scope"`
 }

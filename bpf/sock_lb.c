@@ -39,6 +39,52 @@ volatile const enum svc_scope sock_scope = SVC_SCOPE_INTERNAL;
  * loader could not learn the cookie) serves loopback frontends to nobody. */
 volatile const __u64 host_netns_cookie = 0;
 
+/* Set by the loader when the kernel gives sock_addr programs the current
+ * task's pid and comm (bpf_get_current_pid_tgid and _comm); without them
+ * a trace event has neither. */
+volatile const __u8 have_task_helpers = 0;
+
+/* Per-hook counters (struct sock_stats, types.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);	/* enum sock_hook */
+	__type(value, struct sock_stats);
+	__uint(max_entries, SOCK_HOOK_COUNT);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_sock_stats SEC(".maps");
+
+/* The trace sessions of `kpr trace` (see struct trace_key in types.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);	/* non-zero while a session exists */
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_trace_on SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct trace_key);
+	__type(value, __u32);	/* pid of the trace that selected it */
+	__uint(max_entries, 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_trace_frontends SEC(".maps");
+
+/* Each session's ring buffer is its own, created by its trace: two traces
+ * reading one ring buffer would each see only some of the records. */
+struct trace_ring {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u32);	/* session */
+	__uint(max_entries, TRACE_MAX_SESSIONS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct trace_ring);
+} kpr_trace_rings SEC(".maps");
+
 /*
  * bpf2go generates kpr's Go types from this object alone (the others use
  * -no-global-types), out of its BTF, and BTF holds only the types that
@@ -61,6 +107,108 @@ static __always_inline void addr_from_v6(__u32 addr[4], const struct bpf_sock_ad
 	addr[1] = ctx->user_ip6[1];
 	addr[2] = ctx->user_ip6[2];
 	addr[3] = ctx->user_ip6[3];
+}
+
+static __always_inline void count(enum sock_hook hook, enum sock_verdict verdict)
+{
+	__u32 key = hook;
+	struct sock_stats *st = bpf_map_lookup_elem(&kpr_sock_stats, &key);
+
+	/* Per CPU, so without atomics: only a program that preempts another
+	 * on the same CPU can lose an increment, which a rate never shows. */
+	if (st && verdict < SOCK_VERDICT_COUNT)
+		st->count[verdict]++;
+}
+
+static __always_inline enum sock_verdict verdict_of(enum lb_result res)
+{
+	switch (res) {
+	case LB_TRANSLATED:
+		return SOCK_VERDICT_TRANSLATED;
+	case LB_REJECT:
+		return SOCK_VERDICT_REJECTED;
+	default:
+		return SOCK_VERDICT_PASSED;
+	}
+}
+
+/* Offer ev to one session: write it to the session's ring buffer if the
+ * session selected ev's frontend. *built says whether ev's client fields
+ * are filled in yet: they cost helper calls, paid once and only for an
+ * event that some session wants. */
+static __always_inline void trace_offer(struct bpf_sock_addr *ctx, struct trace_event *ev,
+					struct trace_key *key, __u32 session, int *built)
+{
+	void *ring;
+
+	key->session = session;
+	if (!bpf_map_lookup_elem(&kpr_trace_frontends, key))
+		return;
+	ring = bpf_map_lookup_elem(&kpr_trace_rings, &session);
+	if (!ring)
+		return;
+	if (!*built) {
+		ev->time_ns = bpf_ktime_get_ns();
+		ev->socket_cookie = bpf_get_socket_cookie(ctx);
+		ev->netns_cookie = bpf_get_netns_cookie(ctx);
+		if (have_task_helpers) {
+			ev->pid = bpf_get_current_pid_tgid() >> 32;
+			bpf_get_current_comm(ev->comm, sizeof(ev->comm));
+		}
+		*built = 1;
+	}
+	/* A full ring drops the record: its reader is behind. */
+	bpf_ringbuf_output(ring, ev, sizeof(*ev), 0);
+}
+
+/*
+ * Out of line, so the hooks carry only the flag check in record(): this
+ * runs only while a trace exists. The sessions are spelled out: the
+ * verifier took clang's loop over them for an infinite one.
+ */
+static __noinline void trace_emit(struct bpf_sock_addr *ctx, struct trace_event *ev)
+{
+	struct trace_key key = {};
+	int built = 0;
+
+	addr_copy(key.addr, ev->frontend_addr);
+	key.port = ev->frontend_port;
+	_Static_assert(TRACE_MAX_SESSIONS == 8, "trace_emit offers to sessions 0..7");
+	trace_offer(ctx, ev, &key, 0, &built);
+	trace_offer(ctx, ev, &key, 1, &built);
+	trace_offer(ctx, ev, &key, 2, &built);
+	trace_offer(ctx, ev, &key, 3, &built);
+	trace_offer(ctx, ev, &key, 4, &built);
+	trace_offer(ctx, ev, &key, 5, &built);
+	trace_offer(ctx, ev, &key, 6, &built);
+	trace_offer(ctx, ev, &key, 7, &built);
+}
+
+/* Count the decision and, while any trace exists, offer it to them. */
+static __always_inline void record(struct bpf_sock_addr *ctx, enum sock_hook hook,
+				   enum lb_result res, const struct svc_key *frontend,
+				   const struct backend *be)
+{
+	enum sock_verdict verdict = verdict_of(res);
+	__u32 zero = 0, *on;
+
+	count(hook, verdict);
+	on = bpf_map_lookup_elem(&kpr_trace_on, &zero);
+	if (!on || !*on)
+		return;
+
+	struct trace_event ev = {};
+
+	addr_copy(ev.frontend_addr, frontend->addr);
+	ev.frontend_port = frontend->port;
+	ev.proto = frontend->proto;
+	ev.hook = hook;
+	ev.verdict = verdict;
+	if (res == LB_TRANSLATED) {
+		addr_copy(ev.backend_addr, be->addr);
+		ev.backend_port = be->port;
+	}
+	trace_emit(ctx, &ev);
 }
 
 static __always_inline int reject(void)
@@ -234,18 +382,23 @@ static __always_inline int is_lb_proto(__u32 proto)
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP;
 }
 
-static __always_inline int forward4(struct bpf_sock_addr *ctx)
+static __always_inline int forward4(struct bpf_sock_addr *ctx, enum sock_hook hook)
 {
 	struct svc_key key = {};
-	const struct backend *be;
+	const struct backend *be = NULL;
+	enum lb_result res;
 
-	if (!is_lb_proto(ctx->protocol))
+	if (!is_lb_proto(ctx->protocol)) {
+		count(hook, SOCK_VERDICT_PASSED);
 		return 1;
+	}
 	addr_from_v4(key.addr, ctx->user_ip4);
 	key.port = (__u16)ctx->user_port;
 	key.proto = (__u8)ctx->protocol;
 
-	switch (lb_select(ctx, &key, &be)) {
+	res = lb_select(ctx, &key, &be);
+	record(ctx, hook, res, &key, be);
+	switch (res) {
 	case LB_REJECT:
 		return reject();
 	case LB_TRANSLATED:
@@ -257,18 +410,23 @@ static __always_inline int forward4(struct bpf_sock_addr *ctx)
 	}
 }
 
-static __always_inline int forward6(struct bpf_sock_addr *ctx)
+static __always_inline int forward6(struct bpf_sock_addr *ctx, enum sock_hook hook)
 {
 	struct svc_key key = {};
-	const struct backend *be;
+	const struct backend *be = NULL;
+	enum lb_result res;
 
-	if (!is_lb_proto(ctx->protocol))
+	if (!is_lb_proto(ctx->protocol)) {
+		count(hook, SOCK_VERDICT_PASSED);
 		return 1;
+	}
 	addr_from_v6(key.addr, ctx);
 	key.port = (__u16)ctx->user_port;
 	key.proto = (__u8)ctx->protocol;
 
-	switch (lb_select(ctx, &key, &be)) {
+	res = lb_select(ctx, &key, &be);
+	record(ctx, hook, res, &key, be);
+	switch (res) {
 	case LB_REJECT:
 		return reject();
 	case LB_TRANSLATED:
@@ -292,13 +450,14 @@ sock_rev_lookup(struct bpf_sock_addr *ctx, struct sock_rev_key *key)
 	return bpf_map_lookup_elem(&kpr_sock_rev, key);
 }
 
-static __always_inline int reverse4(struct bpf_sock_addr *ctx)
+static __always_inline int reverse4(struct bpf_sock_addr *ctx, enum sock_hook hook)
 {
 	struct sock_rev_key key = {};
 	const struct sock_rev_value *val;
 
 	addr_from_v4(key.addr, ctx->user_ip4);
 	val = sock_rev_lookup(ctx, &key);
+	count(hook, val ? SOCK_VERDICT_TRANSLATED : SOCK_VERDICT_PASSED);
 	if (val) {
 		ctx->user_ip4 = val->addr[3];
 		ctx->user_port = val->port;
@@ -306,13 +465,14 @@ static __always_inline int reverse4(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-static __always_inline int reverse6(struct bpf_sock_addr *ctx)
+static __always_inline int reverse6(struct bpf_sock_addr *ctx, enum sock_hook hook)
 {
 	struct sock_rev_key key = {};
 	const struct sock_rev_value *val;
 
 	addr_from_v6(key.addr, ctx);
 	val = sock_rev_lookup(ctx, &key);
+	count(hook, val ? SOCK_VERDICT_TRANSLATED : SOCK_VERDICT_PASSED);
 	if (val) {
 		ctx->user_ip6[0] = val->addr[0];
 		ctx->user_ip6[1] = val->addr[1];
@@ -324,28 +484,28 @@ static __always_inline int reverse6(struct bpf_sock_addr *ctx)
 }
 
 SEC("cgroup/connect4")
-int kpr_connect4(struct bpf_sock_addr *ctx) { return forward4(ctx); }
+int kpr_connect4(struct bpf_sock_addr *ctx) { return forward4(ctx, SOCK_HOOK_CONNECT4); }
 
 SEC("cgroup/connect6")
-int kpr_connect6(struct bpf_sock_addr *ctx) { return forward6(ctx); }
+int kpr_connect6(struct bpf_sock_addr *ctx) { return forward6(ctx, SOCK_HOOK_CONNECT6); }
 
 SEC("cgroup/sendmsg4")
-int kpr_sendmsg4(struct bpf_sock_addr *ctx) { return forward4(ctx); }
+int kpr_sendmsg4(struct bpf_sock_addr *ctx) { return forward4(ctx, SOCK_HOOK_SENDMSG4); }
 
 SEC("cgroup/sendmsg6")
-int kpr_sendmsg6(struct bpf_sock_addr *ctx) { return forward6(ctx); }
+int kpr_sendmsg6(struct bpf_sock_addr *ctx) { return forward6(ctx, SOCK_HOOK_SENDMSG6); }
 
 SEC("cgroup/recvmsg4")
-int kpr_recvmsg4(struct bpf_sock_addr *ctx) { return reverse4(ctx); }
+int kpr_recvmsg4(struct bpf_sock_addr *ctx) { return reverse4(ctx, SOCK_HOOK_RECVMSG4); }
 
 SEC("cgroup/recvmsg6")
-int kpr_recvmsg6(struct bpf_sock_addr *ctx) { return reverse6(ctx); }
+int kpr_recvmsg6(struct bpf_sock_addr *ctx) { return reverse6(ctx, SOCK_HOOK_RECVMSG6); }
 
 SEC("cgroup/getpeername4")
-int kpr_getpeer4(struct bpf_sock_addr *ctx) { return reverse4(ctx); }
+int kpr_getpeer4(struct bpf_sock_addr *ctx) { return reverse4(ctx, SOCK_HOOK_GETPEERNAME4); }
 
 SEC("cgroup/getpeername6")
-int kpr_getpeer6(struct bpf_sock_addr *ctx) { return reverse6(ctx); }
+int kpr_getpeer6(struct bpf_sock_addr *ctx) { return reverse6(ctx, SOCK_HOOK_GETPEERNAME6); }
 
 /* A closing socket forgets its reverse entry for the peer it was connected
  * to; entries of unconnected UDP sockets age out of the LRU map. */

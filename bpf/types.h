@@ -262,3 +262,74 @@ struct maglev_key {
 	__u8 scope;		/* enum svc_scope */
 	__u8 pad[3];
 };
+
+/*
+ * Datapath counters and live trace of the socket hooks (sock_lb.c).
+ *
+ * kpr_sock_stats is a per-CPU array with one struct sock_stats per hook,
+ * indexed by enum sock_hook; its count[] is indexed by enum sock_verdict.
+ * Both enums may only grow at the end: Go reads the pinned map by these
+ * numbers.
+ */
+enum sock_hook {
+	SOCK_HOOK_CONNECT4 = 0,
+	SOCK_HOOK_CONNECT6 = 1,
+	SOCK_HOOK_SENDMSG4 = 2,
+	SOCK_HOOK_SENDMSG6 = 3,
+	SOCK_HOOK_RECVMSG4 = 4,
+	SOCK_HOOK_RECVMSG6 = 5,
+	SOCK_HOOK_GETPEERNAME4 = 6,
+	SOCK_HOOK_GETPEERNAME6 = 7,
+	SOCK_HOOK_COUNT,
+};
+
+enum sock_verdict {
+	/* Not a frontend (connect, sendmsg), or no reverse entry (recvmsg,
+	 * getpeername): the address is left alone. */
+	SOCK_VERDICT_PASSED = 0,
+	/* connect, sendmsg: frontend to backend; recvmsg, getpeername:
+	 * backend back to frontend. */
+	SOCK_VERDICT_TRANSLATED = 1,
+	/* A frontend without endpoints: the syscall fails. */
+	SOCK_VERDICT_REJECTED = 2,
+	SOCK_VERDICT_COUNT,
+};
+
+struct sock_stats {
+	__u64 count[SOCK_VERDICT_COUNT];
+};
+
+/*
+ * `kpr trace` sessions. Each running trace claims a session number below
+ * TRACE_MAX_SESSIONS by inserting its own ring buffer into kpr_trace_rings
+ * (BPF_NOEXIST makes the claim atomic), and selects frontends by inserting
+ * (frontend, session) into kpr_trace_frontends; the value is the trace's
+ * pid, so that a later trace can clear what a killed one left behind.
+ * kpr_trace_on[0] is non-zero while any session exists: the hooks read it
+ * first and look at nothing else while it is zero.
+ */
+#define TRACE_MAX_SESSIONS 8
+
+struct trace_key {
+	__u32 addr[4];	/* frontend address */
+	__u16 port;	/* frontend port, network byte order; both protocols */
+	__u8 session;
+	__u8 pad;
+};
+
+/* One translation decision, as a ring buffer record. */
+struct trace_event {
+	__u64 time_ns;		/* bpf_ktime_get_ns() */
+	__u64 socket_cookie;
+	__u64 netns_cookie;
+	__u32 pid;		/* thread group id; 0 without task helpers */
+	__u8 comm[16];		/* empty without task helpers */
+	__u32 frontend_addr[4];
+	__u32 backend_addr[4];	/* zero unless translated */
+	__u16 frontend_port;	/* network byte order */
+	__u16 backend_port;	/* network byte order */
+	__u8 proto;
+	__u8 pad[3];
+	enum sock_hook hook;
+	enum sock_verdict verdict;
+};

@@ -113,6 +113,9 @@ func Load(opts Options) (*Loaded, error) {
 	if err := spec.Variables[bpf.KprVarHaveSetRetval].Set(report.Has(FeatureSetRetval)); err != nil {
 		return nil, fmt.Errorf("configure BPF object: %w", err)
 	}
+	if err := spec.Variables[bpf.KprVarHaveTaskHelpers].Set(report.Has(FeatureTaskHelpers)); err != nil {
+		return nil, fmt.Errorf("configure BPF object: %w", err)
+	}
 	hostCookie, err := hostNetNSCookie(opts.HostNetNS, log)
 	if err != nil {
 		return nil, err

@@ -34,6 +34,7 @@ const (
 	FeatureBatchOps           = "batch map operations"
 	FeatureUDPSockTerm        = "UDP socket termination (iter/udp, bpf_sock_destroy)"
 	FeatureNetnsCookieSockopt = "SO_NETNS_COOKIE socket option"
+	FeatureTaskHelpers        = "current task helpers in socket hooks"
 
 	// The tc programs' features, for traffic from other machines.
 	FeatureTCX           = "tcx attachment of tc programs"
@@ -174,6 +175,9 @@ func Probe() Report {
 		probeCgroupLink())
 	add(FeatureUDPSockTerm, "a connected UDP socket keeps sending to a removed backend until the application reconnects (Linux 6.5+)",
 		probeSockTerm())
+	add(FeatureTaskHelpers, "kpr trace shows no pid and comm of the client",
+		errors.Join(features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetCurrentPidTgid),
+			features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetCurrentComm)))
 	_, err := NetNSCookie(OwnNetNS)
 	add(FeatureNetnsCookieSockopt, "the host network namespace cannot be told apart, so NodePorts on 127.0.0.1 and ::1 are not served (Linux 5.14+)", err)
 
@@ -181,7 +185,7 @@ func Probe() Report {
 	add(FeatureClsact, "without tcx as well, the tc programs cannot attach: NodePorts are not served to other machines", probeClsact())
 	add(FeatureFibLookup, "the tc programs cannot load: NodePorts are not served to other machines",
 		features.HaveProgramHelper(ebpf.SchedCLS, asm.FnFibLookup))
-	add(FeatureFibLookupSrc, "flows to a backend on another node are not SNATed (Linux 6.7+): its replies must route back through this node",
+	add(FeatureFibLookupSrc, "flows to a backend on another node are SNATed to the first address of the device they leave by, not the route's preferred source (Linux 6.7+)",
 		probeFibLookupSrc())
 	add(FeatureRedirect, "the tc programs cannot load: NodePorts are not served to other machines",
 		features.HaveProgramHelper(ebpf.SchedCLS, asm.FnRedirect))

@@ -45,6 +45,7 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 		// Read at scrape time: only the programs write these maps.
 		m.Registry.MustRegister(metrics.NewTCCollector(loaded.Maps.KprConntrack, loaded.Maps.KprTcStats))
 	}
+	m.Registry.MustRegister(metrics.NewSockStatsCollector(maps.SockStatsReader(loaded.Maps.KprSockStats)))
 	if loaded.SockTerm != nil {
 		plane.SetSocketTerminator(countingTerminator{
 			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.SockTermTargets), loaded.CgroupRoot, log.Named("socketterm")),

@@ -43,7 +43,7 @@ func newRootCommandFor(g *globalFlags, f *runFlags) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "json", "log format: json or console")
 	root.AddCommand(newRunCommand(g, f), newDumpCommand(g), newProbeCommand(), newCleanupCommand(g),
-		newStatusCommand(g), newExplainCommand(g))
+		newStatusCommand(g), newExplainCommand(g), newTraceCommand(g))
 	return root
 }
 

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
@@ -78,6 +79,11 @@ type statusOutput struct {
 	// when it recorded writing this network namespace's tables.
 	Rules      []iptables.Size `json:"rules,omitempty"`
 	RulesError string          `json:"rulesError,omitempty"`
+	// SockCounters are the socket hooks' datapath counters since the
+	// dataplane was first loaded; SockCountersError says why they could
+	// not be read.
+	SockCounters      []maps.SockHookStats `json:"sockCounters"`
+	SockCountersError string               `json:"sockCountersError,omitempty"`
 }
 
 type linkStatus struct {
@@ -128,7 +134,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 }
 
 func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusOutput {
-	st := statusOutput{BPFRoot: bpfRoot, Links: []linkStatus{}, Maps: []mapStatus{}}
+	st := statusOutput{BPFRoot: bpfRoot, Links: []linkStatus{}, Maps: []mapStatus{}, SockCounters: []maps.SockHookStats{}}
 	d, err := fetchDaemonStatus(ctx, addr)
 	if err != nil {
 		st.DaemonError = err.Error()
@@ -144,6 +150,10 @@ func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusO
 		if st.Rules, err = iptablesSizes(bpfRoot, hostNetNS); err != nil {
 			st.RulesError = err.Error()
 		}
+	}
+	st.SockCounters, err = pinnedSockStats(bpfRoot)
+	if err != nil {
+		st.SockCountersError = err.Error()
 	}
 	return st
 }
@@ -168,6 +178,16 @@ func iptablesSizes(bpfRoot, hostNetNS string) ([]iptables.Size, error) {
 		return nil, fmt.Errorf("read the iptables rules: %w", err)
 	}
 	return tables.Sizes(), nil
+}
+
+// pinnedSockStats reads the socket hooks' counters from their pin.
+func pinnedSockStats(bpfRoot string) ([]maps.SockHookStats, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpfRoot, bpf.KprMapKprSockStats), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return []maps.SockHookStats{}, fmt.Errorf("open the counters' pin: %w (is kpr running with --bpf-root %s?)", err, bpfRoot)
+	}
+	defer m.Close()
+	return maps.SockStats(m)
 }
 
 func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) {
@@ -414,6 +434,22 @@ func writeMapFill(w io.Writer, st statusOutput) {
 			pct = 100 * float64(m.Entries) / float64(m.MaxEntries)
 		}
 		fmt.Fprintf(tw, "  %s\t%d / %d\t%.1f%%\n", m.Map, m.Entries, m.MaxEntries, pct)
+	}
+	tw.Flush()
+	writeSockCounters(w, st)
+}
+
+// writeSockCounters is the counters section of `kpr status`.
+func writeSockCounters(w io.Writer, st statusOutput) {
+	fmt.Fprintln(w, "\nsocket hook counters (since the dataplane was first loaded):")
+	if st.SockCountersError != "" {
+		fmt.Fprintf(w, "  cannot read them: %s\n", st.SockCountersError)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  hook\ttranslated\trejected (no endpoints)\tpassed")
+	for _, c := range st.SockCounters {
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\n", c.Hook, c.Translated, c.Rejected, c.Passed)
 	}
 	tw.Flush()
 }
