@@ -31,10 +31,10 @@ func TestInspectReadsWhatThePlaneWrote(t *testing.T) {
 		return tabs
 	}
 
-	// Both families have the 7 shared chains and their fixed rules; IPv4
+	// Both families have the 8 shared chains (KUBE-PROXY-FIREWALL among them) and their fixed rules; IPv4
 	// also web's KUBE-SVC, KUBE-SVL, KUBE-EXT and 2 KUBE-SEP chains, and
 	// the rules of both Services.
-	if sizes, want := read().Sizes(), []Size{{"IPv4", 12, 20}, {"IPv6", 7, 7}}; !slices.Equal(sizes, want) {
+	if sizes, want := read().Sizes(), []Size{{"IPv4", 13, 20}, {"IPv6", 8, 7}}; !slices.Equal(sizes, want) {
 		t.Errorf("sizes = %+v, want %+v", sizes, want)
 	}
 	got := read().Inspect(web)
