@@ -46,10 +46,12 @@ import (
 //     chains of the node's device, returning TC_ACT_OK, so kpr's programs
 //     never run.
 //
-// Rounds alternate, in ABBA order, so that a load change on the shared
-// machine hits both sides alike.
+// Rounds alternate, each pass over the sides in the reverse order of the
+// one before (kpr, legacy, nft, then nft, legacy, kpr), so that a load
+// change on the shared machine hits every side alike. docs/tc-dataplane.md
+// (Benchmark) has the results and how to read them.
 //
-//	go test ./tests/tcnat -run '^$' -bench NodePortRequests -benchtime 1x -v
+//	go test ./tests/tcnat -run '^$' -bench NodePortRequests -benchtime 1x
 var (
 	benchServices = flag.Int("tcbench.services", 1000, "Services present in both dataplanes during BenchmarkNodePortRequests")
 	benchRounds   = flag.Int("tcbench.rounds", 6, "rounds of each side in BenchmarkNodePortRequests")
@@ -153,7 +155,7 @@ type benchRig struct {
 	variants []iptables.Variant
 	tcPass   []link.Link // attached while iptables is measured
 	pass     *ebpf.Program
-	served   map[string]bool // iptables variants currently bypassed: false
+	served   map[string]bool // per iptables variant: its rules are reachable (not bypassed)
 }
 
 func newBenchRig(tb testing.TB, services int, variants []iptables.Variant) *benchRig {
