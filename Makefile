@@ -6,7 +6,7 @@ export GOFLAGS := -buildvcs=false
 
 -include tests/tools/tools.mk
 
-.PHONY: all build deps generate generate-check lint test unit test-kernels test-kernel-oldest bench bench-proxies bench-controlplane bench-dataplane demo clean
+.PHONY: all build deps generate generate-check lint test unit test-kernels test-kernel-oldest bench bench-proxies bench-controlplane bench-dataplane bench-tc demo clean
 
 all: build
 
@@ -63,9 +63,10 @@ test-kernel-oldest: deps
 	$(GO) run ./tests/kernels/run -kernels bullseye $(KERNEL_MATRIX_FLAGS)
 
 ## bench: kpr against upstream kube-proxy (docs/benchmarks.md), the control
-## plane (docs/control-plane-performance.md) and connect() through the socket
-## LB (docs/dataplane-benchmark.md)
-bench: bench-proxies bench-controlplane bench-dataplane
+## plane (docs/control-plane-performance.md), connect() through the socket
+## LB (docs/dataplane-benchmark.md) and NodePort requests from outside through
+## the tc programs against iptables (docs/tc-dataplane.md)
+bench: bench-proxies bench-controlplane bench-dataplane bench-tc
 
 bench-proxies: deps tools
 	$(GO) test ./tests/bench -run '^TestProxyBenchmark$$' -count=1 -v -timeout 3h -args \
@@ -76,6 +77,14 @@ bench-controlplane: deps tools
 
 bench-dataplane: deps
 	$(GO) test ./tests/socklb -run '^$$' -bench Connect -benchtime 5000x -count 3
+
+## bench-tc: requests per second and latency through a NodePort, kpr's tc
+## programs against kube-proxy-style iptables rules (legacy and nft) in the
+## same topology and run, 1,000 Services; then BPF time per packet of an
+## established flow, with the empty-program baseline to subtract
+bench-tc: deps
+	$(GO) test ./tests/tcnat -run '^$$' -bench NodePortRequests -benchtime 1x -count=1 -timeout 30m
+	$(GO) test ./tests/tcnat -run '^$$' -bench PerPacket -benchtime 100000x -count 3
 
 ## demo: a local API server, three pods, a Service and kpr run, end to end
 demo: deps tools build

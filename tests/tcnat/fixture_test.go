@@ -68,12 +68,18 @@ func newBPFRoot(t testing.TB) string {
 // process, and the tc programs if tc is set.
 func loadDataplane(t testing.TB, bpfRoot string, tc *loader.TCOptions) *loader.Loaded {
 	t.Helper()
+	return loadDataplaneSized(t, bpfRoot, tc, loader.MapSizes{Conntrack: 4096})
+}
+
+// loadDataplaneSized is loadDataplane with the maps sized as given (zero
+// keeps a map's compiled-in size).
+func loadDataplaneSized(t testing.TB, bpfRoot string, tc *loader.TCOptions, sizes loader.MapSizes) *loader.Loaded {
+	t.Helper()
 	cg, err := harness.NewCgroup(t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	loaded, err := loader.Load(loader.Options{BPFRoot: bpfRoot, CgroupRoot: cg.Path,
-		Sizes: loader.MapSizes{Conntrack: 4096}, TC: tc})
+	loaded, err := loader.Load(loader.Options{BPFRoot: bpfRoot, CgroupRoot: cg.Path, Sizes: sizes, TC: tc})
 	if err != nil {
 		t.Fatal(err)
 	}

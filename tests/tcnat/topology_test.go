@@ -52,7 +52,7 @@ var (
 		netip.MustParsePrefix("2001:db8::/64"), netip.MustParsePrefix("fd00:96::/64")}
 )
 
-func newTopology(t *testing.T, pods int, mode loader.TCAttachMode) *topology {
+func newTopology(t testing.TB, pods int, mode loader.TCAttachMode) *topology {
 	t.Helper()
 	top := buildTopology(t, pods)
 	loaded := loadDataplane(t, newBPFRoot(t), &loader.TCOptions{Devices: []string{extDev}, Mode: mode, NetNS: top.node.NetNS.Path})
@@ -65,7 +65,7 @@ func newTopology(t *testing.T, pods int, mode loader.TCAttachMode) *topology {
 }
 
 // buildTopology makes the namespaces, links and pods, without kpr.
-func buildTopology(t *testing.T, pods int) *topology {
+func buildTopology(t testing.TB, pods int) *topology {
 	t.Helper()
 	harness.RequireRoot(t)
 	node, err := harness.NewNode(t, harness.Options{UplinkName: extDev})
@@ -102,7 +102,7 @@ func buildTopology(t *testing.T, pods int) *topology {
 
 // cable plugs the node's external device into the client's namespace: the
 // uplink's peer moves there and gets the client's addresses and routes.
-func (top *topology) cable(t *testing.T) {
+func (top *topology) cable(t testing.TB) {
 	t.Helper()
 	wire, err := top.node.NetNS.Netlink().LinkByName(extDev + "-wire")
 	if err != nil {
