@@ -149,6 +149,9 @@ func newModeFixture(t *testing.T, m dataMode, kprArgs ...string) *fixture {
 	// process is gone and its links detached by then.
 	t.Cleanup(func() {
 		if t.Failed() {
+			if f.kpr.Exited() {
+				t.Logf("kpr had exited before the cleanup: %v", f.kpr.ExitError())
+			}
 			t.Logf("kpr log (last 60 lines):\n%s", lastLines(f.kpr.Log(), 60))
 		}
 		if err := f.kpr.Cleanup(); err != nil {

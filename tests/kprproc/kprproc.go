@@ -225,6 +225,15 @@ func (p *Process) Exited() bool {
 	}
 }
 
+// ExitError is how the process ended (nil while it runs, or for a clean
+// exit), for a test's failure report.
+func (p *Process) ExitError() error {
+	if !p.Exited() {
+		return nil
+	}
+	return p.err
+}
+
 // Cleanup stops kpr if needed and removes its pinned dataplane.
 func (p *Process) Cleanup() error {
 	_ = p.Kill()

@@ -132,6 +132,11 @@ func probeAuto(t *testing.T) (backend, cause, reason string) {
 	if err := json.Unmarshal(out, &report); err != nil {
 		t.Fatalf("kpr probe -o json: %v\n%s", err, out)
 	}
+	for _, f := range report.Features {
+		if f.Name == loader.FeatureConnect {
+			t.Logf("kpr probe: %s: supported %v %s", f.Name, f.Supported, f.Error)
+		}
+	}
 	if report.ModeAuto.Error != "" {
 		t.Fatalf("--mode auto refuses to start: %s", report.ModeAuto.Error)
 	}
@@ -169,6 +174,9 @@ func TestAutoModeFallsBackWhenAHookIsWithheld(t *testing.T) {
 		t.Fatalf("the BPF LSM program withholds more than connect4: loading a sendmsg4 program: %v", err)
 	}
 	backend, cause, reason := probeAuto(t)
+	if err := loadsCgroupProgram(ebpf.AttachCGroupInet4Connect); !errors.Is(err, unix.EPERM) {
+		t.Errorf("after kpr probe, loading a connect4 program here: %v, want EPERM still", err)
+	}
 	if backend != "iptables" || cause != "ebpf-unavailable" {
 		t.Fatalf("with connect4 withheld, --mode auto picks %q (cause %q, %s), want the iptables fallback", backend, cause, reason)
 	}
