@@ -41,12 +41,21 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 			}
 			fmt.Fprintf(out, "removed kpr dataplane pinned under %s\n", g.bpfRoot)
 			// The tcx links went with the pins; clsact filters are found
-			// on the devices themselves.
+			// on the devices themselves: the named ones, or every device
+			// of the node, since kpr run may have picked them itself.
+			// Only kpr's own filters (and a qdisc left empty by them) go.
+			where := "every device"
 			if len(devices) > 0 {
-				if err := loader.CleanupTC(g.bpfRoot, devices); err != nil {
-					return fmt.Errorf("remove kpr's tc programs from %s: %w", strings.Join(devices, ","), err)
-				}
-				fmt.Fprintf(out, "removed kpr's tc programs from %s\n", strings.Join(devices, ","))
+				where = strings.Join(devices, ",")
+			}
+			removeTC := func() error { return loader.CleanupTC(g.bpfRoot, devices) }
+			if hostNetNS != "" {
+				err = netnsexec.InPath(hostNetNS, removeTC)
+			} else {
+				err = removeTC()
+			}
+			if err != nil {
+				return fmt.Errorf("remove kpr's tc programs from %s: %w", where, err)
 			}
 			// Programs whose pins were lost still translate: find them
 			// through the cgroup itself.
@@ -65,9 +74,9 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cgroupRoot, "cgroup-root", "", "cgroup v2 directory the programs were attached to (default: the cgroup2 root)")
-	cmd.Flags().StringSliceVar(&devices, "devices", nil, "devices kpr run --devices attached the tc programs to: their clsact filters "+
-		"(kernels without tcx) are removed with the qdisc kpr added; tcx links go with the pins either way")
-	cmd.Flags().StringVar(&hostNetNS, "host-netns", "", "network namespace file of the node whose iptables chains to remove, as given to `kpr run`; empty means kpr's own")
+	cmd.Flags().StringSliceVar(&devices, "devices", nil, "devices to remove kpr's clsact tc filters (kernels without tcx) from, with the qdisc kpr added; "+
+		"empty means every device of --host-netns; tcx links go with the pins either way")
+	cmd.Flags().StringVar(&hostNetNS, "host-netns", "", "network namespace file of the node whose iptables chains and tc filters to remove, as given to `kpr run`; empty means kpr's own")
 	return cmd
 }
 
