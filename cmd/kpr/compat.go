@@ -99,7 +99,8 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 	fl.DurationVar(&k.iptablesMinSync, "iptables-min-sync-period", 0, "kube-proxy's --min-sync-period (unless --proxy-mode is ipvs)")
 	fl.DurationVar(&k.ipvsSync, "ipvs-sync-period", 0, "kube-proxy's --sync-period with --proxy-mode ipvs")
 	fl.DurationVar(&k.ipvsMinSync, "ipvs-min-sync-period", 0, "kube-proxy's --min-sync-period with --proxy-mode ipvs")
-	fl.BoolVar(&k.masqueradeAll, "masquerade-all", false, "accepted for kube-proxy compatibility; kpr translates addresses without SNAT, so true is warned about")
+	fl.BoolVar(&k.masqueradeAll, "masquerade-all", false, "iptables mode: masquerade all traffic to ClusterIPs, as kube-proxy's flag; "+
+		"the eBPF mode translates in the socket and does not SNAT, so there it is warned about")
 	fl.BoolVar(&k.showVersion, "version", false, "print kpr's version and exit")
 	for _, name := range sortedKeys(kubeProxyOnlyFlags) {
 		f := fl.VarPF(&ignoredFlag{name: name, into: &k.ignored}, name, "", "kube-proxy's flag; it means nothing to kpr, which warns and goes on")
@@ -191,9 +192,7 @@ func resolveKubeProxyFlags(k *kubeProxyFlags, f *runFlags, g *globalFlags, chang
 			ignored = append(ignored, "--bind-address="+k.bindAddress+" (kpr takes the node's addresses from its Node object)")
 		}
 	}
-	if k.masqueradeAll {
-		ignored = append(ignored, "--masquerade-all (kpr's dataplanes do not SNAT Service traffic)")
-	}
+
 	if changed("v") && !changed("log-level") {
 		g.logLevel = logLevelForVerbosity(k.verbosity)
 	}

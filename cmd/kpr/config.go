@@ -141,6 +141,7 @@ func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFla
 	apply("metrics-bind-address", "metricsBindAddress", func() { f.metricsAddr = withDefaultPort(cfg.MetricsBindAddress, "10249") })
 	apply("profiling", "enableProfiling", func() { f.profiling = cfg.EnableProfiling })
 	apply("cluster-cidr", "clusterCIDR", func() { f.clusterCIDR = cfg.ClusterCIDR })
+	apply("masquerade-all", "iptables.masqueradeAll", func() { f.kubeProxy.masqueradeAll = cfg.IPTables.MasqueradeAll })
 	apply("nodeport-addresses", "nodePortAddresses", func() { f.nodePortAddresses = slices.Clone(cfg.NodePortAddresses) })
 	if !changed("mode") && !changed("proxy-mode") {
 		apply("mode", "mode", func() { f.mode = string(cfg.Mode) })

@@ -65,7 +65,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		"healthz": f.healthzAddr, "metrics": f.metricsAddr, "profiling": f.profiling,
 		"hostname": f.hostnameOverride, "kubeconfig": f.kubeconfig,
 		"qps": f.kubeProxy.qps, "burst": f.kubeProxy.burst, "contentType": f.kubeProxy.contentType,
-		"logLevel": g.logLevel, "logFormat": g.logFormat,
+		"logLevel": g.logLevel, "logFormat": g.logFormat, "masqueradeAll": f.kubeProxy.masqueradeAll,
 	}
 	want := map[string]any{
 		"mode": "iptables", "clusterCIDR": "10.244.0.0/16,fd00:244::/56", "nodePortAddresses": []string{"primary"},
@@ -73,7 +73,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		"healthz": "0.0.0.0:10266", "metrics": "127.0.0.1:10259", "profiling": true,
 		"hostname": "Node-7", "kubeconfig": "/var/lib/kube-proxy/kubeconfig.conf",
 		"qps": float32(20), "burst": int32(40), "contentType": "application/json",
-		"logLevel": "debug", "logFormat": "console",
+		"logLevel": "debug", "logFormat": "console", "masqueradeAll": true,
 	}
 	for k, w := range want {
 		if !reflect.DeepEqual(got[k], w) {
@@ -82,7 +82,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 	}
 	wantUnsupported := []string{
 		`conntrack.maxPerCore=65536`, `conntrack.tcpCloseWaitTimeout="1h0m0s"`, `conntrack.tcpEstablishedTimeout="24h0m0s"`,
-		`featureGates.SomeGate=true`, `iptables.masqueradeAll=true`, `iptables.masqueradeBit=14`,
+		`featureGates.SomeGate=true`, `iptables.masqueradeBit=14`,
 		`ipvs.scheduler="rr"`, `ipvs.syncPeriod="1m0s"`, `oomScoreAdj=-999`,
 	}
 	if !reflect.DeepEqual(ignored.unsupported, wantUnsupported) {
@@ -150,9 +150,10 @@ func TestKubeProxyCommandLine(t *testing.T) {
 		{name: "bad bind address", args: []string{"--bind-address=node-1"}, wantErr: "--bind-address"},
 		{name: "flags without meaning are accepted", args: []string{"--masquerade-all", "--conntrack-max-per-core=0", "--ipvs-strict-arp", "--feature-gates=A=true,B=false", "--oom-score-adj=-999", "--nodeport-addresses=primary"},
 			check: func(f *runFlags, _ *globalFlags) bool {
-				return reflect.DeepEqual(f.nodePortAddresses, []string{"primary"})
+				// --masquerade-all has a meaning now: the iptables mode's.
+				return reflect.DeepEqual(f.nodePortAddresses, []string{"primary"}) && f.kubeProxy.masqueradeAll
 			},
-			flags: []string{"--conntrack-max-per-core=0", "--feature-gates=A=true,B=false", "--ipvs-strict-arp=true", "--oom-score-adj=-999", "--masquerade-all"}},
+			flags: []string{"--conntrack-max-per-core=0", "--feature-gates=A=true,B=false", "--ipvs-strict-arp=true", "--oom-score-adj=-999"}},
 		{name: "cleanup is refused", args: []string{"--cleanup"}, wantErr: "kpr cleanup"},
 		{name: "write-config-to is refused", args: []string{"--write-config-to=/tmp/x"}, wantErr: "one-off"},
 		{name: "not a kube-proxy file", args: []string{"--config=testdata/not-kube-proxy.yaml"}, wantErr: "KubeProxyConfiguration"},
@@ -221,6 +222,22 @@ func TestWithDefaultPort(t *testing.T) {
 	for in, want := range map[string]string{"": "", "0.0.0.0": "0.0.0.0:10256", "::": "[::]:10256", "[::1]:1": "[::1]:1", "1.2.3.4:5": "1.2.3.4:5"} {
 		if got := withDefaultPort(in, "10256"); got != want {
 			t.Errorf("withDefaultPort(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// --cluster-cidr takes one CIDR per family, as kube-proxy's local-traffic
+// detector does; the iptables mode masquerades from outside them.
+func TestClusterCIDRs(t *testing.T) {
+	f := &runFlags{clusterCIDR: "10.244.0.0/16, fd00:244::/56"}
+	got, err := f.clusterCIDRs()
+	if err != nil || len(got) != 2 || got[0].String() != "10.244.0.0/16" || got[1].String() != "fd00:244::/56" {
+		t.Errorf("clusterCIDRs = %v, %v", got, err)
+	}
+	for _, bad := range []string{"10.244.0.0/16,10.245.0.0/16", "10.244.0.0"} {
+		f := &runFlags{clusterCIDR: bad}
+		if _, err := f.clusterCIDRs(); err == nil || !strings.Contains(err.Error(), "--cluster-cidr") {
+			t.Errorf("--cluster-cidr %s: err %v, want one naming the flag", bad, err)
 		}
 	}
 }

@@ -34,6 +34,9 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	adopted := lb.Usage()
 	log.Info("adopted dataplane", zap.Int("serviceEntries", adopted[0].Entries), zap.Int("backends", adopted[1].Entries))
 
+	if f.kubeProxy.masqueradeAll {
+		log.Warn("--masquerade-all has no effect in the eBPF mode: the socket hooks translate without SNAT, and the tc programs SNAT only flows to backends on other nodes")
+	}
 	plane := ebpfplane.New(lb, log.Named("dataplane"))
 	if err := setLBAlgorithm(f, plane, lb, loaded, log); err != nil {
 		loaded.Close()

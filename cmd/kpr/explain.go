@@ -63,7 +63,13 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := explain(cmd.Context(), client, dataplaneAt{bpfRoot: g.bpfRoot, hostNetNS: f.run.hostNetNS}, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
+			cidrs, err := f.run.clusterCIDRs()
+			if err != nil {
+				return err
+			}
+			at := dataplaneAt{bpfRoot: g.bpfRoot, hostNetNS: f.run.hostNetNS,
+				masquerade: iptables.Masquerade{All: f.run.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}}
+			res, err := explain(cmd.Context(), client, at, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
 			if err != nil {
 				return err
 			}
@@ -83,6 +89,8 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 	fl.StringSliceVar(&f.run.nodePortAddresses, "nodeport-addresses", nil, "as given to kpr run")
 	fl.StringVar(&f.run.externalIPs, "external-ips", "all", "as given to kpr run")
 	fl.StringVar(&f.run.hostNetNS, "host-netns", "", "as given to kpr run: the network namespace whose tables the iptables mode programs; empty means this one")
+	fl.BoolVar(&f.run.kubeProxy.masqueradeAll, "masquerade-all", false, "as given to kpr run (the iptables mode's ClusterIP rules depend on it)")
+	fl.StringVar(&f.run.clusterCIDR, "cluster-cidr", "", "as given to kpr run (the iptables mode's ClusterIP rules depend on it)")
 	return cmd
 }
 
@@ -110,6 +118,9 @@ type explainOutput struct {
 // network namespace whose tables its iptables mode programs.
 type dataplaneAt struct {
 	bpfRoot, hostNetNS string
+	// masquerade is the daemon's --masquerade-all and --cluster-cidr,
+	// which the iptables mode's rules follow.
+	masquerade iptables.Masquerade
 }
 
 // mapEntryCheck is one frontend and scope: what kpr wants in the maps
@@ -212,16 +223,17 @@ func compareDataplane(out *explainOutput, at dataplaneAt, ports []dataplane.Serv
 			"kpr never ran here, or give the daemon's --bpf-root and --host-netns", mapsErr, err)
 	}
 	out.Dataplane = comparedRules
-	return compareRules(out, at.hostNetNS, ports)
+	return compareRules(out, at, ports)
 }
 
 // compareRules reads the iptables rules through the iptables backend's
 // own reader, which compares them with what that backend writes.
-func compareRules(out *explainOutput, hostNetNS string, ports []dataplane.ServicePort) error {
-	opts, err := iptables.NodeOptions(netfilterRunner(hostNetNS), zap.NewNop())
+func compareRules(out *explainOutput, at dataplaneAt, ports []dataplane.ServicePort) error {
+	opts, err := iptables.NodeOptions(netfilterRunner(at.hostNetNS), zap.NewNop())
 	if err != nil {
 		return err
 	}
+	opts.Masquerade = at.masquerade
 	tables, err := iptables.ReadTables(opts)
 	if err != nil {
 		return fmt.Errorf("read the iptables rules: %w", err)

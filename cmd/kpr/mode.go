@@ -147,6 +147,11 @@ func newIPTablesDataplane(g *globalFlags, f *runFlags, log *zap.Logger) (builtDa
 	if f.hostNetNS != "" {
 		opts.Conntrack = netnsConntrack{path: f.hostNetNS}
 	}
+	cidrs, err := f.clusterCIDRs()
+	if err != nil {
+		return builtDataplane{}, err
+	}
+	opts.Masquerade = iptables.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}
 	localhost := iptables.EnableLocalhostNodePorts
 	if f.hostNetNS != "" {
 		localhost = func() error { return netnsexec.InPath(f.hostNetNS, iptables.EnableLocalhostNodePorts) }

@@ -102,8 +102,8 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
 	fl.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between two syncs; changes arriving meanwhile are coalesced")
 	fl.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "time between full reconciles of the maps against the API")
-	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility: the eBPF mode does not need it, and the iptables mode does not yet use it "+
-		"to masquerade off-cluster traffic to ClusterIPs (it behaves as kube-proxy without --cluster-cidr)")
+	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated, at most one per family: the iptables mode masquerades traffic to ClusterIPs from outside them, "+
+		"as kube-proxy does; the eBPF mode does not need it")
 	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs and keywords selecting the addresses that serve NodePorts: "+
 		"primary (the Node's primary IP of each family), localhost (127.0.0.1 and ::1, for the host network namespace only), all; empty means all")
 	fl.StringVar(&f.externalIPs, "external-ips", "all", "Service externalIPs that sockets on this node are sent to backends for: "+
@@ -337,12 +337,8 @@ func (f *runFlags) watcherConfig() (watcher.Config, error) {
 	if err != nil {
 		return watcher.Config{}, fmt.Errorf("--external-ips: %w", err)
 	}
-	if f.clusterCIDR != "" {
-		for _, s := range strings.Split(f.clusterCIDR, ",") {
-			if _, err := netip.ParsePrefix(strings.TrimSpace(s)); err != nil {
-				return watcher.Config{}, fmt.Errorf("--cluster-cidr %q: %w", s, err)
-			}
-		}
+	if _, err := f.clusterCIDRs(); err != nil {
+		return watcher.Config{}, err
 	}
 	if f.syncPeriod <= 0 {
 		return watcher.Config{}, fmt.Errorf("--sync-period must be positive, got %s", f.syncPeriod)
@@ -430,4 +426,26 @@ func tuneStartupGC(ctx context.Context, cachesSynced, firstSync <-chan struct{},
 		debug.FreeOSMemory()
 	case <-ctx.Done():
 	}
+}
+
+// clusterCIDRs parses --cluster-cidr: at most one prefix per family, as
+// kube-proxy takes it.
+func (f *runFlags) clusterCIDRs() ([]netip.Prefix, error) {
+	if strings.TrimSpace(f.clusterCIDR) == "" {
+		return nil, nil
+	}
+	var out []netip.Prefix
+	seen := map[bool]bool{}
+	for _, s := range strings.Split(f.clusterCIDR, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("--cluster-cidr %q: %w", s, err)
+		}
+		if seen[p.Addr().Is4()] {
+			return nil, fmt.Errorf("--cluster-cidr %q: give at most one CIDR per IP family, as kube-proxy takes it", f.clusterCIDR)
+		}
+		seen[p.Addr().Is4()] = true
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }

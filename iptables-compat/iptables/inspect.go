@@ -19,6 +19,7 @@ import (
 // Tables is one reading of the nat and filter tables of every family.
 type Tables struct {
 	families []Family
+	masq     Masquerade
 	saved    map[Family]map[string]*savedTable
 }
 
@@ -29,7 +30,7 @@ func ReadTables(o Options) (*Tables, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tables{families: p.families, saved: map[Family]map[string]*savedTable{}}
+	t := &Tables{families: p.families, masq: p.masq, saved: map[Family]map[string]*savedTable{}}
 	for _, fam := range p.families {
 		if t.saved[fam], err = p.save(fam); err != nil {
 			return nil, err
@@ -70,7 +71,7 @@ func (t *Tables) Inspect(sp *dataplane.ServicePort) PortRules {
 	name := portName(sp.Name)
 	for _, fam := range t.families {
 		nat, filter := t.saved[fam][tableNAT], t.saved[fam][tableFilter]
-		want := renderPort(sp, fam)
+		want := renderPort(sp, fam, t.masq)
 		for _, fe := range sp.Frontends {
 			if familyOf(fe.Addr) == fam && servable(fe) {
 				out.Frontends = append(out.Frontends, frontendRules(nat, filter, fe))

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"net/netip"
 	"errors"
 	"fmt"
 	"slices"
@@ -20,7 +21,31 @@ type Options struct {
 	// Conntrack removes the entries of UDP backends that left; nil
 	// skips it.
 	Conntrack ConntrackCleaner
-	Log       *zap.Logger
+	// Masquerade is kube-proxy's --masquerade-all and --cluster-cidr.
+	Masquerade Masquerade
+	Log        *zap.Logger
+}
+
+// Masquerade says which ClusterIP traffic kube-proxy's KUBE-SVC-* chains
+// mark for masquerading: all of it (--masquerade-all), or what does not
+// come from the pods (--cluster-cidr), so that a node reached through a
+// static route to the Service range answers through itself. Neither marks
+// none, as kube-proxy without a local-traffic detector.
+type Masquerade struct {
+	All bool
+	// ClusterCIDRs are the pod ranges, at most one per family (kube-proxy's
+	// limit); traffic from outside them is masqueraded.
+	ClusterCIDRs []netip.Prefix
+}
+
+// clusterCIDR is the pod range of fam, if one was given.
+func (m Masquerade) clusterCIDR(fam Family) (netip.Prefix, bool) {
+	for _, c := range m.ClusterCIDRs {
+		if familyOf(c.Addr()) == fam {
+			return c, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 // Plane is the iptables dataplane.Dataplane.
@@ -29,6 +54,7 @@ type Plane struct {
 	families  []Family
 	tools     map[Family]Tools
 	conntrack ConntrackCleaner
+	masq      Masquerade
 	log       *zap.Logger
 
 	// programmed is what the tables hold as far as this Plane wrote them.
@@ -57,7 +83,7 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("iptables.New: Options need a Runner and at least one family's Tools")
 	}
 	p := &Plane{
-		run: o.Runner, tools: o.Families, conntrack: o.Conntrack, log: o.Log,
+		run: o.Runner, tools: o.Families, conntrack: o.Conntrack, masq: o.Masquerade, log: o.Log,
 		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		rendered:   map[dataplane.ServicePortName]*renderedPort{},
 		checked:    map[Family]bool{},
@@ -146,7 +172,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		if r := p.rendered[n]; r != nil && r.sp == sp {
 			nextRendered[n] = r
 		} else {
-			nextRendered[n] = render(sp, p.families)
+			nextRendered[n] = render(sp, p.families, p.masq)
 		}
 	}
 
@@ -212,10 +238,10 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 	return nil
 }
 
-func render(sp *dataplane.ServicePort, families []Family) *renderedPort {
+func render(sp *dataplane.ServicePort, families []Family, masq Masquerade) *renderedPort {
 	r := &renderedPort{sp: sp, rules: map[Family]*portRules{}}
 	for _, fam := range families {
-		pr := renderPort(sp, fam)
+		pr := renderPort(sp, fam, masq)
 		r.rules[fam] = &pr
 	}
 	return r

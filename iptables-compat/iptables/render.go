@@ -94,7 +94,7 @@ func comment(text string) string { return `-m comment --comment "` + text + `"` 
 // kpr's frontends carry their addresses, NodePorts too, so every rule
 // matches its destination address (kube-proxy matches NodePorts by port
 // on every local address).
-func renderPort(sp *dataplane.ServicePort, fam Family) portRules {
+func renderPort(sp *dataplane.ServicePort, fam Family, masq Masquerade) portRules {
 	var out portRules
 	name := portName(sp.Name)
 	proto := protoName(sp.Name.Protocol)
@@ -123,6 +123,9 @@ func renderPort(sp *dataplane.ServicePort, fam Family) portRules {
 		direct := fe.Kind == dataplane.ClusterIP && !local
 		dest := []string{"-m", proto, "-p", proto, "-d", fe.Addr.Unmap().String(), "--dport", strconv.Itoa(int(fe.Port))}
 
+		if fe.Kind == dataplane.ClusterIP && !internal.empty() {
+			internal.markMasq(clusterIPMasquerade(masq, fam, name, dest))
+		}
 		if !internal.empty() || !external.empty() {
 			target := internal.chain
 			if !direct {
@@ -189,6 +192,36 @@ func kindComment(k dataplane.FrontendKind) string {
 type backendSet struct {
 	backends []dataplane.Backend // sorted, of the family only
 	chain    string
+	// masq are the words of the rules that open the chain and mark
+	// ClusterIP traffic for masquerading (see Masquerade).
+	masq [][]string
+}
+
+// markMasq adds a masquerade rule to the set's chain, once.
+func (s *backendSet) markMasq(words []string) {
+	if words == nil {
+		return
+	}
+	for _, w := range s.masq {
+		if slices.Equal(w, words) {
+			return
+		}
+	}
+	s.masq = append(s.masq, words)
+}
+
+// clusterIPMasquerade is the rule that marks traffic to a ClusterIP for
+// masquerading, as kube-proxy writes it at the head of the Service's
+// internal chain; nil when masq marks nothing.
+func clusterIPMasquerade(masq Masquerade, fam Family, name string, dest []string) []string {
+	words := append([]string{comment(name + " cluster IP")}, dest...)
+	if masq.All {
+		return append(words, "-j", chainMarkMasq)
+	}
+	if cidr, ok := masq.clusterCIDR(fam); ok {
+		return append(words, "!", "-s", cidr.String(), "-j", chainMarkMasq)
+	}
+	return nil
 }
 
 func (s *backendSet) empty() bool { return s == nil || len(s.backends) == 0 }
@@ -365,6 +398,9 @@ func (p *policies) chains(sp *dataplane.ServicePort, name, proto string) []chain
 		}
 		c := chain{name: s.chain}
 		add := func(words ...string) { c.rules = append(c.rules, line(append([]string{"-A", c.name}, words...)...)) }
+		for _, words := range s.masq {
+			add(words...)
+		}
 		if affinity > 0 {
 			for _, b := range s.backends {
 				sep := endpointChain(sp.Name, b)

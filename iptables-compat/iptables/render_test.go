@@ -103,12 +103,12 @@ func goldenCases() map[string][]*dataplane.ServicePort {
 
 // fullSyncInput is what a full sync of sps writes into tables that hold
 // nothing yet, per family and table.
-func fullSyncInput(sps []*dataplane.ServicePort) []byte {
+func fullSyncInput(sps []*dataplane.ServicePort, masq Masquerade) []byte {
 	var out bytes.Buffer
 	rendered := map[dataplane.ServicePortName]*renderedPort{}
 	var names []dataplane.ServicePortName
 	for _, sp := range sps {
-		rendered[sp.Name] = render(sp, []Family{IPv4, IPv6})
+		rendered[sp.Name] = render(sp, []Family{IPv4, IPv6}, masq)
 		names = append(names, sp.Name)
 	}
 	p := &Plane{}
@@ -123,10 +123,38 @@ func fullSyncInput(sps []*dataplane.ServicePort) []byte {
 	return out.Bytes()
 }
 
+// masqueradeCases render a Cluster and a Local internal policy Service, a
+// NodePort and a dual-stack one under kube-proxy's --masquerade-all and
+// --cluster-cidr, one golden file each.
+func masqueradeCases() map[string]Masquerade {
+	return map[string]Masquerade{
+		"masquerade-all": {All: true},
+		"cluster-cidr":   {ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}},
+	}
+}
+
+func masqueradeServices() []*dataplane.ServicePort {
+	cases := goldenCases()
+	internalLocal := spn("shop", "node-local", "", dataplane.TCP)
+	return append(append(cases["nodeport-cluster-policy"], cases["dual-stack"]...),
+		&dataplane.ServicePort{Name: internalLocal, Frontends: []dataplane.Frontend{
+			// internalTrafficPolicy: Local: the ClusterIP's own set is the
+			// node's endpoints, and its chain KUBE-SVL-*.
+			front(dataplane.ClusterIP, "10.96.0.80:80", dataplane.TCP, bes("10.244.0.12:80"), nil),
+			front(dataplane.NodePort, "192.168.1.10:30081", dataplane.TCP, bes("10.244.0.12:80", "10.244.1.12:80"), nil)}})
+}
+
 func TestRenderGolden(t *testing.T) {
+	inputs := map[string]func() []byte{}
 	for name, sps := range goldenCases() {
+		inputs[name] = func() []byte { return fullSyncInput(sps, Masquerade{}) }
+	}
+	for name, masq := range masqueradeCases() {
+		inputs[name] = func() []byte { return fullSyncInput(masqueradeServices(), masq) }
+	}
+	for name, input := range inputs {
 		t.Run(name, func(t *testing.T) {
-			got := fullSyncInput(sps)
+			got := input()
 			path := filepath.Join("testdata", name+".golden")
 			if *update {
 				if err := os.WriteFile(path, got, 0o644); err != nil {
