@@ -1,9 +1,9 @@
 package iptables
 
 import (
-	"net/netip"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 
 	"go.uber.org/zap"
