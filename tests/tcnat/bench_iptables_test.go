@@ -248,8 +248,28 @@ type roundResult struct {
 }
 
 func (r roundResult) String() string {
-	return fmt.Sprintf("%6.0f req/s  p50 %5.0f µs  p99 %6.0f µs  CPU %4.0f µs/request",
-		r.rate(), us(r.quantile(0.50)), us(r.quantile(0.99)), us(r.cpuPerRequest()))
+	slow, stalled := r.slow()
+	return fmt.Sprintf("%6.0f req/s  p50 %5.0f µs  p99 %6.0f µs  CPU %4.0f µs/request  %d over %s (%.1f s)",
+		r.rate(), us(r.quantile(0.50)), us(r.quantile(0.99)), us(r.cpuPerRequest()), slow, slowRequest, stalled.Seconds())
+}
+
+// slowRequest is a latency that takes more than scheduling delays: a
+// lost SYN, retransmitted after 1 s, or a stall of that order.
+const slowRequest = 200 * time.Millisecond
+
+// slow counts the requests that took slowRequest or more, and their time.
+// A client waits that time instead of sending requests, so a few such
+// requests lower the rate more than the percentiles show.
+func (r roundResult) slow() (int, time.Duration) {
+	var n int
+	var d time.Duration
+	for _, l := range r.latencies {
+		if l >= slowRequest {
+			n++
+			d += l
+		}
+	}
+	return n, d
 }
 
 func (r roundResult) rate() float64 { return float64(len(r.latencies)) / r.elapsed.Seconds() }
