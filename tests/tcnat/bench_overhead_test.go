@@ -114,7 +114,18 @@ func restoringProgram(tb testing.TB, frame []byte, target *ebpf.Program) *ebpf.P
 // runOnce runs prog repeat times on frame in one BPF_PROG_TEST_RUN and
 // returns the kernel's time per run.
 func runOnce(b *testing.B, prog *ebpf.Program, frame []byte, repeat int) time.Duration {
-	ret, d, err := prog.Benchmark(frame, repeat, nil)
+	return runCounted(b, prog, frame, repeat, nil)
+}
+
+// runCounted is runOnce that adds to *interrupted the calls a signal cut
+// short: the library runs those again from the start, so the program ran
+// up to repeat times more than asked.
+func runCounted(b *testing.B, prog *ebpf.Program, frame []byte, repeat int, interrupted *int) time.Duration {
+	var reset func()
+	if interrupted != nil {
+		reset = func() { *interrupted++ }
+	}
+	ret, d, err := prog.Benchmark(frame, repeat, reset)
 	if err != nil || ret != actUnspec {
 		b.Fatalf("verdict %d, %v", int32(ret), err)
 	}
