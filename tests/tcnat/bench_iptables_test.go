@@ -14,37 +14,33 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/loader"
-	"github.com/kpr-io/kpr/maps"
-	"github.com/kpr-io/kpr/netnsexec"
 	"github.com/kpr-io/kpr/tests/harness"
 )
 
 // Requests per second and latency through a NodePort, kpr's tc programs
-// against kube-proxy-style iptables rules, in the same namespace topology
-// (topology_test.go) and the same run. Both dataplanes hold the same
-// Services the whole time, fed the same desired state: kpr's maps through
-// ebpfplane, the node namespace's tables through kpr's own iptables
-// renderer (iptables-compat), applied with iptables-restore inside that
-// namespace only. A round measures one side with the other bypassed at the
-// head of its hooks, one cheap rule or program per packet, so the rules and
-// maps never change between rounds:
+// against kube-proxy-style iptables rules, in the same run. Each side has
+// a namespace topology of its own (topology_test.go, built by the same
+// fixture: client, node, two backend pods), so each node namespace looks
+// like a node running that dataplane alone:
 //
-//   - kpr measured: an ACCEPT first in each built-in chain the iptables
-//     rules hang off, so no packet reaches kube-proxy's chains;
-//   - iptables measured: a two-instruction tc program first on the tcx
-//     chains of the node's device, returning TC_ACT_OK, so kpr's programs
-//     never run.
+//   - kpr: its tc programs on the node's device and the Services in its
+//     maps (through ebpfplane). The namespace never had an iptables rule,
+//     so no netfilter table, NAT or conntrack hook is registered in it,
+//     as on a node where kpr replaces kube-proxy; every round checks that
+//     netfilter's conntrack table there stays empty.
+//   - iptables-legacy, iptables-nft: no kpr, and the same Services as
+//     kube-proxy would write them, rendered from the same desired state by
+//     kpr's own iptables renderer (iptables-compat) and applied with
+//     iptables-restore inside that node namespace only.
 //
 // Rounds alternate, each pass over the sides in the reverse order of the
 // one before (kpr, legacy, nft, then nft, legacy, kpr), so that a load
@@ -53,7 +49,7 @@ import (
 //
 //	go test ./tests/tcnat -run '^$' -bench NodePortRequests -benchtime 1x
 var (
-	benchServices = flag.Int("tcbench.services", 1000, "Services present in both dataplanes during BenchmarkNodePortRequests")
+	benchServices = flag.Int("tcbench.services", 1000, "Services present in every dataplane during BenchmarkNodePortRequests")
 	benchRounds   = flag.Int("tcbench.rounds", 6, "rounds of each side in BenchmarkNodePortRequests")
 	benchRound    = flag.Duration("tcbench.round", 3*time.Second, "length of one measured round")
 	benchClients  = flag.Int("tcbench.clients", 8, "concurrent clients, each one request at a time")
@@ -81,82 +77,82 @@ func BenchmarkNodePortRequests(b *testing.B) {
 		}
 	}
 	r := newBenchRig(b, *benchServices, variants)
-	b.Logf("%d Services in both dataplanes; target %s (its rule is %d of %d in KUBE-NODEPORTS); %d clients, %d rounds of %s per side",
+	b.Logf("%d Services in each dataplane; target %s (its rule is %d of %d in KUBE-NODEPORTS); %d clients, %d rounds of %s per side",
 		*benchServices, r.fe, *benchServices/2+1, *benchServices, *benchClients, *benchRounds, *benchRound)
-	sides := []string{sideKpr}
-	for _, v := range variants {
-		sides = append(sides, iptablesSide(v))
-	}
 	// The first requests of a run are slower (threads, neighbour
 	// entries, caches): one short round of each side is not counted.
-	for _, s := range sides {
+	for _, s := range r.sides {
 		r.round(b, s, *benchRound/3, *benchClients)
 	}
 	results := map[string][]roundResult{}
 	for i := 0; i < *benchRounds; i++ {
-		order := sides
+		order := r.sides
 		if i%2 == 1 {
-			order = slices.Clone(sides)
+			order = slices.Clone(r.sides)
 			slices.Reverse(order)
 		}
 		for _, s := range order {
 			res := r.round(b, s, *benchRound, *benchClients)
 			// Progress on stdout: a benchmark's log keeps only 10 lines,
 			// which the summary below needs.
-			fmt.Printf("round %d %-16s %s  (%d requests, %d failed%s)\n", i+1, s, res, len(res.latencies), res.failed, firstFailure(res))
-			results[s] = append(results[s], res)
+			fmt.Printf("round %d %-16s %s  (%d requests, %d failed%s)\n", i+1, s.name, res, len(res.latencies), res.failed, firstFailure(res))
+			results[s.name] = append(results[s.name], res)
 		}
 	}
 	kpr := pool(results[sideKpr])
 	b.ReportMetric(kpr.rate(), "kpr-req/s")
+	b.ReportMetric(us(kpr.quantile(0.50)), "kpr-p50-µs")
 	b.ReportMetric(us(kpr.quantile(0.99)), "kpr-p99-µs")
 	b.ReportMetric(us(kpr.cpuPerRequest()), "kpr-cpu-µs/req")
-	for _, s := range sides {
-		b.Logf("all rounds: %-16s %s", s, pool(results[s]))
+	for _, s := range r.sides {
+		b.Logf("all rounds: %-16s %s", s.name, pool(results[s.name]))
 	}
-	for _, s := range sides[1:] {
-		ipt := pool(results[s])
+	for _, s := range r.sides[1:] {
+		ipt := pool(results[s.name])
 		var ratios []float64
-		for i := range results[s] {
-			ratios = append(ratios, results[sideKpr][i].rate()/results[s][i].rate())
+		for i := range results[s.name] {
+			ratios = append(ratios, results[sideKpr][i].rate()/results[s.name][i].rate())
 		}
 		slices.Sort(ratios)
 		b.Logf("kpr / %s request rate: %.2fx overall, per round pair (sorted) %s; CPU per request %.2fx less",
-			s, kpr.rate()/ipt.rate(), formatRatios(ratios), float64(ipt.cpuPerRequest())/float64(kpr.cpuPerRequest()))
-		b.ReportMetric(ipt.rate(), s+"-req/s")
-		b.ReportMetric(us(ipt.quantile(0.99)), s+"-p99-µs")
-		b.ReportMetric(us(ipt.cpuPerRequest()), s+"-cpu-µs/req")
-		b.ReportMetric(kpr.rate()/ipt.rate(), "kpr/"+s)
+			s.name, kpr.rate()/ipt.rate(), formatRatios(ratios), float64(ipt.cpuPerRequest())/float64(kpr.cpuPerRequest()))
+		b.ReportMetric(ipt.rate(), s.name+"-req/s")
+		b.ReportMetric(us(ipt.quantile(0.50)), s.name+"-p50-µs")
+		b.ReportMetric(us(ipt.quantile(0.99)), s.name+"-p99-µs")
+		b.ReportMetric(us(ipt.cpuPerRequest()), s.name+"-cpu-µs/req")
+		b.ReportMetric(kpr.rate()/ipt.rate(), "kpr/"+s.name)
 	}
 }
 
-// One short round of each side, on a few Services: the rig serves from
-// both dataplanes, and each round is served by the side it measures.
+// One short round of each side, on a few Services: every side serves, each
+// from its own node namespace, and kpr's without netfilter conntrack.
 func TestNodePortBenchRigServesBothSides(t *testing.T) {
 	r := newBenchRig(t, 10, []iptables.Variant{iptables.Legacy})
-	for _, s := range []string{sideKpr, iptablesSide(iptables.Legacy), sideKpr} {
+	for _, s := range []*benchSide{r.sides[0], r.sides[1], r.sides[0]} {
 		res := r.round(t, s, 200*time.Millisecond, 2)
-		t.Logf("%-16s %s", s, res)
+		t.Logf("%-16s %s", s.name, res)
 		// A SYN lost on a busy machine fails a request now and then.
 		if len(res.latencies) == 0 || res.failed*10 > len(res.latencies) {
-			t.Errorf("%s: %d requests served, %d failed%s", s, len(res.latencies), res.failed, firstFailure(res))
+			t.Errorf("%s: %d requests served, %d failed%s", s.name, len(res.latencies), res.failed, firstFailure(res))
 		}
 	}
 }
 
-func iptablesSide(v iptables.Variant) string { return "iptables-" + string(v) }
-
-// benchRig is the topology with both dataplanes programmed, and the
-// bypasses that pick the side that serves.
+// benchRig is one topology per side, each serving the same Services.
 type benchRig struct {
-	top      *topology
-	fe       netip.AddrPort // the NodePort the clients ask
-	run      iptables.Runner
-	variants []iptables.Variant
-	tcPass   []link.Link // attached while iptables is measured
-	pass     *ebpf.Program
-	served   map[string]bool // per iptables variant: its rules are reachable (not bypassed)
+	sides []*benchSide // kpr first
+	fe    netip.AddrPort
 }
+
+// benchSide is one dataplane and the topology it alone serves.
+type benchSide struct {
+	name    string
+	top     *topology
+	variant iptables.Variant // of an iptables side
+	run     iptables.Runner  // in the node namespace, for an iptables side
+}
+
+func (s *benchSide) kpr() bool { return s.name == sideKpr }
 
 func newBenchRig(tb testing.TB, services int, variants []iptables.Variant) *benchRig {
 	tb.Helper()
@@ -164,25 +160,25 @@ func newBenchRig(tb testing.TB, services int, variants []iptables.Variant) *benc
 	// conntrack map fills within a round, and a full one stalls some new
 	// connections for a SYN retransmit or more (docs/tc-dataplane.md,
 	// Benchmark), which would measure that instead.
-	top := buildTopology(tb, benchPods)
-	loaded := loadDataplaneSized(tb, newBPFRoot(tb),
-		&loader.TCOptions{Devices: []string{extDev}, Mode: loader.TCAttachTCX, NetNS: top.node.NetNS.Path}, loader.MapSizes{})
-	lb, err := maps.New(loaded.Maps)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	top.progs = &progs{t: tb, loaded: loaded, lb: lb, ingress: loaded.TC.Ingress, egress: loaded.TC.Egress}
-	r := &benchRig{top: top, variants: variants, served: map[string]bool{},
-		run: iptables.ExecRunner{Prefix: []string{"ip", "netns", "exec", top.node.NetNS.Name}}}
-	all, fe := dressedServices(services, nodeAddr(false), top.backends(nodeAddr(false), dataplane.TCP, top.pods...))
-	r.fe = fe
+	top := newTopologySized(tb, benchPods, loader.TCAttachTCX, loader.MapSizes{})
+	backends := top.backends(nodeAddr(false), dataplane.TCP, top.pods...)
+	all, fe := dressedServices(services, nodeAddr(false), backends)
+	r := &benchRig{fe: fe, sides: []*benchSide{{name: sideKpr, top: top}}}
 	start := time.Now()
 	if err := ebpfplane.New(top.lb, zap.NewNop()).Reconcile(all); err != nil {
 		tb.Fatalf("program %d Services into kpr's maps: %v", services, err)
 	}
 	tb.Logf("kpr: %d Services written in %s", services, time.Since(start).Round(time.Millisecond))
 	for _, v := range variants {
-		p, err := iptables.New(iptables.Options{Runner: r.run, Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(v, iptables.IPv4)}})
+		top := buildTopology(tb, benchPods)
+		s := &benchSide{name: "iptables-" + string(v), top: top, variant: v,
+			run: iptables.ExecRunner{Prefix: []string{"ip", "netns", "exec", top.node.NetNS.Name}}}
+		// The same pod addresses in every topology: the same desired
+		// state serves them all.
+		if got := top.backends(fe.Addr(), dataplane.TCP, top.pods...); !slices.Equal(got, backends) {
+			tb.Fatalf("%s: the topology's pods are %v, kpr's %v", s.name, got, backends)
+		}
+		p, err := iptables.New(iptables.Options{Runner: s.run, Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(v, iptables.IPv4)}})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -191,18 +187,11 @@ func newBenchRig(tb testing.TB, services int, variants []iptables.Variant) *benc
 			tb.Fatalf("program %d Services with iptables-%s in %s: %v", services, v, top.node.NetNS.Name, err)
 		}
 		tb.Logf("iptables-%s: %d Services written in %s", v, services, time.Since(start).Round(time.Millisecond))
-		r.served[string(v)] = true
+		r.sides = append(r.sides, s)
 	}
-	r.pass, err = ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}}) // TC_ACT_OK
-	if err != nil {
-		tb.Fatalf("load the tc pass program: %v", err)
+	for _, s := range r.sides {
+		setClientSysctls(tb, s.top.client.NetNS)
 	}
-	tb.Cleanup(func() {
-		r.detachPass(tb)
-		r.pass.Close()
-	})
-	setClientSysctls(tb, top.client.NetNS)
 	return r
 }
 
@@ -244,74 +233,6 @@ func setClientSysctls(tb testing.TB, ns *harness.NetNS) {
 	}
 }
 
-// use makes side the one that serves the NodePort: it bypasses the others.
-func (r *benchRig) use(tb testing.TB, side string) {
-	tb.Helper()
-	if side == sideKpr {
-		r.detachPass(tb)
-	} else {
-		r.attachPass(tb)
-	}
-	for _, v := range r.variants {
-		want := side == iptablesSide(v)
-		if r.served[string(v)] == want {
-			continue
-		}
-		verb := "-I"
-		if want {
-			verb = "-D"
-		}
-		var in bytes.Buffer
-		for _, t := range []struct{ table, chains string }{{"filter", "INPUT FORWARD OUTPUT"}, {"nat", "PREROUTING OUTPUT POSTROUTING"}} {
-			fmt.Fprintf(&in, "*%s\n", t.table)
-			for _, c := range strings.Fields(t.chains) {
-				fmt.Fprintf(&in, "%s %s -m comment --comment \"kpr tc benchmark: bypass\" -j ACCEPT\n", verb, c)
-			}
-			in.WriteString("COMMIT\n")
-		}
-		if _, err := r.run.Run(iptables.ToolsFor(v, iptables.IPv4).Restore, []string{"--noflush"}, in.Bytes()); err != nil {
-			tb.Fatalf("bypass iptables-%s (%s): %v", v, verb, err)
-		}
-		r.served[string(v)] = want
-	}
-}
-
-func (r *benchRig) attachPass(tb testing.TB) {
-	tb.Helper()
-	if r.tcPass != nil {
-		return
-	}
-	dev, err := r.top.node.NetNS.Netlink().LinkByName(extDev)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	// A tcx attachment names its device by index in the caller's network
-	// namespace.
-	err = netnsexec.InPath(r.top.node.NetNS.Path, func() error {
-		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
-			l, err := link.AttachTCX(link.TCXOptions{Interface: dev.Attrs().Index, Program: r.pass, Attach: at, Anchor: link.Head()})
-			if err != nil {
-				return fmt.Errorf("attach the pass program before kpr's on %s (%s): %w", extDev, at, err)
-			}
-			r.tcPass = append(r.tcPass, l)
-		}
-		return nil
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-}
-
-func (r *benchRig) detachPass(tb testing.TB) {
-	tb.Helper()
-	for _, l := range r.tcPass {
-		if err := l.Close(); err != nil {
-			tb.Errorf("detach the tc pass program: %v", err)
-		}
-	}
-	r.tcPass = nil
-}
-
 // roundResult is one round's requests.
 type roundResult struct {
 	latencies []time.Duration // of the requests that completed, sorted
@@ -327,8 +248,28 @@ type roundResult struct {
 }
 
 func (r roundResult) String() string {
-	return fmt.Sprintf("%6.0f req/s  p50 %5.0f µs  p99 %6.0f µs  CPU %4.0f µs/request",
-		r.rate(), us(r.quantile(0.50)), us(r.quantile(0.99)), us(r.cpuPerRequest()))
+	slow, stalled := r.slow()
+	return fmt.Sprintf("%6.0f req/s  p50 %5.0f µs  p99 %6.0f µs  CPU %4.0f µs/request  %d over %s (%.1f s)",
+		r.rate(), us(r.quantile(0.50)), us(r.quantile(0.99)), us(r.cpuPerRequest()), slow, slowRequest, stalled.Seconds())
+}
+
+// slowRequest is a latency that takes more than scheduling delays: a
+// lost SYN, retransmitted after 1 s, or a stall of that order.
+const slowRequest = 200 * time.Millisecond
+
+// slow counts the requests that took slowRequest or more, and their time.
+// A client waits that time instead of sending requests, so a few such
+// requests lower the rate more than the percentiles show.
+func (r roundResult) slow() (int, time.Duration) {
+	var n int
+	var d time.Duration
+	for _, l := range r.latencies {
+		if l >= slowRequest {
+			n++
+			d += l
+		}
+	}
+	return n, d
 }
 
 func (r roundResult) rate() float64 { return float64(len(r.latencies)) / r.elapsed.Seconds() }
@@ -382,35 +323,82 @@ func formatRatios(rs []float64) string {
 // counter of new flows, or the packet counter of the target's
 // KUBE-NODEPORTS rule, grows by at least the requests served, and kpr's
 // does not grow while iptables is measured.
-func (r *benchRig) round(tb testing.TB, side string, d time.Duration, clients int) roundResult {
+
+// round measures side for d, after its conntrack table is emptied and a
+// short warm-up, and fails unless side served every request: kpr's
+// counter of new flows, or the packet counter of the target's
+// KUBE-NODEPORTS rule, grows by at least the requests served. It also
+// fails if netfilter tracked a connection in kpr's node namespace, and,
+// so that this check is known to see what it looks for, if it tracked
+// none in an iptables side's.
+func (r *benchRig) round(tb testing.TB, s *benchSide, d time.Duration, clients int) roundResult {
 	tb.Helper()
-	r.use(tb, side)
-	if err := r.top.node.NetNS.Netlink().ConntrackTableFlush(netlink.ConntrackTable); err != nil {
-		tb.Fatalf("flush the node namespace's conntrack table: %v", err)
+	node := s.top.node.NetNS
+	if s.kpr() {
+		s.top.flushConntrack()
+		if n := nfConntrackCount(tb, node); n != 0 {
+			tb.Fatalf("kpr round: netfilter tracks %d connections in kpr's node namespace %s before it", n, node.Name)
+		}
+	} else if err := node.Netlink().ConntrackTableFlush(netlink.ConntrackTable); err != nil {
+		tb.Fatalf("flush the conntrack table of %s (%s): %v", node.Name, s.name, err)
 	}
-	r.top.flushConntrack()
-	load(r.top.client.NetNS, r.fe, clients, d/10)
-	kprBefore, iptBefore := r.top.stats(), r.nodePortPackets(tb, side)
+	load(s.top.client.NetNS, r.fe, clients, d/10)
+	var kprBefore bpf.KprNatStats
+	if s.kpr() {
+		kprBefore = s.top.stats()
+	}
+	iptBefore := s.nodePortPackets(tb, r.fe.Port())
 	cpu0 := processCPU(tb)
-	res := load(r.top.client.NetNS, r.fe, clients, d)
+	res := load(s.top.client.NetNS, r.fe, clients, d)
 	res.cpu = processCPU(tb) - cpu0
-	kprAfter := r.top.stats()
-	kprFlows, iptPackets := kprAfter.NewFlows-kprBefore.NewFlows, r.nodePortPackets(tb, side)-iptBefore
-	if res.failed > 0 && side == sideKpr {
+	n := uint64(len(res.latencies))
+	tracked := nfConntrackCount(tb, node)
+	if !s.kpr() {
+		if got := s.nodePortPackets(tb, r.fe.Port()) - iptBefore; got < n {
+			tb.Fatalf("%s round: %d requests served but the NodePort rule counted %d packets", s.name, n, got)
+		}
+		if tracked == 0 {
+			tb.Fatalf("%s round: netfilter's conntrack table in %s is empty after %d requests: the check of kpr's rounds sees nothing", s.name, node.Name, n)
+		}
+		return res
+	}
+	kprAfter := s.top.stats()
+	if res.failed > 0 {
 		// Say whether kpr's programs dropped what failed.
 		res.firstErr = fmt.Errorf("%w (kpr's drops in the round: conntrack insert %d, rewrite %d, no backend %d)", res.firstErr,
 			kprAfter.DropCtInsert-kprBefore.DropCtInsert, kprAfter.DropRewrite-kprBefore.DropRewrite, kprAfter.DropNoBackend-kprBefore.DropNoBackend)
 	}
-	n := uint64(len(res.latencies))
-	switch {
-	case side == sideKpr && kprFlows < n:
-		tb.Fatalf("kpr round: %d requests served but kpr's programs saw %d new flows", n, kprFlows)
-	case side != sideKpr && kprFlows != 0:
-		tb.Fatalf("%s round: kpr's programs created %d flows: the bypass failed", side, kprFlows)
-	case side != sideKpr && iptPackets < n:
-		tb.Fatalf("%s round: %d requests served but the NodePort rule counted %d packets", side, n, iptPackets)
+	if flows := kprAfter.NewFlows - kprBefore.NewFlows; flows < n {
+		tb.Fatalf("kpr round: %d requests served but kpr's programs saw %d new flows", n, flows)
+	}
+	if tracked != 0 {
+		tb.Fatalf("kpr round: netfilter tracked %d connections in kpr's node namespace %s: its hooks run there", tracked, node.Name)
 	}
 	return res
+}
+
+// nfConntrackCount is the number of connections in netfilter's conntrack
+// table of ns.
+func nfConntrackCount(tb testing.TB, ns *harness.NetNS) uint64 {
+	tb.Helper()
+	var n uint64
+	err := harness.Do(ns, func() error {
+		// The sysctl is per namespace; it is missing only while
+		// nf_conntrack is not loaded at all, when nothing is tracked.
+		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_count")
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		n, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("netfilter's conntrack count in %s: %v", ns.Name, err)
+	}
+	return n
 }
 
 // processCPU is the user and system time of the test process so far.
@@ -423,32 +411,32 @@ func processCPU(tb testing.TB) time.Duration {
 }
 
 // nodePortPackets is the packet counter of the target's KUBE-NODEPORTS
-// rule in the tables of side's variant (0 for kpr).
-func (r *benchRig) nodePortPackets(tb testing.TB, side string) uint64 {
+
+// nodePortPackets is the packet counter of port's KUBE-NODEPORTS rule in
+// the tables of an iptables side (0 for kpr).
+func (s *benchSide) nodePortPackets(tb testing.TB, port uint16) uint64 {
 	tb.Helper()
-	for _, v := range r.variants {
-		if side != iptablesSide(v) {
+	if s.kpr() {
+		return 0
+	}
+	out, err := s.run.Run(iptables.ToolsFor(s.variant, iptables.IPv4).Save, []string{"-c", "-t", "nat"}, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		// [packets:bytes] -A KUBE-NODEPORTS ... --dport N ...
+		counters, rule, ok := strings.Cut(l, " ")
+		if !ok || !strings.HasPrefix(rule, "-A KUBE-NODEPORTS ") || !strings.Contains(rule+" ", fmt.Sprintf(" --dport %d ", port)) {
 			continue
 		}
-		out, err := r.run.Run(iptables.ToolsFor(v, iptables.IPv4).Save, []string{"-c", "-t", "nat"}, nil)
+		pkts, _, _ := strings.Cut(strings.Trim(counters, "[]"), ":")
+		n, err := strconv.ParseUint(pkts, 10, 64)
 		if err != nil {
-			tb.Fatal(err)
+			tb.Fatalf("counters of %q: %v", l, err)
 		}
-		for _, l := range strings.Split(string(out), "\n") {
-			// [packets:bytes] -A KUBE-NODEPORTS ... --dport N ...
-			counters, rule, ok := strings.Cut(l, " ")
-			if !ok || !strings.HasPrefix(rule, "-A KUBE-NODEPORTS ") || !strings.Contains(rule+" ", fmt.Sprintf(" --dport %d ", r.fe.Port())) {
-				continue
-			}
-			pkts, _, _ := strings.Cut(strings.Trim(counters, "[]"), ":")
-			n, err := strconv.ParseUint(pkts, 10, 64)
-			if err != nil {
-				tb.Fatalf("counters of %q: %v", l, err)
-			}
-			return n
-		}
-		tb.Fatalf("no KUBE-NODEPORTS rule for port %d in iptables-%s-save", r.fe.Port(), v)
+		return n
 	}
+	tb.Fatalf("no KUBE-NODEPORTS rule for port %d in %s-save", port, s.name)
 	return 0
 }
 

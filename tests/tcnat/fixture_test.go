@@ -68,8 +68,11 @@ func newBPFRoot(t testing.TB) string {
 // process, and the tc programs if tc is set.
 func loadDataplane(t testing.TB, bpfRoot string, tc *loader.TCOptions) *loader.Loaded {
 	t.Helper()
-	return loadDataplaneSized(t, bpfRoot, tc, loader.MapSizes{Conntrack: 4096})
+	return loadDataplaneSized(t, bpfRoot, tc, fixtureSizes)
 }
+
+// fixtureSizes keeps the tests' conntrack map small.
+var fixtureSizes = loader.MapSizes{Conntrack: 4096}
 
 // loadDataplaneSized is loadDataplane with the maps sized as given (zero
 // keeps a map's compiled-in size).

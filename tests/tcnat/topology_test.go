@@ -54,8 +54,14 @@ var (
 
 func newTopology(t testing.TB, pods int, mode loader.TCAttachMode) *topology {
 	t.Helper()
+	return newTopologySized(t, pods, mode, fixtureSizes)
+}
+
+// newTopologySized is newTopology with kpr's maps sized as given.
+func newTopologySized(t testing.TB, pods int, mode loader.TCAttachMode, sizes loader.MapSizes) *topology {
+	t.Helper()
 	top := buildTopology(t, pods)
-	loaded := loadDataplane(t, newBPFRoot(t), &loader.TCOptions{Devices: []string{extDev}, Mode: mode, NetNS: top.node.NetNS.Path})
+	loaded := loadDataplaneSized(t, newBPFRoot(t), &loader.TCOptions{Devices: []string{extDev}, Mode: mode, NetNS: top.node.NetNS.Path}, sizes)
 	lb, err := maps.New(loaded.Maps)
 	if err != nil {
 		t.Fatal(err)
