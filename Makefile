@@ -85,9 +85,9 @@ bench-dataplane: deps
 	$(GO) test ./tests/socklb -run '^$$' -bench Connect -benchtime 5000x -count 3
 
 ## bench-tc: requests per second and latency through a NodePort, kpr's tc
-## programs against kube-proxy-style iptables rules (legacy and nft) in the
-## same topology and run, 1,000 Services; then BPF time per packet of an
-## established flow, with the empty-program baseline to subtract
+## programs against kube-proxy-style iptables rules (legacy and nft), each in
+## an identical topology of its own, alternating in one run, 1,000 Services;
+## then BPF time per packet of an established flow, net of the harness
 bench-tc: deps
 	$(GO) test ./tests/tcnat -run '^$$' -bench NodePortRequests -benchtime 1x -count=1 -timeout 30m
 	$(GO) test ./tests/tcnat -run '^$$' -bench PerPacket -benchtime 100000x -count 3
