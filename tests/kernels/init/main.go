@@ -189,8 +189,12 @@ func runTests(dir string, args []string) {
 		report("suite", "%s", suite)
 		cmd := exec.Command(filepath.Join(dir, name), append([]string{"-test.v", "-test.count=1"}, args...)...)
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
-		// Each suite runs from its own directory, as `go test` does.
-		cmd.Dir = "/tmp"
+		// Each suite runs from its own directory, as `go test` runs it
+		// from its package's: the runner packs the testdata there.
+		cmd.Dir = filepath.Join("/kpr/src", suite)
+		if err := os.MkdirAll(cmd.Dir, 0o755); err != nil {
+			report("error", "suite directory %s: %v", cmd.Dir, err)
+		}
 		start := time.Now()
 		err := cmd.Run()
 		code := 0

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 //	                      conntrack), with their libraries and plugins
 //	/kpr/kpr              kpr, for `kpr probe` and the CLI tests
 //	/kpr/tests/*.test     the test binaries
+//	/kpr/src/<suite>/     each suite's directory, with its package's testdata
 //	/kpr/test-args        their flags, one a line
 //	/kpr/modules/*.ko     the kernel's modules, and modules.load
 func packInitramfs(path, kernelDir string, p *payload, args []string) error {
@@ -55,6 +57,26 @@ func packInitramfs(path, kernelDir string, p *payload, args []string) error {
 	w.file("kpr/kpr", p.kpr, 0o755)
 	for _, t := range p.tests {
 		w.file("kpr/tests/"+filepath.Base(t), t, 0o755)
+	}
+	// Each suite runs in /kpr/src/<suite>, as `go test` runs it in its
+	// package directory, with the package's testdata below it.
+	for suite, dir := range p.testdata {
+		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			rel, err := filepath.Rel(filepath.Dir(dir), path)
+			if err != nil {
+				return err
+			}
+			name := filepath.Join("kpr/src", suite, rel)
+			w.parents("/" + name)
+			w.file(name, path, 0o644)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("pack %s: %w", dir, err)
+		}
 	}
 	w.data("kpr/test-args", []byte(strings.Join(args, "\n")+"\n"), 0o644)
 	w.file("kpr/modules.load", filepath.Join(kernelDir, "modules.load"), 0o644)

@@ -98,6 +98,9 @@ func fail(err error) int {
 type payload struct {
 	init, kpr, busybox string
 	tests              []string
+	// testdata maps a test binary's suite name to its package's testdata
+	// directory, which the suite reads relative to its own directory.
+	testdata map[string]string
 	// tools are host executables the tests exec (bpftool, ip, iptables),
 	// when present, and the iptables extensions those load.
 	tools []string
@@ -129,6 +132,12 @@ func build(work string, packages []string) (*payload, error) {
 			return nil, err
 		}
 		p.tests = append(p.tests, bin)
+		if dir := filepath.Join(pkg, "testdata"); isDir(dir) {
+			if p.testdata == nil {
+				p.testdata = map[string]string{}
+			}
+			p.testdata[filepath.Base(pkg)] = dir
+		}
 	}
 	for _, bb := range []string{"/bin/busybox", "/usr/bin/busybox"} {
 		if isStatic(bb) {
@@ -170,6 +179,11 @@ func hostTools() []string {
 		tools = append(tools, plugins...)
 	}
 	return tools
+}
+
+func isDir(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.IsDir()
 }
 
 // isStatic reports whether path is an executable without an ELF interpreter.
