@@ -103,14 +103,12 @@ type TC struct {
 	// tells a backend on another node from a local one.
 	devices *ebpf.Map
 
-	// What SetDevices attaches with, and to what the programs are
-	// attached now.
-	bpfRoot  string
-	netNS    string
-	want     TCAttachMode
-	log      *zap.Logger
-	mu       sync.Mutex
-	attached []string
+	// What SetDevices attaches with.
+	bpfRoot string
+	netNS   string
+	want    TCAttachMode
+	log     *zap.Logger
+	mu      sync.Mutex
 }
 
 // Close releases this process's handles on the programs. Attachments stay.
@@ -188,21 +186,27 @@ func (t *TC) SetDevices(devices []string) error {
 		if len(devices) > 0 {
 			t.Mode = used
 		}
+		// Clsact filters have no pins: those of devices no longer named,
+		// by this kpr or by the one before a restart, are found on the
+		// devices themselves. Only kpr's filters are touched.
 		var errs []error
-		for _, dev := range t.attached {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return fmt.Errorf("list the devices to find kpr's tc filters on those no longer named: %w", err)
+		}
+		for _, iface := range links {
+			dev := iface.Attrs().Name
 			if slices.Contains(devices, dev) {
 				continue
 			}
-			iface, err := netlink.LinkByName(dev)
-			if err != nil {
-				continue // gone, and its filters with it
-			}
 			for _, d := range tcDirections {
-				errs = append(errs, removeLegacyFilter(iface, d))
+				removed, err := removeLegacyFilterOf(iface, d)
+				errs = append(errs, err)
+				if removed {
+					t.log.Info("tc programs detached from a device no longer followed", zap.String("device", dev), zap.String("direction", d.name))
+				}
 			}
-			t.log.Info("tc programs detached from a device no longer followed", zap.String("device", dev))
 		}
-		t.attached = slices.Clone(devices)
 		// Last: a packet on a device being detached still finds it.
 		return errors.Join(append(errs, pruneDevices(t.devices, devices))...)
 	}
@@ -526,13 +530,20 @@ func legacyFilter(iface netlink.Link, d tcDirection) *netlink.BpfFilter {
 // removeLegacyFilter deletes kpr's filter in direction d of iface, and the
 // clsact qdisc once no filter is left on it.
 func removeLegacyFilter(iface netlink.Link, d tcDirection) error {
+	_, err := removeLegacyFilterOf(iface, d)
+	return err
+}
+
+// removeLegacyFilterOf is removeLegacyFilter, also saying whether there
+// was a kpr filter to remove.
+func removeLegacyFilterOf(iface netlink.Link, d tcDirection) (bool, error) {
 	dev := iface.Attrs().Name
 	filters, err := netlink.FilterList(iface, d.parent)
 	if err != nil {
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
-			return nil // no clsact qdisc
+			return false, nil // no clsact qdisc
 		}
-		return fmt.Errorf("list tc filters of %s: %w", dev, err)
+		return false, fmt.Errorf("list tc filters of %s: %w", dev, err)
 	}
 	removed := false
 	for _, f := range filters {
@@ -541,14 +552,14 @@ func removeLegacyFilter(iface netlink.Link, d tcDirection) error {
 			continue
 		}
 		if err := netlink.FilterDel(legacyFilter(iface, d)); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("remove kpr's tc %s filter from %s: %w", d.name, dev, err)
+			return false, fmt.Errorf("remove kpr's tc %s filter from %s: %w", d.name, dev, err)
 		}
 		removed = true
 	}
 	if !removed {
-		return nil // another tool's qdisc, or none
+		return false, nil // another tool's qdisc, or none
 	}
-	return removeEmptyClsact(iface)
+	return true, removeEmptyClsact(iface)
 }
 
 // removeEmptyClsact deletes the device's clsact qdisc when neither

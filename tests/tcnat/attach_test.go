@@ -244,9 +244,15 @@ func TestTCAttachSwitchesModeAndFollowsDevices(t *testing.T) {
 	if s := deviceState(t, node.NetNS, dev); !s.empty() {
 		t.Errorf("%s is no longer named but still carries %+v", dev, s)
 	}
-	// Cleanup alone (the pins) detaches tcx links too.
+	// Cleanup alone (the pins) detaches tcx links too; clsact filters,
+	// which have no pins, `kpr cleanup` finds on the devices.
 	if err := loader.Cleanup(bpfRoot); err != nil {
 		t.Fatal(err)
+	}
+	if auto == loader.TCAttachLegacy {
+		if err := harness.Do(node.NetNS, func() error { return loader.CleanupTC(bpfRoot, nil) }); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if s := deviceState(t, node.NetNS, other); !s.empty() {
 		t.Errorf("after Cleanup %s still carries %+v", other, s)
@@ -272,6 +278,10 @@ func TestTCAttachUnknownDevice(t *testing.T) {
 // A kpr started without tc programs takes the previous one's off the
 // devices: the operator no longer names them.
 func TestLoadWithoutTCDetachesThePreviousOnes(t *testing.T) {
+	if !kernelHasTCX() {
+		t.Skip("kernel lacks tcx (Linux 6.6+): the programs are clsact filters, which have no pins, so a kpr started without " +
+			"tc programs does not know where to look; `kpr cleanup` removes them (TestCleanupCommandFindsTheDevices)")
+	}
 	node, err := harness.NewNode(t, harness.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -160,7 +160,7 @@ func newBenchRig(tb testing.TB, services int, variants []iptables.Variant) *benc
 	// conntrack map fills within a round, and a full one stalls some new
 	// connections for a SYN retransmit or more (docs/tc-dataplane.md,
 	// Benchmark), which would measure that instead.
-	top := newTopologySized(tb, benchPods, loader.TCAttachTCX, loader.MapSizes{})
+	top := newTopologySized(tb, benchPods, loader.TCAttachAuto, loader.MapSizes{})
 	backends := top.backends(nodeAddr(false), dataplane.TCP, top.pods...)
 	all, fe := dressedServices(services, nodeAddr(false), backends)
 	r := &benchRig{fe: fe, sides: []*benchSide{{name: sideKpr, top: top}}}

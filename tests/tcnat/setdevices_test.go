@@ -2,6 +2,7 @@ package tcnat
 
 import (
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 func TestTCSetDevicesFollowsTheDeviceSet(t *testing.T) {
 	for _, mode := range []loader.TCAttachMode{loader.TCAttachTCX, loader.TCAttachLegacy} {
 		t.Run(mode.String(), func(t *testing.T) {
+			skipWithoutTCX(t, mode)
 			node, err := harness.NewNode(t, harness.Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -44,8 +46,10 @@ func TestTCSetDevicesFollowsTheDeviceSet(t *testing.T) {
 	}
 }
 
-// `kpr probe -o json` reports the tc features, all present on the kernels
-// the tests run on (6.7+), and that --tc-attach auto picks tcx.
+// `kpr probe -o json` reports the tc features as the running kernel has
+// them: clsact, bpf_fib_lookup and the redirect helpers everywhere kpr
+// runs (5.10+), tcx from 6.6 and BPF_FIB_LOOKUP_SRC from 6.7; and
+// --tc-attach auto picks tcx where the kernel has it.
 func TestProbeReportsTCFeatures(t *testing.T) {
 	harness.RequireRoot(t)
 	bin, err := kprproc.Binary()
@@ -57,6 +61,7 @@ func TestProbeReportsTCFeatures(t *testing.T) {
 		t.Fatalf("kpr probe: %v", err)
 	}
 	var report struct {
+		Kernel   string
 		Features []struct {
 			Name      string
 			Supported bool
@@ -74,13 +79,25 @@ func TestProbeReportsTCFeatures(t *testing.T) {
 			t.Logf("%s: %s", f.Name, f.Error)
 		}
 	}
-	for _, name := range []string{loader.FeatureTCX, loader.FeatureClsact, loader.FeatureFibLookup, loader.FeatureFibLookupSrc,
-		loader.FeatureRedirect, loader.FeatureRedirectNeigh} {
-		if !got[name] {
-			t.Errorf("kpr probe: %q not reported as supported", name)
+	var major, minor int
+	if _, err := fmt.Sscanf(report.Kernel, "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("kernel release %q: %v", report.Kernel, err)
+	}
+	since := func(maj, min int) bool { return major > maj || major == maj && minor >= min }
+	want := map[string]bool{
+		loader.FeatureClsact: true, loader.FeatureFibLookup: true, loader.FeatureRedirect: true, loader.FeatureRedirectNeigh: true,
+		loader.FeatureTCX: since(6, 6), loader.FeatureFibLookupSrc: since(6, 7),
+	}
+	for name, w := range want {
+		if got[name] != w {
+			t.Errorf("kpr probe on %s: %q supported %v, want %v", report.Kernel, name, got[name], w)
 		}
 	}
-	if report.TCAttach != "tcx" {
-		t.Errorf("kpr probe: tcAttach %q, want tcx on this kernel", report.TCAttach)
+	wantAttach := "clsact"
+	if since(6, 6) {
+		wantAttach = "tcx"
+	}
+	if report.TCAttach != wantAttach {
+		t.Errorf("kpr probe on %s: tcAttach %q, want %s", report.Kernel, report.TCAttach, wantAttach)
 	}
 }
