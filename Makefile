@@ -94,11 +94,12 @@ bench-proxies: deps tools
 		-sizes=100,1000,10000 -updates=200 -samples=2000 -out=docs/bench -doc=docs/benchmarks.md
 	$(MAKE) bench-plots
 
-## bench-plots: redraw docs/bench/*.png from docs/bench/results.json
+## bench-plots: redraw the PNG plots in BENCH_OUT from its results.json
 ## (tests/bench/plot, a module of its own so that the plotting libraries stay
 ## out of kpr's go.mod)
+BENCH_OUT ?= docs/bench
 bench-plots:
-	cd tests/bench/plot && $(GO) run . -results $(CURDIR)/docs/bench/results.json -out $(CURDIR)/docs/bench
+	cd tests/bench/plot && $(GO) run . -results $(abspath $(BENCH_OUT))/results.json -out $(abspath $(BENCH_OUT))
 
 bench-controlplane: deps tools
 	$(GO) test ./tests/syncperf -run '^$$' -bench . -benchtime 1x -count=1 -timeout 1h
