@@ -6,7 +6,7 @@ export GOFLAGS := -buildvcs=false
 
 -include tests/tools/tools.mk
 
-.PHONY: all build deps generate generate-check lint test unit test-kernels test-kernel-oldest bench bench-proxies bench-controlplane bench-dataplane bench-tc demo clean
+.PHONY: all build image deps generate generate-check lint test unit test-kernels test-kernel-oldest bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
 
 all: build
 
@@ -15,9 +15,28 @@ all: build
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS_VERSION := -X main.version=$(VERSION)
 
-## build: the kpr binary into bin/ (no clang needed: the BPF objects are committed)
+## build: the kpr binary into bin/ (no clang needed: the BPF objects are
+## committed). Static (kpr needs no cgo) and -trimpath, as the Dockerfile
+## builds it: one binary runs on the host, in `make image` and in the image.
+KPR_BIN ?= bin/kpr
 build:
-	$(GO) build -ldflags '$(LDFLAGS_VERSION)' -o bin/kpr ./cmd/kpr
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS_VERSION)' -o $(KPR_BIN) ./cmd/kpr
+
+## image: the node image as an OCI archive (an OCI image layout in a tar,
+## IMAGE_ARCHIVE), built without a container daemon: the runtime from
+## Debian's packages (hack/image-rootfs.sh: iptables nft and legacy, ipset,
+## conntrack, sh and mount) and bin/kpr, by hack/image (go-containerregistry).
+## Load it with `skopeo copy oci-archive:bin/kpr-image.tar ...`, `podman
+## load` or `docker load`. hack/image's test runs it with its own paths.
+IMAGE_ARCHIVE ?= bin/kpr-image.tar
+IMAGE_ROOTFS ?= bin/image-rootfs
+IMAGE_REF ?= ghcr.io/kpr-io/kpr:$(VERSION)
+image: build
+	rm -rf $(IMAGE_ROOTFS)
+	hack/image-rootfs.sh $(IMAGE_ROOTFS)
+	cd hack/image && $(GO) run . -rootfs $(abspath $(IMAGE_ROOTFS)) -kpr $(abspath $(KPR_BIN)) \
+		-version '$(VERSION)' -ref '$(IMAGE_REF)' -o $(abspath $(IMAGE_ARCHIVE))
+	rm -rf $(IMAGE_ROOTFS)
 
 ## deps: Debian packages the BPF build and the tests need (only what is missing)
 deps:
@@ -49,6 +68,8 @@ unit:
 test: deps generate-check lint tools
 	$(GO) test $(GOFLAGS_TEST) ./...
 	cd tests/deploy/kustomize && $(GO) test $(GOFLAGS_TEST) ./...
+	cd tests/bench/plot && $(GO) test $(GOFLAGS_TEST) ./...
+	cd hack/image && $(GO) test $(GOFLAGS_TEST) ./...
 	$(MAKE) test-kernel-oldest
 
 ## KERNEL_PACKAGES: the kernel-facing suites that run inside the VMs (the
@@ -77,6 +98,14 @@ bench: bench-proxies bench-controlplane bench-dataplane bench-tc
 bench-proxies: deps tools
 	$(GO) test ./tests/bench -run '^TestProxyBenchmark$$' -count=1 -v -timeout 3h -args \
 		-sizes=100,1000,10000 -updates=200 -samples=2000 -out=docs/bench -doc=docs/benchmarks.md
+	$(MAKE) bench-plots
+
+## bench-plots: redraw the PNG plots in BENCH_OUT from its results.json
+## (tests/bench/plot, a module of its own so that the plotting libraries stay
+## out of kpr's go.mod)
+BENCH_OUT ?= docs/bench
+bench-plots:
+	cd tests/bench/plot && $(GO) run . -results $(abspath $(BENCH_OUT))/results.json -out $(abspath $(BENCH_OUT))
 
 bench-controlplane: deps tools
 	$(GO) test ./tests/syncperf -run '^$$' -bench . -benchtime 1x -count=1 -timeout 1h

@@ -12,9 +12,9 @@
 # cache under the kernel cache), so the system's apt setup is never touched
 # and suites the system does not carry (bullseye, trixie) resolve too.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
 
 cache=${KPR_KERNEL_CACHE:-$HOME/.cache/kpr/kernels}
-mirror=${KPR_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 arch=$(dpkg --print-architecture)
 
 # The modules tests/kernels/init loads, by name, with their dependencies.
@@ -36,24 +36,19 @@ fetch() {
 		echo "$dir"
 		return
 	fi
-	local apt=$cache/.apt/$suite
-	mkdir -p "$apt/state/lists/partial" "$apt/cache/archives/partial" "$apt/etc" "$apt/debs"
-	echo "deb $mirror $suite main" >"$apt/etc/sources.list"
-	local opts=(-o "Dir::Etc::sourcelist=$apt/etc/sources.list" -o "Dir::Etc::sourceparts=-"
-		-o "Dir::State=$apt/state" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=/dev/null"
-		-o "APT::Architecture=$arch" -o "Debug::NoLocking=1" -o "Acquire::Languages=none"
-		-o "APT::Get::List-Cleanup=0" -o "APT::Sandbox::User=root")
+	local apt=$cache/.apt/$suite apt_opts
+	apt_private "$apt" "$suite"
+	local opts=("${apt_opts[@]}")
 	# The .deb stays in the cache: a changed module list re-extracts it
 	# without downloading again.
 	local pkg deb
 	deb=$(find "$apt/debs" -name 'linux-image-*.deb' | head -1)
 	if [[ -z $deb ]]; then
-		echo "hack/kernels.sh: $suite: apt update (private config in $apt)" >&2
-		apt-get "${opts[@]}" -qq update >&2
+		apt_private_update "hack/kernels.sh: $suite"
 		# linux-image-amd64 is the metapackage; its dependency is the real image.
 		pkg=$(apt-cache "${opts[@]}" depends "linux-image-$arch" | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 		if [[ -z $pkg ]]; then
-			echo "hack/kernels.sh: $suite: no linux-image package behind linux-image-$arch in $mirror" >&2
+			echo "hack/kernels.sh: $suite: no linux-image package behind linux-image-$arch in ${KPR_DEBIAN_MIRROR:-deb.debian.org}" >&2
 			exit 1
 		fi
 		echo "hack/kernels.sh: $suite: downloading $pkg" >&2

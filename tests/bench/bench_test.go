@@ -22,7 +22,7 @@ var (
 	flagProxies = flag.String("proxies", strings.Join(AllProxies, ","), "proxies to compare")
 	flagMinSync = flag.Duration("min-sync-period", 0, "min sync period given to every proxy (kube-proxy's default is 1s, kpr's 0)")
 	flagMust    = flag.Int("must-converge", 1000, "fail if kube-proxy does not finish its cold start at up to this many Services (above: reported)")
-	flagOut     = flag.String("out", "", "directory for results.json, results.md and the plots, relative to the repository root (default: a temporary directory)")
+	flagOut     = flag.String("out", "", "directory for results.json and results.md (make bench-plots draws the plots from it), relative to the repository root (default: a temporary directory)")
 	flagDoc     = flag.String("doc", "", "regenerate this document (e.g. docs/benchmarks.md), relative to the repository root")
 	flagLogs    = flag.String("logs", "", "keep every proxy's log and configuration in this directory")
 	flagRender  = flag.String("render", "", "measure nothing: re-judge the targets of this results.json and rewrite -out (default: its directory) and -doc from it")
@@ -89,7 +89,7 @@ func TestProxyBenchmark(t *testing.T) {
 }
 
 // rerender rewrites the outputs of an earlier run, e.g. after a change to
-// the report's wording or the targets.
+// the report's wording or the targets (`make bench-plots` redraws the plots).
 func rerender(t *testing.T) {
 	path := fromRoot(*flagRender)
 	data, err := os.ReadFile(path)
@@ -140,6 +140,10 @@ func reproduceCommand() string {
 	}
 	if *flagDoc != "" {
 		args = append(args, "-doc="+*flagDoc)
+	}
+	if *flagOut != "" {
+		// The plots are drawn outside this module (tests/bench/plot).
+		args = append(args, "&& make bench-plots BENCH_OUT="+*flagOut)
 	}
 	return strings.Join(args, " ")
 }

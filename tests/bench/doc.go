@@ -16,8 +16,8 @@
 // a fresh node namespace where it measures the cold start, connection
 // latency and network programming latency, with the proxy process's CPU
 // time and peak RSS per phase (and kpr's BPF map memory). It writes
-// results.json, results.md and PNG plots, and can regenerate
-// docs/benchmarks.md.
+// results.json and results.md, and can regenerate docs/benchmarks.md;
+// tests/bench/plot draws the PNG plots from results.json.
 //
 // Quick mode is the package's plain `go test`; the full run is `make bench`
 // (see bench_test.go for the flags).

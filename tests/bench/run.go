@@ -36,7 +36,7 @@ type Config struct {
 	// many Services fails the test; above it, it is a reported result
 	// ("did not converge within T"). kpr must always converge.
 	MustConverge int
-	// OutDir receives results.json, results.md and the plots.
+	// OutDir receives results.json and results.md.
 	OutDir string
 	// DocPath, if set, is regenerated (docs/benchmarks.md).
 	DocPath string

@@ -1,4 +1,4 @@
-package bench
+package main
 
 import (
 	"fmt"
@@ -13,13 +13,8 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-)
 
-// Plot files, under the output directory.
-const (
-	plotConnLatency = "conn-latency.png"
-	plotProgCDF     = "programming-cdf.png"
-	plotColdStart   = "cold-start.png"
+	"github.com/kpr-io/kpr/tests/bench"
 )
 
 // proxyStyle gives every proxy the same color and marker in every plot.
@@ -34,14 +29,14 @@ const (
 )
 
 // writePlots draws the three plots into dir.
-func writePlots(res *Results, dir string) error {
+func writePlots(res *bench.Results, dir string) error {
 	for _, p := range []struct {
 		file string
-		make func(*Results) (*figure, error)
+		make func(*bench.Results) (*figure, error)
 	}{
-		{plotConnLatency, connLatencyPlot},
-		{plotProgCDF, programmingCDFPlot},
-		{plotColdStart, coldStartPlot},
+		{bench.PlotConnLatency, connLatencyPlot},
+		{bench.PlotProgCDF, programmingCDFPlot},
+		{bench.PlotColdStart, coldStartPlot},
 	} {
 		f, err := p.make(res)
 		if err != nil {
@@ -150,7 +145,7 @@ func (f *figure) save(w, h vg.Length, file string) error {
 
 // perSizeLines adds one line per proxy of value(run) against the Service
 // count, skipping runs value rejects.
-func perSizeLines(pl *figure, res *Results, value func(Run) (float64, bool)) error {
+func perSizeLines(pl *figure, res *bench.Results, value func(bench.Run) (float64, bool)) error {
 	for i, proxy := range res.Settings.Proxies {
 		var pts plotter.XYs
 		for _, r := range res.Runs {
@@ -197,13 +192,13 @@ func logAxes(pl *figure, x, y bool) {
 // same run's direct connection, against the Service count, per proxy.
 // Runs happen minutes apart on a shared machine; each run's direct series
 // calibrates it, so the ratio is what compares across proxies.
-func connLatencyPlot(res *Results) (*figure, error) {
+func connLatencyPlot(res *bench.Results) (*figure, error) {
 	pl := newFigure()
 	pl.Title.Text = "TCP connect + 1-byte echo via the last-created ClusterIP, p50"
 	pl.X.Label.Text = "Services (10 endpoints each)"
 	pl.Y.Label.Text = "÷ direct connection to a pod, same run"
 	logAxes(pl, true, false)
-	err := perSizeLines(pl, res, func(r Run) (float64, bool) {
+	err := perSizeLines(pl, res, func(r bench.Run) (float64, bool) {
 		if r.ConnLatency == nil {
 			return 0, false
 		}
@@ -227,7 +222,7 @@ func connLatencyPlot(res *Results) (*figure, error) {
 
 // programmingCDFPlot: the distribution of programming latency per proxy at
 // the largest size where the proxy was measured.
-func programmingCDFPlot(res *Results) (*figure, error) {
+func programmingCDFPlot(res *bench.Results) (*figure, error) {
 	pl := newFigure()
 	pl.X.Label.Text = "API write to the new backends answering (ms)"
 	pl.Y.Label.Text = "fraction of updates"
@@ -268,14 +263,14 @@ func programmingCDFPlot(res *Results) (*figure, error) {
 // coldStartPlot: cold start against the Service count. A run that did not
 // converge is drawn at its timeout, with a cross over its point and a legend
 // entry that says so (the axis label stays short enough to fit).
-func coldStartPlot(res *Results) (*figure, error) {
+func coldStartPlot(res *bench.Results) (*figure, error) {
 	pl := newFigure()
 	pl.Title.Text = "Cold start: proxy start to every Service answering"
 	pl.X.Label.Text = "Services (10 endpoints each)"
 	pl.Y.Label.Text = "seconds"
 	logAxes(pl, true, true)
 	var timedOut plotter.XYs
-	err := perSizeLines(pl, res, func(r Run) (float64, bool) {
+	err := perSizeLines(pl, res, func(r bench.Run) (float64, bool) {
 		if r.Skipped != "" {
 			return 0, false
 		}

@@ -1,12 +1,14 @@
-package bench
+package main
 
 import (
-	"encoding/json"
+	"image/png"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/kpr-io/kpr/tests/bench"
 )
 
 // TestPlotLabelsFit draws the plots of the committed docs/bench/results.json
@@ -15,22 +17,14 @@ import (
 // "seconds (did not converge: …" once was), and a legend must fit its rows
 // below the plot instead of covering the title or the data.
 func TestPlotLabelsFit(t *testing.T) {
-	path := filepath.Join(repoRoot(), "docs", "bench", resultsFile)
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var res Results
-	if err := json.Unmarshal(data, &res); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	for name, build := range map[string]func(*Results) (*figure, error){
-		plotConnLatency: connLatencyPlot,
-		plotProgCDF:     programmingCDFPlot,
-		plotColdStart:   coldStartPlot,
+	res := committedResults(t)
+	for name, build := range map[string]func(*bench.Results) (*figure, error){
+		bench.PlotConnLatency: connLatencyPlot,
+		bench.PlotProgCDF:     programmingCDFPlot,
+		bench.PlotColdStart:   coldStartPlot,
 	} {
 		t.Run(name, func(t *testing.T) {
-			f, err := build(&res)
+			f, err := build(res)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,4 +55,36 @@ func TestPlotLabelsFit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDrawPlots runs the command on the committed results, as `make
+// bench-plots` does, and checks that it writes each plot as a PNG.
+func TestDrawPlots(t *testing.T) {
+	out := t.TempDir()
+	if err := run([]string{"-results", committedResultsPath, "-out", out}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{bench.PlotConnLatency, bench.PlotProgCDF, bench.PlotColdStart} {
+		f, err := os.Open(filepath.Join(out, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := png.DecodeConfig(f)
+		f.Close()
+		if err != nil || cfg.Width < 100 || cfg.Height < 100 {
+			t.Errorf("%s: not a plot-sized PNG (%dx%d, %v)", name, cfg.Width, cfg.Height, err)
+		}
+	}
+}
+
+// committedResultsPath is docs/bench/results.json, from this directory.
+var committedResultsPath = filepath.Join("..", "..", "..", "docs", "bench", bench.ResultsFile)
+
+func committedResults(t *testing.T) *bench.Results {
+	t.Helper()
+	res, err := readResults(committedResultsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
 }

@@ -1,0 +1,15 @@
+// Module of the image builder (`make image`): go-containerregistry and its
+// dependencies stay out of kpr's product go.mod, as the test tools do
+// (tests/tools). `make test` runs its test.
+module github.com/kpr-io/kpr/hack/image
+
+go 1.26.8
+
+require github.com/google/go-containerregistry v0.22.1
+
+require (
+	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+)
