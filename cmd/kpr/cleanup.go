@@ -40,6 +40,9 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 			if found {
 				fmt.Fprintf(out, "removed %d kpr iptables chains\n", n)
 			}
+			if err := removeKeepNAT(out, hostNetNS); err != nil {
+				return err
+			}
 			if err := removeEBPFState(g.bpfRoot); err != nil {
 				return err
 			}

@@ -26,7 +26,8 @@ func cleanupKubeProxy(out io.Writer, hostNetNS string) error {
 	rep, err := kubeproxy.Cleanup(node)
 	fmt.Fprintf(out, "removed %d kube-proxy iptables chains\n", rep.Chains)
 	if len(rep.NFTTables) > 0 {
-		fmt.Fprintf(out, "removed the nftables tables %s\n", strings.Join(rep.NFTTables, ", "))
+		fmt.Fprintf(out, "removed the nftables tables %s; the table %s (empty nat chains) keeps the connections kube-proxy NATed working, "+
+			"until `kpr cleanup`\n", strings.Join(rep.NFTTables, ", "), kubeproxy.KeepNATTable)
 	}
 	switch {
 	case rep.IPVSFlushed:
@@ -44,4 +45,16 @@ func cleanupKubeProxy(out io.Writer, hostNetNS string) error {
 		return fmt.Errorf("kube-proxy cleanup incomplete (run it again once the cause is fixed): %w", err)
 	}
 	return nil
+}
+
+// removeKeepNAT is the part of a plain `kpr cleanup` (kpr's uninstall or
+// rollback) that removes the table `--kube-proxy` added to keep nf_nat
+// attached; by then kube-proxy's own nat chains are back, or kpr is simply
+// leaving a node it migrated long ago.
+func removeKeepNAT(out io.Writer, hostNetNS string) error {
+	removed, err := kubeproxy.RemoveKeepNAT(netfilterRunner(hostNetNS))
+	if len(removed) > 0 {
+		fmt.Fprintf(out, "removed the nftables tables %s\n", strings.Join(removed, ", "))
+	}
+	return err
 }

@@ -41,7 +41,8 @@ type Report struct {
 	// Chains is how many iptables chains went, over both variants and
 	// families.
 	Chains int
-	// NFTTables are the nftables tables deleted ("ip kube-proxy").
+	// NFTTables are the nftables tables deleted ("ip kube-proxy"); for
+	// each, the family got a KeepNATTable.
 	NFTTables []string
 	// IPVSFlushed says the IPVS virtual servers were flushed; IPVSNote
 	// says why not when the node shows no IPVS-mode kube-proxy.
@@ -65,7 +66,8 @@ const dummyDevice = "kube-ipvs0"
 // runs even if an earlier one failed; the errors are joined.
 //
 // It removes no conntrack entry: connections kube-proxy NATed go on
-// through them (see docs/migration.md).
+// through them, and it keeps the nat hooks they need (keepnat.go, and
+// docs/migration.md).
 func Cleanup(n Node) (Report, error) {
 	var rep Report
 	var errs []error
@@ -132,16 +134,17 @@ func removeNFTables(r iptables.Runner) ([]string, error) {
 	}
 	var deleted []string
 	var errs []error
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 3 || f[0] != "table" || f[2] != nftTable || (f[1] != "ip" && f[1] != "ip6") {
+	for _, family := range tablesNamed(out, nftTable) {
+		// Before the table goes: see keepnat.go.
+		if err := keepNAT(r, family); err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		if _, err := r.Run("nft", []string{"delete", "table", f[1], nftTable}, nil); err != nil {
-			errs = append(errs, fmt.Errorf("delete the nftables table %s %s: %w", f[1], nftTable, err))
+		if _, err := r.Run("nft", []string{"delete", "table", family, nftTable}, nil); err != nil {
+			errs = append(errs, fmt.Errorf("delete the nftables table %s %s: %w", family, nftTable, err))
 			continue
 		}
-		deleted = append(deleted, f[1]+" "+nftTable)
+		deleted = append(deleted, family+" "+nftTable)
 	}
 	return deleted, errors.Join(errs...)
 }
@@ -203,16 +206,22 @@ func removeIPSets(rep *Report) error {
 	if _, _, err := netlink.IpsetProtocol(); err != nil {
 		return nil
 	}
+	// Listed first: the netlink library sends a destroy without asking
+	// for an acknowledgement, so a missing set would look destroyed.
+	sets, err := netlink.IpsetListAll()
+	if err != nil {
+		return fmt.Errorf("list the ipsets: %w", err)
+	}
 	var errs []error
-	for _, name := range ipSets {
-		err := netlink.IpsetDestroy(name)
-		switch {
-		case err == nil:
-			rep.IPSets = append(rep.IPSets, name)
-		case errors.Is(err, unix.ENOENT):
-		default:
-			errs = append(errs, fmt.Errorf("destroy kube-proxy's ipset %s: %w", name, err))
+	for _, set := range sets {
+		if !slices.Contains(ipSets, set.SetName) {
+			continue
 		}
+		if err := netlink.IpsetDestroy(set.SetName); err != nil {
+			errs = append(errs, fmt.Errorf("destroy kube-proxy's ipset %s: %w", set.SetName, err))
+			continue
+		}
+		rep.IPSets = append(rep.IPSets, set.SetName)
 	}
 	return errors.Join(errs...)
 }

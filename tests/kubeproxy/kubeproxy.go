@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -169,4 +170,23 @@ func Tail(s string, lines int) string {
 		parts = parts[len(parts)-lines:]
 	}
 	return strings.Join(parts, "\n")
+}
+
+// ToolsDir returns where hack/tools.sh put kube-proxy, building it if
+// needed (as tests/cluster does for the API server); the script answers at
+// once when the tools are built.
+func ToolsDir() (string, error) {
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command(filepath.Join(filepath.Dir(file), "..", "..", "hack", "tools.sh"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("hack/tools.sh (builds kube-proxy, kube-apiserver and etcd): %w", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	dir := strings.TrimSpace(lines[len(lines)-1])
+	if _, err := os.Stat(filepath.Join(dir, "kube-proxy")); err != nil {
+		return "", fmt.Errorf("no kube-proxy in %s: %w", dir, err)
+	}
+	return dir, nil
 }
