@@ -1,9 +1,12 @@
 package migration
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kpr-io/kpr/tests/kprproc"
 )
 
 // settle is how long flows keep exchanging requests after each step, so a
@@ -49,9 +52,17 @@ func (f *fixture) migrate(t *testing.T, mode string) {
 	if left := f.kubeProxyState(); len(left) > 0 {
 		t.Fatalf("kube-proxy state left after the migration:\n%s", strings.Join(left, "\n"))
 	}
-	// With no kube-proxy rule left, only kpr can serve new connections.
+	// With no kube-proxy rule left, only kpr can serve new connections;
+	// its socket hooks count them.
+	connects, sends := sockTranslations(t, kpr, "connect4"), sockTranslations(t, kpr, "sendmsg4")
 	if err := f.checkNewConnections(); err != nil {
 		t.Fatalf("new connections after the migration: %v\n%s", err, kpr.Log())
+	}
+	if d := sockTranslations(t, kpr, "connect4") - connects; d < 2 {
+		t.Errorf("kpr's connect4 hook translated %v of the 2 new TCP connections", d)
+	}
+	if d := sockTranslations(t, kpr, "sendmsg4") - sends; d < 2 {
+		t.Errorf("kpr's sendmsg4 hook translated %v of the 2 new UDP datagrams", d)
 	}
 	if svcs, err := kpr.Dump(); err != nil || len(svcs) == 0 {
 		t.Fatalf("kpr dump after the migration: %v (%d frontends)", err, len(svcs))
@@ -91,6 +102,20 @@ func (f *fixture) migrate(t *testing.T, mode string) {
 		t.Fatal(err)
 	}
 	f.cleanupKubeProxy()
+}
+
+// sockTranslations is kpr's count of translations by one socket hook.
+func sockTranslations(t *testing.T, kpr *kprproc.Process, hook string) float64 {
+	t.Helper()
+	v, err := kpr.Metric(`kpr_sock_translations_total{hook="` + hook + `"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		t.Fatalf("kpr_sock_translations_total{hook=%q} = %q: %v", hook, v, err)
+	}
+	return n
 }
 
 // waitKubeProxyRules waits until kube-proxy has written the Service's
