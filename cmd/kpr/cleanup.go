@@ -40,9 +40,7 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 			if found {
 				fmt.Fprintf(out, "removed %d kpr iptables chains\n", n)
 			}
-			if err := removeKeepNAT(out, hostNetNS); err != nil {
-				return err
-			}
+			removeKeepNAT(out, hostNetNS)
 			if err := removeEBPFState(g.bpfRoot); err != nil {
 				return err
 			}

@@ -26,7 +26,7 @@ func cleanupKubeProxy(out io.Writer, hostNetNS string) error {
 	rep, err := kubeproxy.Cleanup(node)
 	fmt.Fprintf(out, "removed %d kube-proxy iptables chains\n", rep.Chains)
 	if len(rep.NFTTables) > 0 {
-		fmt.Fprintf(out, "removed the nftables tables %s; the table %s (empty nat chains) keeps the connections kube-proxy NATed working, "+
+		fmt.Fprintf(out, "removed the nftables tables %s; the table %s (nat chains and a masquerade rule that matches nothing) keeps the connections kube-proxy NATed working, "+
 			"until `kpr cleanup`\n", strings.Join(rep.NFTTables, ", "), kubeproxy.KeepNATTable)
 	}
 	switch {
@@ -50,11 +50,16 @@ func cleanupKubeProxy(out io.Writer, hostNetNS string) error {
 // removeKeepNAT is the part of a plain `kpr cleanup` (kpr's uninstall or
 // rollback) that removes the table `--kube-proxy` added to keep nf_nat
 // attached; by then kube-proxy's own nat chains are back, or kpr is simply
-// leaving a node it migrated long ago.
-func removeKeepNAT(out io.Writer, hostNetNS string) error {
+// leaving a node it migrated long ago. A failure is reported, not fatal:
+// the table translates nothing, and the rest of kpr's dataplane must still
+// go.
+func removeKeepNAT(out io.Writer, hostNetNS string) {
 	removed, err := kubeproxy.RemoveKeepNAT(netfilterRunner(hostNetNS))
 	if len(removed) > 0 {
 		fmt.Fprintf(out, "removed the nftables tables %s\n", strings.Join(removed, ", "))
 	}
-	return err
+	if err != nil {
+		fmt.Fprintf(out, "warning: could not remove kpr's %s nftables table (nft delete table ip %s): %v\n",
+			kubeproxy.KeepNATTable, kubeproxy.KeepNATTable, err)
+	}
 }
