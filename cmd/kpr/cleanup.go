@@ -20,6 +20,7 @@ import (
 func newCleanupCommand(g *globalFlags) *cobra.Command {
 	var cgroupRoot, hostNetNS string
 	var devices []string
+	var kubeProxy bool
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove the dataplane of every mode: kpr's programs, pinned maps and links, and its iptables chains",
@@ -29,6 +30,9 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 			"(--host-netns). Services stop being translated at once.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
+			if kubeProxy {
+				return cleanupKubeProxy(out, hostNetNS)
+			}
 			n, found, err := removeIPTablesState(g.bpfRoot, hostNetNS)
 			if err != nil {
 				return err
@@ -36,6 +40,7 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 			if found {
 				fmt.Fprintf(out, "removed %d kpr iptables chains\n", n)
 			}
+			removeKeepNAT(out, hostNetNS)
 			if err := removeEBPFState(g.bpfRoot); err != nil {
 				return err
 			}
@@ -76,6 +81,8 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 	cmd.Flags().StringVar(&cgroupRoot, "cgroup-root", "", "cgroup v2 directory the programs were attached to (default: the cgroup2 root)")
 	cmd.Flags().StringSliceVar(&devices, "devices", nil, "devices to remove kpr's clsact tc filters (kernels without tcx) from, with the qdisc kpr added; "+
 		"empty means every device of --host-netns; tcx links go with the pins either way")
+	cmd.Flags().BoolVar(&kubeProxy, "kube-proxy", false, "remove upstream kube-proxy's leftovers instead of kpr's dataplane: its iptables chains "+
+		"(also kpr's iptables-mode ones, which have the same names), its nftables tables and its IPVS state; see docs/migration.md")
 	cmd.Flags().StringVar(&hostNetNS, "host-netns", "", "network namespace file of the node whose iptables chains and tc filters to remove, as given to `kpr run`; empty means kpr's own")
 	return cmd
 }

@@ -17,6 +17,18 @@ import (
 // iptables-mode chains go too, as under `kube-proxy --cleanup`. It returns
 // how many chains it deleted.
 func Cleanup(r Runner) (int, error) {
+	return RemoveChains(r, tables, func(table, chain string) bool {
+		return slices.Contains(sharedChains(table), chain) || ownedChain(chain)
+	})
+}
+
+// RemoveChains deletes, from the given tables of both variants and both
+// families, every chain for which remove(table, chain) is true, and first
+// every rule of another chain that jumps to one of them (the base jumps in
+// the built-in chains, and any a tool added). A variant or family whose
+// iptables-save does not run is skipped. It returns how many chains it
+// deleted. `kpr cleanup --kube-proxy` uses it with kube-proxy's chains.
+func RemoveChains(r Runner, tables []string, remove func(table, chain string) bool) (int, error) {
 	deleted := 0
 	var errs []error
 	for _, v := range []Variant{NFT, Legacy} {
@@ -32,7 +44,7 @@ func Cleanup(r Runner) (int, error) {
 					errs = append(errs, fmt.Errorf("read the %s %s %s table: %w", v, fam, table, err))
 					continue
 				}
-				input, n := cleanupInput(table, parsed[table])
+				input, n := cleanupInput(table, parsed[table], remove)
 				if n == 0 && input == nil {
 					continue
 				}
@@ -48,26 +60,25 @@ func Cleanup(r Runner) (int, error) {
 }
 
 // cleanupInput is the iptables-restore --noflush input that deletes the
-// rules of the built-in chains that jump to the backend's shared chains,
-// then flushes and deletes the backend's chains, and how many chains that
-// is. It is nil when the table holds none of it.
-func cleanupInput(table string, saved *savedTable) ([]byte, int) {
+// rules of other chains that jump to the chains remove picks, then flushes
+// and deletes those chains, and how many chains that is. It is nil when the
+// table holds none of it.
+func cleanupInput(table string, saved *savedTable, remove func(table, chain string) bool) ([]byte, int) {
 	if saved == nil {
 		return nil, 0
 	}
-	shared := sharedChains(table)
 	var chains []string
 	for _, c := range saved.chains {
-		if slices.Contains(shared, c) || ownedChain(c) {
+		if remove(table, c) {
 			chains = append(chains, c)
 		}
 	}
-	// Rules in other chains that jump to the shared ones: the base jumps
+	// Rules in other chains that jump to the removed ones: the base jumps
 	// in the built-in chains, and any another tool added; the chains
 	// could not be deleted while they stay.
 	var jumps [][]string
 	for _, rule := range saved.rules {
-		if !slices.Contains(chains, rule[1]) && slices.Contains(shared, ruleArg(rule, "-j")) {
+		if !slices.Contains(chains, rule[1]) && slices.Contains(chains, ruleArg(rule, "-j")) {
 			jumps = append(jumps, rule)
 		}
 	}

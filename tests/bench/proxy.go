@@ -6,16 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/kpr-io/kpr/tests/harness"
 	"github.com/kpr-io/kpr/tests/kprproc"
+	"github.com/kpr-io/kpr/tests/kubeproxy"
 )
 
 // Proxy names, as they appear in results and plots.
@@ -143,7 +142,7 @@ func (k *kprRun) Stop() error {
 
 func (k *kprRun) CgroupPath() string { return "" }
 
-func (k *kprRun) LogTail() string { return tail(k.p.Log(), 30) }
+func (k *kprRun) LogTail() string { return kubeproxy.Tail(k.p.Log(), 30) }
 
 // BPFMapBytes sums the memlock of every map pinned under the BPF root, as
 // the kernel accounts it (the "memlock:" line of the map fd's fdinfo).
@@ -192,124 +191,23 @@ func fdinfoMemlock(fd int) (int64, error) {
 }
 
 // kubeProxy is upstream kube-proxy in the node namespace.
-type kubeProxy struct {
-	cmd     *exec.Cmd
-	cgroup  string
-	logPath string
-	done    chan struct{}
-	err     error
-}
+type kubeProxy struct{ *kubeproxy.Process }
 
-// kubeProxyConfig is the KubeProxyConfiguration of a run. All conntrack
-// settings are zero so kube-proxy writes none of the conntrack sysctls: the
-// global ones (nf_conntrack_max, the hash size) belong to the host, and
-// the harness must not change them.
-const kubeProxyConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: %s
-hostnameOverride: %s
-clientConnection:
-  kubeconfig: %s
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-oomScoreAdj: 0
-conntrack:
-  maxPerCore: 0
-  min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
-iptables:
-  minSyncPeriod: %s
-nftables:
-  minSyncPeriod: %s
-`
+// kubeProxyMinSync is the min sync period kube-proxy is given for a run's.
+var kubeProxyMinSync = kubeproxy.MinSync
 
 func startKubeProxy(mode string, env *NodeEnv, s proxySettings) (*kubeProxy, error) {
-	bin := filepath.Join(s.ToolsDir, "kube-proxy")
-	cfgPath := filepath.Join(s.LogDir, "kube-proxy-"+mode+".yaml")
-	period := kubeProxyMinSync(s.MinSyncPeriod)
-	cfg := fmt.Sprintf(kubeProxyConfig, mode, nodeName, s.Kubeconfig, period, period)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		return nil, err
-	}
-	kp := &kubeProxy{logPath: filepath.Join(s.LogDir, "kube-proxy-"+mode+".log"), done: make(chan struct{}), cgroup: s.Cgroup.Path}
-	logFile, err := os.Create(kp.logPath)
+	p, err := kubeproxy.Start(env.Node.NetNS, kubeproxy.Options{
+		ToolsDir: s.ToolsDir, Mode: mode, NodeName: nodeName, Kubeconfig: s.Kubeconfig,
+		MinSyncPeriod: s.MinSyncPeriod, LogDir: s.LogDir, Cgroup: s.Cgroup,
+	})
 	if err != nil {
 		return nil, err
 	}
-	// -v=2 logs every sync with its duration: the log explains a slow run.
-	kp.cmd = exec.Command(bin, "--config", cfgPath, "-v=2")
-	kp.cmd.Stdout, kp.cmd.Stderr = logFile, logFile
-	// Its own process group, so Stop also reaches an iptables-restore or
-	// nft it is running; born into its own cgroup, so that cgroup's CPU
-	// time is kube-proxy's plus its children's.
-	kp.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, UseCgroupFD: true, CgroupFD: s.Cgroup.FD()}
-	// Forked from a thread inside the node namespace: kube-proxy and every
-	// iptables/nft it runs see only the node's tables.
-	if err := harness.StartCommand(env.Node.NetNS, kp.cmd); err != nil {
-		logFile.Close()
-		return nil, err
-	}
-	go func() {
-		kp.err = kp.cmd.Wait()
-		logFile.Close()
-		close(kp.done)
-	}()
-	return kp, nil
-}
-
-// kubeProxyMinSync is the min sync period kube-proxy is given for want:
-// its configuration reads 0 as "default" (1s), so 0 becomes 1ms, the
-// closest it can express.
-func kubeProxyMinSync(want time.Duration) time.Duration {
-	return max(want, time.Millisecond)
-}
-
-func (k *kubeProxy) PID() int { return k.cmd.Process.Pid }
-
-func (k *kubeProxy) Exited() (bool, error) {
-	select {
-	case <-k.done:
-		return true, k.err
-	default:
-		return false, nil
-	}
-}
-
-func (k *kubeProxy) Stop() error {
-	select {
-	case <-k.done:
-		return nil
-	default:
-	}
-	pgid := k.cmd.Process.Pid
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	select {
-	case <-k.done:
-	case <-time.After(10 * time.Second):
-		// Not reaped yet, so the group id is still ours.
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		<-k.done
-	}
-	return nil
-}
-
-func (k *kubeProxy) LogTail() string {
-	b, _ := os.ReadFile(k.logPath)
-	return tail(string(b), 30)
+	return &kubeProxy{p}, nil
 }
 
 func (k *kubeProxy) BPFMapBytes() (*int64, error) { return nil, nil }
-
-func (k *kubeProxy) CgroupPath() string { return k.cgroup }
-
-func tail(s string, lines int) string {
-	parts := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(parts) > lines {
-		parts = parts[len(parts)-lines:]
-	}
-	return strings.Join(parts, "\n")
-}
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/kubeproxy"
 )
 
 // Config is one benchmark run's parameters.
@@ -83,7 +84,7 @@ func RunBenchmark(t *testing.T, cfg Config) *Results {
 		}
 	})
 
-	toolsDir, err := toolsDir()
+	toolsDir, err := kubeproxy.ToolsDir()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,20 +463,4 @@ func millis(ds []time.Duration) []float64 {
 func repoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
-// toolsDir returns where hack/tools.sh put kube-proxy (building it if
-// needed, as tests/cluster does for the API server).
-func toolsDir() (string, error) {
-	cmd := exec.Command(filepath.Join(repoRoot(), "hack", "tools.sh"))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("hack/tools.sh (builds kube-proxy, kube-apiserver and etcd): %w", err)
-	}
-	dir := strings.TrimSpace(string(out))
-	if _, err := os.Stat(filepath.Join(dir, "kube-proxy")); err != nil {
-		return "", fmt.Errorf("no kube-proxy in %s: %w", dir, err)
-	}
-	return dir, nil
 }
