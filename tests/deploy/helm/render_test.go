@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -18,13 +19,16 @@ import (
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/lint/support"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kpr-io/kpr/tests/cluster"
 	"github.com/kpr-io/kpr/tests/deploy"
+	"github.com/kpr-io/kpr/tests/kprproc"
 )
 
 // oldestKube is the oldest Kubernetes the chart's kubeVersion admits
@@ -314,6 +318,7 @@ func checkValuesFile(t *testing.T, objs map[string]*unstructured.Unstructured) {
 			t.Errorf("kpr's args %v lack %s", args, want)
 		}
 	}
+	flagsKnown(t, "run", args)
 	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--map-size-backends") }) {
 		t.Errorf("kpr's args %v size the backend map, which the values leave at 0 (kpr's default)", args)
 	}
@@ -334,6 +339,11 @@ func checkValuesFile(t *testing.T, objs map[string]*unstructured.Unstructured) {
 		t.Errorf("API server address %v, want 10.0.0.10:443", api)
 	}
 	conf, _, _ := unstructured.NestedString(objs["ConfigMap/kpr-canary-config"].Object, "data", "config.conf")
+	// kpr decodes the file strictly and warns about unknown fields; the
+	// chart must write none.
+	if err := yaml.UnmarshalStrict([]byte(conf), &kubeproxyconfig.KubeProxyConfiguration{}); err != nil {
+		t.Errorf("config.conf is not a KubeProxyConfiguration: %v\n%s", err, conf)
+	}
 	var cfg map[string]any
 	if err := yaml.Unmarshal([]byte(conf), &cfg); err != nil {
 		t.Fatal(err)
@@ -361,6 +371,29 @@ func checkCleanup(t *testing.T, objs map[string]*unstructured.Unstructured) {
 	if !slices.Contains(args, "--devices=eth0") {
 		t.Errorf("cleanup args %v lack --devices=eth0", args)
 	}
+	flagsKnown(t, "cleanup", args)
+}
+
+// flagsKnown checks that `kpr SUBCOMMAND --help` lists every flag in args.
+func flagsKnown(t *testing.T, subcommand string, args []string) {
+	t.Helper()
+	kpr, err := kprproc.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	help, err := exec.Command(kpr, subcommand, "--help").Output()
+	if err != nil {
+		t.Fatalf("kpr %s --help: %v", subcommand, err)
+	}
+	for _, a := range args {
+		if !strings.HasPrefix(a, "--") {
+			continue
+		}
+		name, _, _ := strings.Cut(a, "=")
+		if !strings.Contains(string(help), " "+name+" ") {
+			t.Errorf("kpr %s has no flag %s (given %s)", subcommand, name, a)
+		}
+	}
 }
 
 // container returns the container name in the Pod template's list.
@@ -374,4 +407,22 @@ func container(t *testing.T, ds *unstructured.Unstructured, list, name string) m
 	}
 	t.Fatalf("DaemonSet %s has no %s %s", ds.GetName(), list, name)
 	return nil
+}
+
+// TestChartLints runs `helm lint --strict` on the chart, with its
+// defaults and with the values file: no warning, no error.
+func TestChartLints(t *testing.T) {
+	for name, vals := range map[string]map[string]any{"defaults": nil, "values file": valuesFile(t, filepath.Join("testdata", "values.yaml"))} {
+		lint := action.NewLint()
+		lint.Strict, lint.KubeVersion, lint.Namespace = true, oldestKube, deploy.Namespace
+		res := lint.Run([]string{deploy.ChartDir()}, vals)
+		for _, m := range res.Messages {
+			if m.Severity > support.InfoSev {
+				t.Errorf("%s: %s", name, m)
+			}
+		}
+		for _, err := range res.Errors {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
 }
