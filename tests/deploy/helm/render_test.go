@@ -31,9 +31,9 @@ import (
 	"github.com/kpr-io/kpr/tests/kprproc"
 )
 
-// oldestKube is the oldest Kubernetes the chart's kubeVersion admits
-// (Helm's own default is older).
-var oldestKube = &chartutil.KubeVersion{Version: "v1.29.0", Major: "1", Minor: "29"}
+// oldestKube is the oldest Kubernetes the chart's kubeVersion admits; the
+// tests render for it and for the test cluster's version.
+var oldestKube = &chartutil.KubeVersion{Version: "v1.19.0", Major: "1", Minor: "19"}
 
 // renderChart renders the chart into namespace with vals over its
 // defaults, for the Kubernetes version kube, and returns its objects.
