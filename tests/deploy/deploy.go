@@ -1,6 +1,6 @@
 // Package deploy reads the manifests of deploy/ and creates them on a test
-// API server, so that their tests (tests/e2e's, and the kustomize
-// rendering's in the module under kustomize/) check them alike: created
+// API server, so that their tests (tests/e2e's, and the kustomize and Helm
+// renderings' in the modules under kustomize/ and helm/) check them alike: created
 // through the dynamic client with strict field validation, so a misspelt
 // or misplaced field fails as the API server's schema says.
 package deploy
@@ -32,9 +32,18 @@ const (
 )
 
 // BaseDir is the kustomize base's directory in this repository.
-func BaseDir() string {
+func BaseDir() string { return repoDir("deploy", "base") }
+
+// CleanupDir is the kustomization of the cleanup DaemonSet.
+func CleanupDir() string { return repoDir("deploy", "cleanup") }
+
+// ChartDir is the Helm chart's directory.
+func ChartDir() string { return repoDir("deploy", "helm", "kpr") }
+
+// repoDir is the directory at path under the repository's root.
+func repoDir(path ...string) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "deploy", "base")
+	return filepath.Join(append([]string{filepath.Dir(file), "..", ".."}, path...)...)
 }
 
 // ReadFile returns the objects of a YAML file, in order.

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -82,60 +81,8 @@ func TestDeployBase(t *testing.T) {
 	}
 
 	t.Run("the ServiceAccount may do what kpr needs and no more", func(t *testing.T) {
-		user := "system:serviceaccount:" + deploy.Namespace + ":" + deploy.ServiceAccount
-		groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + deploy.Namespace, "system:authenticated"}
-		type access struct{ verb, group, resource, subresource, namespace string }
-		allowed := []access{
-			{"list", "", "services", "", ""}, {"watch", "", "services", "", ""}, {"get", "", "services", "", "default"},
-			{"list", "discovery.k8s.io", "endpointslices", "", ""}, {"watch", "discovery.k8s.io", "endpointslices", "", ""},
-			{"get", "", "nodes", "", ""}, {"list", "", "nodes", "", ""}, {"watch", "", "nodes", "", ""},
-			{"create", "", "events", "", "default"}, {"patch", "", "events", "", "default"},
-		}
-		denied := []access{
-			{"get", "", "secrets", "", deploy.Namespace}, {"list", "", "secrets", "", ""},
-			{"create", "", "pods", "exec", "default"}, {"get", "", "pods", "", "default"},
-			{"create", "", "services", "", "default"}, {"update", "", "services", "", "default"},
-			{"patch", "", "services", "", "default"}, {"delete", "", "services", "", "default"},
-			{"create", "discovery.k8s.io", "endpointslices", "", "default"}, {"update", "discovery.k8s.io", "endpointslices", "", "default"},
-			{"delete", "discovery.k8s.io", "endpointslices", "", "default"},
-			{"update", "", "events", "", "default"}, {"update", "", "nodes", "", ""}, {"list", "", "configmaps", "", ""},
-		}
-		check := func(ac access, want bool) {
-			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-				User: user, Groups: groups,
-				ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Verb: ac.verb, Group: ac.group, Resource: ac.resource, Subresource: ac.subresource, Namespace: ac.namespace},
-			}}
-			out, err := c.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if out.Status.Allowed != want {
-				t.Errorf("%s %s %s/%s in %q: allowed=%v, want %v (%s)", user, ac.verb, ac.resource, ac.subresource, ac.namespace,
-					out.Status.Allowed, want, out.Status.Reason)
-			}
-		}
-		// The RBAC authorizer learns new roles and bindings through its
-		// informers, a moment after they are created: wait until the
-		// first grant shows before judging them all.
-		first := allowed[0]
-		deadline := time.Now().Add(15 * time.Second)
-		for time.Now().Before(deadline) {
-			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-				User: user, Groups: groups,
-				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: first.verb, Group: first.group, Resource: first.resource},
-			}}
-			out, err := c.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-			if err == nil && out.Status.Allowed {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		for _, ac := range allowed {
-			check(ac, true)
-		}
-		for _, ac := range denied {
-			check(ac, false)
+		if err := deploy.CheckLeastPrivilege(ctx, c.Client, deploy.Namespace, deploy.ServiceAccount); err != nil {
+			t.Error(err)
 		}
 	})
 

@@ -1,5 +1,6 @@
-// Package kustomize renders deploy/base with kustomize's Go library, as
-// `kubectl apply -k` does, and checks the result against a real API server.
+// Package kustomize renders deploy/base and deploy/cleanup with kustomize's
+// Go library, as `kubectl apply -k` does, and checks the result against a
+// real API server.
 package kustomize
 
 import (
@@ -32,6 +33,16 @@ func TestBaseRendersAndPassesADryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The cleanup DaemonSet goes into the base's namespace, which the
+	// dry run below creates.
+	cleanup, err := deploy.Parse(render(t, deploy.CleanupDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cleanup) != 1 || cleanup[0].GetKind() != "DaemonSet" {
+		t.Errorf("deploy/cleanup renders %d objects, want its DaemonSet", len(cleanup))
+	}
+	objs = append(objs, cleanup...)
 	images := map[string]bool{}
 	for _, o := range objs {
 		if o.GetKind() != "Namespace" && o.GetKind() != "ClusterRole" && o.GetKind() != "ClusterRoleBinding" && o.GetNamespace() != deploy.Namespace {
