@@ -90,6 +90,7 @@ type KprNatStats struct {
 	IcmpTranslated   uint64
 	AffinityHit      uint64
 	DropSourceRange  uint64
+	Midstream        uint64
 }
 
 type KprRevNatValue struct {

@@ -618,6 +618,14 @@ static __always_inline __u32 maglev_backend(const struct pkt *p, const struct sv
 	return id ? *id : 0;
 }
 
+/* Whether the frontend picks backends by a Maglev table. */
+static __always_inline int has_maglev(const struct svc_value *master, __u8 scope)
+{
+	struct maglev_key key = {.rev_nat_id = master->rev_nat_id, .scope = scope};
+
+	return bpf_map_lookup_elem(&kpr_maglev, &key) != NULL;
+}
+
 /*
  * A new flow to a frontend: pick a backend and store both conntrack
  * entries, the reply one first so that no forward entry exists without it.
@@ -1017,6 +1025,17 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 		if (!source_allowed(&p, &skey, master)) {
 			STAT_INC(drop_source_range);
 			return TC_ACT_SHOT;
+		}
+		/* Only a SYN opens a TCP flow. Another segment belongs to a
+		 * connection kpr never saw, such as one made through kube-proxy's
+		 * NAT before kpr took over the node, which the kernel's conntrack
+		 * still carries; a random pick would send it to a backend that
+		 * answers with a reset. A Maglev frontend picks the flow's
+		 * backend again instead: that is how a flow survives moving to
+		 * another node behind an ECMP router. */
+		if (p.proto == IPPROTO_TCP && !(p.tcp_flags & TCP_FLAG_SYN) && !has_maglev(master, skey.scope)) {
+			STAT_INC(midstream);
+			return TC_PASS;
 		}
 		if (ct_create(skb, &p, &fkey, &skey, master, &to, now))
 			return TC_ACT_SHOT;

@@ -230,6 +230,8 @@ struct nat_stats {
 	__u64 affinity_hit;	/* new flows sent to their client's affinity backend */
 	__u64 drop_source_range; /* new flow to a LoadBalancer IP from outside
 				  * its loadBalancerSourceRanges, dropped */
+	__u64 midstream;	/* TCP segments other than a SYN to a frontend,
+				 * of no flow kpr knows, passed untranslated */
 };
 
 /*

@@ -73,6 +73,7 @@ var tcCounters = []tcCounter{
 	{"DropSourceRange", tcDropsDesc, "source_range"},
 	{"ClusterIpOutside", tcPassedDesc, "cluster_ip_outside"},
 	{"Fragment", tcPassedDesc, "fragment"},
+	{"Midstream", tcPassedDesc, "tcp_midstream"},
 	{"Redirected", tcRedirectedDesc, ""},
 	{"DropCtInsert", tcInsertFailuresDesc, ""},
 }

@@ -38,7 +38,9 @@ func BenchmarkPerPacket(b *testing.B) {
 	p.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, be)
 	req := flow{src: ap(fam.client, 40001), dst: fe, proto: dataplane.TCP, tcpFlags: "A"}
 	reply := flow{src: be, dst: req.src, proto: dataplane.TCP, tcpFlags: "A"}
-	run(b, p.ingress, build(b, req)) // creates the flow
+	syn := req
+	syn.tcpFlags = "S"
+	run(b, p.ingress, build(b, syn)) // creates the flow
 	empty := emptyProgram(b)
 	for _, c := range []struct {
 		name string

@@ -170,7 +170,7 @@ func TestConntrackKeepsAFlowOnItsBackend(t *testing.T) {
 	p.flushConntrack()
 	moved := 0
 	for port, was := range first {
-		if _, got := p.in(flow{src: ap(fam.client, port), dst: fe, proto: dataplane.TCP, tcpFlags: "A"}); got.dst != was {
+		if _, got := p.in(flow{src: ap(fam.client, port), dst: fe, proto: dataplane.TCP, tcpFlags: "S"}); got.dst != was {
 			moved++
 		}
 	}
