@@ -1,0 +1,81 @@
+package ipvs
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/netip"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/tests/namedns"
+)
+
+// kernelMatrix is where the tests that need IPVS and dummy links run.
+const kernelMatrix = "runs in the kernel-matrix VM, make test-kernel-oldest"
+
+// newNetNS creates a network namespace for the test with lo up and the
+// suite's node addresses on it, and returns a Kernel and a Runner that
+// reach only it. It skips, naming what is missing, on a kernel without
+// ip_vs or dummy links, and unless root and not -short.
+func newNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping under -short: programs IPVS inside a network namespace of its own, which needs root")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: programs IPVS inside a network namespace of its own; run as root")
+	}
+	suffix := make([]byte, 4)
+	rand.Read(suffix)
+	name := "kpr-ipvs-" + hex.EncodeToString(suffix)
+	h, err := namedns.Create(name)
+	if err != nil {
+		t.Fatalf("create network namespace %s: %v", name, err)
+	}
+	h.Close()
+	t.Cleanup(func() {
+		if err := namedns.Delete(name); err != nil {
+			t.Errorf("delete network namespace %s: %v", name, err)
+		}
+	})
+	if err := Available(namedns.Path(name)); err != nil {
+		t.Skipf("kernel has no ip_vs: %s (%v)", kernelMatrix, err)
+	}
+	in := func(args ...string) error {
+		return exec.Command("ip", append([]string{"netns", "exec", name}, args...)...).Run()
+	}
+	if err := in("ip", "link", "add", "kpr-probe0", "type", "dummy"); err != nil {
+		t.Skipf("kernel has no dummy links: %s (ip link add type dummy: %v)", kernelMatrix, err)
+	}
+	_ = in("ip", "link", "del", "kpr-probe0")
+	if err := in("ip", "link", "set", "lo", "up"); err != nil {
+		t.Fatal(err)
+	}
+	for a := range nodeAddrs {
+		if err := in("ip", "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo"); err != nil {
+			t.Fatalf("add the node address %s: %v", a, err)
+		}
+	}
+	k, err := NewNetlinkKernel(namedns.Path(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	return k, iptables.ExecRunner{Prefix: []string{"ip", "netns", "exec", name}}
+}
+
+// The conformance suite against the kernel's IPVS, ipsets, dummy links
+// and both iptables variants, each scenario in a namespace of its own.
+func TestConformanceInANetNS(t *testing.T) {
+	for _, v := range []iptables.Variant{iptables.NFT, iptables.Legacy} {
+		t.Run(string(v), func(t *testing.T) {
+			dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
+				k, run := newNetNS(t)
+				return conformanceBackend(t, k, run, v)
+			})
+		})
+	}
+}
