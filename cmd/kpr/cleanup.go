@@ -36,6 +36,9 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 			if found {
 				fmt.Fprintf(out, "removed %d kpr iptables chains\n", n)
 			}
+			if err := cleanupIPVSMode(g.bpfRoot, hostNetNS, out); err != nil {
+				return err
+			}
 			if err := removeEBPFState(g.bpfRoot); err != nil {
 				return err
 			}
@@ -155,7 +158,12 @@ func removePreviousModeState(firstSync <-chan struct{}, done <-chan struct{}, b 
 	case <-done:
 		return
 	}
+	if b != backendIPVS {
+		removeIPVSModeState(bpfRoot, netnsPath, log)
+	}
 	switch b {
+	case backendIPVS:
+		removeStateBeforeIPVS(bpfRoot, netnsPath, log)
 	case backendEBPF:
 		n, found, err := removeIPTablesState(bpfRoot, netnsPath)
 		switch {
