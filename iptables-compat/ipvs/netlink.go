@@ -51,11 +51,11 @@ func NewNetlinkKernel(path string) (*NetlinkKernel, error) {
 	}
 	k := &NetlinkKernel{path: path, ipvs: h}
 	if path == "" {
-		k.nl, err = netlink.NewHandle()
+		k.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE)
 	} else {
 		var ns netns.NsHandle
 		if ns, err = netns.GetFromPath(path); err == nil {
-			k.nl, err = netlink.NewHandleAt(ns)
+			k.nl, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 			ns.Close()
 		}
 	}
