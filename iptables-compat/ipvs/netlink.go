@@ -241,7 +241,9 @@ func (k *NetlinkKernel) DeviceAddrs() ([]netip.Addr, error) {
 	}
 	var out []netip.Addr
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+		// The kernel gives an interface that comes up an IPv6 link-local
+		// address of its own; it is no virtual address.
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLinkLocalUnicast() {
 			out = append(out, ip.Unmap())
 		}
 	}
@@ -250,7 +252,13 @@ func (k *NetlinkKernel) DeviceAddrs() ([]netip.Addr, error) {
 
 func hostAddr(a netip.Addr) *netlink.Addr {
 	a = a.Unmap()
-	return &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}}
+	na := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}}
+	if a.Is6() {
+		// No duplicate address detection: the address is usable at once,
+		// and every node carries the same virtual addresses.
+		na.Flags = unix.IFA_F_NODAD
+	}
+	return na
 }
 
 func (k *NetlinkKernel) AddAddr(a netip.Addr) error {
