@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"embed"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -16,6 +17,12 @@ import (
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// golden is testdata/ built into the test binary, so that it runs where
+// the source tree is not, as in the kernel-matrix VMs.
+//
+//go:embed testdata
+var golden embed.FS
 
 func backends(s ...string) []dataplane.Backend {
 	out := []dataplane.Backend{}
@@ -118,7 +125,10 @@ func TestDesiredGolden(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			want, err := os.ReadFile(path)
+			want, err := golden.ReadFile(path)
+			if *update {
+				want, err = os.ReadFile(path)
+			}
 			if err != nil {
 				t.Fatalf("%v (run with -update to create it)", err)
 			}

@@ -231,7 +231,9 @@ type fakeTable struct {
 	rules map[string][]string
 }
 
-func newFakeIPTables() *fakeIPTables { return &fakeIPTables{tables: map[string]map[string]*fakeTable{}} }
+func newFakeIPTables() *fakeIPTables {
+	return &fakeIPTables{tables: map[string]map[string]*fakeTable{}}
+}
 
 func builtins(table string) []string {
 	if table == "nat" {

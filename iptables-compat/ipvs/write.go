@@ -61,7 +61,9 @@ func (p *Plane) updateService(pl *plan, have, want *ServiceState, udp bool) {
 			pl.add(func() error { return wrap(p.k.AddDest(k, b, 1), "add real server %s to %s", b, k) },
 				func() error { return p.k.DelDest(k, b) })
 		case d.Weight != 1:
-			pl.add(func() error { return wrap(p.k.UpdateDest(k, b, 1), "set the weight of real server %s of %s to 1", b, k) },
+			pl.add(func() error {
+				return wrap(p.k.UpdateDest(k, b, 1), "set the weight of real server %s of %s to 1", b, k)
+			},
 				func() error { return p.k.UpdateDest(k, b, d.Weight) })
 		default:
 			continue
@@ -120,10 +122,9 @@ func (p *Plane) planRules(pl *plan, fam iptables.Family, w *kstate, saved map[st
 		pl.add(func() error { return wrap(p.restore(fam, fwd), "write the %s %s table", fam, table) },
 			func() error { return p.restore(fam, back) })
 	}
-	for k, m := range pl.after.internal {
+	for k := range pl.after.internal {
 		if k.IPv6 == (fam == iptables.IPv6) {
 			delete(pl.after.internal, k)
-			_ = m
 		}
 	}
 	for k, m := range w.internal {
