@@ -22,6 +22,13 @@ const kernelMatrix = "runs in the kernel-matrix VM, make test-kernel-oldest"
 // ip_vs or dummy links, and unless root and not -short.
 func newNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner) {
 	t.Helper()
+	k, run, _ := newNamedNetNS(t)
+	return k, run
+}
+
+// newNamedNetNS is newNetNS, and also returns the namespace's name.
+func newNamedNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner, string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("skipping under -short: programs IPVS inside a network namespace of its own, which needs root")
 	}
@@ -64,7 +71,7 @@ func newNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner) {
 		t.Fatal(err)
 	}
 	t.Cleanup(k.Close)
-	return k, iptables.ExecRunner{Prefix: []string{"ip", "netns", "exec", name}}
+	return k, iptables.ExecRunner{Prefix: []string{"ip", "netns", "exec", name}}, name
 }
 
 // The conformance suite against the kernel's IPVS, ipsets, dummy links
