@@ -20,5 +20,5 @@
 // have no connections left, UDP ones at once.
 //
 // It must not import the eBPF backend's packages (bpf, maps, loader,
-// ebpfplane, cilium/ebpf).
+// ebpfplane, cilium/ebpf); make lint enforces it.
 package ipvs
