@@ -6,8 +6,10 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
+	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/tests/namedns"
@@ -92,5 +94,66 @@ func TestConformanceInANetNS(t *testing.T) {
 				return b
 			})
 		})
+	}
+}
+
+// iptables-save respells rules, and the kernel reports IPVS and ipset
+// state in its own way; the drift check must see through that for every
+// shape of desired state, or every periodic sync would be a needless full
+// rewrite.
+func TestDriftCheckHoldsOverTheKernel(t *testing.T) {
+	for _, v := range []iptables.Variant{iptables.NFT, iptables.Legacy} {
+		for name, sp := range goldenCases() {
+			t.Run(string(v)+"/"+name, func(t *testing.T) {
+				k, run := newNetNS(t)
+				p, err := New(Options{Kernel: k, Runner: run,
+					Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(v, iptables.IPv4), iptables.IPv6: iptables.ToolsFor(v, iptables.IPv6)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
+					t.Fatal(err)
+				}
+				if held := runDriftCheck(t, p); !held {
+					t.Fatal("the drift check finds drift in what the Plane has just written")
+				}
+			})
+		}
+	}
+}
+
+// Cleanup leaves the kernel without anything the Plane wrote.
+func TestCleanupInANetNS(t *testing.T) {
+	k, run := newNetNS(t)
+	p, err := New(Options{Kernel: k, Runner: run,
+		Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4), iptables.IPv6: iptables.ToolsFor(iptables.NFT, iptables.IPv6)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := goldenCases()["local-policy-source-ranges"]
+	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Cleanup(k, run); err != nil || n != 8 {
+		t.Fatalf("Cleanup = %d, %v; want the Plane's 8 virtual servers deleted", n, err)
+	}
+	if svcs, err := k.Services(); err != nil || len(svcs) != 0 {
+		t.Errorf("after Cleanup the virtual servers are %v (%v), want none", svcs, err)
+	}
+	if l, err := k.link(); err != nil || l != nil {
+		t.Errorf("after Cleanup %s is still there (%v)", DeviceName, err)
+	}
+	for _, s := range setSpecs() {
+		if _, ok, err := k.SetEntries(s.Name); ok || err != nil {
+			t.Errorf("after Cleanup ipset %s is still there (%v)", s.Name, err)
+		}
+	}
+	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		for _, table := range tables {
+			out, err := run.Run(iptables.ToolsFor(iptables.NFT, fam).Save, []string{"-t", table}, nil)
+			if err != nil || strings.Contains(string(out), chainPrefix) {
+				t.Errorf("after Cleanup the %s %s table holds kpr's chains (%v):\n%s", fam, table, err, out)
+			}
+		}
 	}
 }
