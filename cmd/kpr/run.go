@@ -104,7 +104,7 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	fl.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between two syncs; changes arriving meanwhile are coalesced")
 	fl.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "time between full reconciles of the maps against the API")
 	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated; accepted for kube-proxy compatibility: the eBPF mode does not need it, and the iptables mode does not yet use it "+
-		"to masquerade off-cluster traffic to ClusterIPs (it behaves as kube-proxy without --cluster-cidr)")
+		"to masquerade off-cluster traffic to ClusterIPs (it behaves as kube-proxy without --cluster-cidr); the ipvs mode does, as kube-proxy's")
 	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs and keywords selecting the addresses that serve NodePorts: "+
 		"primary (the Node's primary IP of each family), localhost (127.0.0.1 and ::1, for the host network namespace only), all; empty means all")
 	fl.StringVar(&f.externalIPs, "external-ips", "all", "Service externalIPs that sockets on this node are sent to backends for: "+
