@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -24,6 +25,14 @@ import (
 // path.
 func podNetNS(t *testing.T, node, addr string) string {
 	t.Helper()
+	return peerNetNS(t, node, "10.244.0.254/24", addr+"/24", "10.244.0.254")
+}
+
+// peerNetNS creates a namespace wired to the node namespace by a veth
+// pair, nodeAddr on the node's end, addr on its own, its default route
+// via gw, and returns its path.
+func peerNetNS(t *testing.T, node, nodeAddr, addr, gw string) string {
+	t.Helper()
 	suffix := make([]byte, 4)
 	rand.Read(suffix)
 	name := "kpr-ipvs-pod-" + hex.EncodeToString(suffix)
@@ -40,12 +49,12 @@ func podNetNS(t *testing.T, node, addr string) string {
 	veth := "kv" + hex.EncodeToString(suffix)
 	for _, c := range [][]string{
 		{"ip", "-n", node, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name},
-		{"ip", "-n", node, "addr", "add", "10.244.0.254/24", "dev", veth},
+		{"ip", "-n", node, "addr", "add", nodeAddr, "dev", veth},
 		{"ip", "-n", node, "link", "set", veth, "up"},
-		{"ip", "-n", name, "addr", "add", addr + "/24", "dev", "eth0"},
+		{"ip", "-n", name, "addr", "add", addr, "dev", "eth0"},
 		{"ip", "-n", name, "link", "set", "eth0", "up"},
 		{"ip", "-n", name, "link", "set", "lo", "up"},
-		{"ip", "-n", name, "route", "add", "default", "via", "10.244.0.254"},
+		{"ip", "-n", name, "route", "add", "default", "via", gw},
 	} {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v: %s", strings.Join(c, " "), err, out)
@@ -138,5 +147,51 @@ func TestConnectionsThroughIPVS(t *testing.T) {
 	}
 	if got, err := ask(nodePath, "10.96.0.1:80"); err == nil {
 		t.Errorf("a connection to a ClusterIP without endpoints got %q, want it refused", got)
+	}
+}
+
+// A client outside the node reaches a LoadBalancer IP only from inside
+// the Service's loadBalancerSourceRanges: filter drops the others before
+// IPVS sees them.
+func TestSourceRangesThroughIPVS(t *testing.T) {
+	k, run, node := newNamedNetNS(t)
+	if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
+		t.Fatalf("sysctl in %s: %v", node, err)
+	}
+	pod1 := podNetNS(t, node, "10.244.0.1")
+	serveName(t, pod1, 8080, "pod1")
+	client := peerNetNS(t, node, "192.0.2.254/24", "192.0.2.2/24", "192.0.2.254")
+
+	p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
+		Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
+	fenced := func(ranges ...string) *dataplane.ServicePort {
+		sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
+			fe(dataplane.LoadBalancer, "198.51.100.10:80", dataplane.TCP, backends("10.244.0.1:8080"), nil)}}
+		for _, r := range ranges {
+			sp.SourceRanges = append(sp.SourceRanges, netip.MustParsePrefix(r))
+		}
+		return sp
+	}
+	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{web: fenced("192.0.2.0/24")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ask(client, "198.51.100.10:80"); err != nil || got != "pod1" {
+		t.Errorf("a client inside the source ranges got %q, %v; want pod1's answer", got, err)
+	}
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{web: fenced("10.0.0.0/8")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ask(client, "198.51.100.10:80"); err == nil {
+		t.Errorf("a client outside the source ranges got %q, want its connection dropped", got)
+	}
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{web: fenced()}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ask(client, "198.51.100.10:80"); err != nil || got != "pod1" {
+		t.Errorf("without source ranges a client got %q, %v; want pod1's answer", got, err)
 	}
 }
