@@ -75,7 +75,7 @@ test: deps generate-check lint tools
 
 ## KERNEL_PACKAGES: the kernel-facing suites that run inside the VMs (the
 ## API-server suites stay on the host: they skip inside)
-KERNEL_PACKAGES ?= ./tests/socklb,./tests/tcnat,./loader,./iptables-compat/iptables
+KERNEL_PACKAGES ?= ./tests/socklb,./tests/tcnat,./loader,./iptables-compat/iptables,./iptables-compat/ipvs
 
 ## test-kernels: the kernel-facing suites inside qemu VMs on Debian's 5.10
 ## (bullseye), 6.1 (bookworm) and 6.12 (trixie) kernels, fetched with a

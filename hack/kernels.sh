@@ -23,12 +23,15 @@ arch=$(dpkg --print-architecture)
 # dependency (nf_conntrack needs it, and modinfo's softdep is not followed).
 # The rest serve the iptables backend's tests: iptables-legacy (ip_tables,
 # iptable_*), iptables-nft (nf_tables, nft_compat, nft_chain_nat), the
-# matches and targets kpr's rules use, and conntrack over netlink.
+# matches and targets kpr's rules use, and conntrack over netlink. The IPVS
+# backend's tests need ip_vs with its schedulers, dummy, the ipset types
+# it keeps and xt_set.
 modules=(crc32c_generic veth bridge dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr
 	nf_nat nfnetlink nf_conntrack_netlink nf_tables nft_compat nft_chain_nat nft_counter
 	ip_tables ip6_tables iptable_nat ip6table_nat iptable_filter ip6table_filter
 	xt_comment xt_conntrack xt_tcpudp xt_mark xt_addrtype xt_statistic xt_recent xt_MASQUERADE xt_nat
-	ipt_REJECT ip6t_REJECT)
+	ipt_REJECT ip6t_REJECT
+	ip_vs_wrr ip_vs_sh ip_set ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet xt_set)
 
 fetch() {
 	local suite=$1 dir=$cache/$1

@@ -43,6 +43,9 @@ const (
 	FeatureFibLookupSrc  = "BPF_FIB_LOOKUP_SRC flag of bpf_fib_lookup"
 	FeatureRedirect      = "bpf_redirect helper"
 	FeatureRedirectNeigh = "bpf_redirect_neigh helper"
+
+	// FeatureIPVS is what --mode ipvs needs, not the eBPF dataplane.
+	FeatureIPVS = "IPVS (ip_vs module)"
 )
 
 // Feature is one probed kernel capability.
@@ -191,7 +194,21 @@ func Probe() Report {
 		features.HaveProgramHelper(ebpf.SchedCLS, asm.FnRedirect))
 	add(FeatureRedirectNeigh, "the tc programs cannot load: NodePorts are not served to other machines (Linux 5.10+)",
 		features.HaveProgramHelper(ebpf.SchedCLS, asm.FnRedirectNeigh))
+	add(FeatureIPVS, "--mode ipvs and --fallback-mode ipvs cannot run", probeIPVS())
 	return r
+}
+
+// probeIPVS looks for IPVS's generic netlink family, which the ip_vs
+// module registers, or its /proc/net/ip_vs. A module that is available but
+// not loaded counts as missing: kpr does not load modules.
+func probeIPVS() error {
+	if _, err := netlink.GenlFamilyGet("IPVS"); err == nil {
+		return nil
+	}
+	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+		return nil
+	}
+	return errors.New("no IPVS generic netlink family and no /proc/net/ip_vs: load the ip_vs module (modprobe ip_vs)")
 }
 
 // minimalProgram returns a program that allows every call.

@@ -41,6 +41,9 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 				fmt.Fprintf(out, "removed %d kpr iptables chains\n", n)
 			}
 			removeKeepNAT(out, hostNetNS)
+			if err := cleanupIPVSMode(g.bpfRoot, hostNetNS, out); err != nil {
+				return err
+			}
 			if err := removeEBPFState(g.bpfRoot); err != nil {
 				return err
 			}
@@ -171,7 +174,12 @@ func removePreviousModeState(firstSync <-chan struct{}, done <-chan struct{}, b 
 	case <-done:
 		return
 	}
+	if b != backendIPVS {
+		removeIPVSModeState(bpfRoot, netnsPath, log)
+	}
 	switch b {
+	case backendIPVS:
+		removeStateBeforeIPVS(bpfRoot, netnsPath, log)
 	case backendEBPF:
 		n, found, err := removeIPTablesState(bpfRoot, netnsPath)
 		switch {

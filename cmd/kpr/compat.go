@@ -55,7 +55,6 @@ var kubeProxyOnlyFlags = map[string]bool{
 	"iptables-localhost-nodeports":     true,
 	"iptables-masquerade-bit":          false,
 	"ipvs-exclude-cidrs":               false,
-	"ipvs-scheduler":                   false,
 	"ipvs-strict-arp":                  true,
 	"ipvs-tcp-timeout":                 false,
 	"ipvs-tcpfin-timeout":              false,

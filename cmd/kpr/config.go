@@ -142,6 +142,7 @@ func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFla
 	apply("profiling", "enableProfiling", func() { f.profiling = cfg.EnableProfiling })
 	apply("cluster-cidr", "clusterCIDR", func() { f.clusterCIDR = cfg.ClusterCIDR })
 	apply("masquerade-all", "iptables.masqueradeAll", func() { f.kubeProxy.masqueradeAll = cfg.IPTables.MasqueradeAll })
+	apply("ipvs-scheduler", "ipvs.scheduler", func() { f.ipvs.scheduler = cfg.IPVS.Scheduler })
 	apply("nodeport-addresses", "nodePortAddresses", func() { f.nodePortAddresses = slices.Clone(cfg.NodePortAddresses) })
 	if !changed("mode") && !changed("proxy-mode") {
 		apply("mode", "mode", func() { f.mode = string(cfg.Mode) })

@@ -66,6 +66,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		"hostname": f.hostnameOverride, "kubeconfig": f.kubeconfig,
 		"qps": f.kubeProxy.qps, "burst": f.kubeProxy.burst, "contentType": f.kubeProxy.contentType,
 		"logLevel": g.logLevel, "logFormat": g.logFormat, "masqueradeAll": f.kubeProxy.masqueradeAll,
+		"ipvsScheduler": f.ipvs.scheduler,
 	}
 	want := map[string]any{
 		"mode": "iptables", "clusterCIDR": "10.244.0.0/16,fd00:244::/56", "nodePortAddresses": []string{"primary"},
@@ -74,6 +75,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		"hostname": "Node-7", "kubeconfig": "/var/lib/kube-proxy/kubeconfig.conf",
 		"qps": float32(20), "burst": int32(40), "contentType": "application/json",
 		"logLevel": "debug", "logFormat": "console", "masqueradeAll": true,
+		"ipvsScheduler": "rr",
 	}
 	for k, w := range want {
 		if !reflect.DeepEqual(got[k], w) {
@@ -83,7 +85,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 	wantUnsupported := []string{
 		`conntrack.maxPerCore=65536`, `conntrack.tcpCloseWaitTimeout="1h0m0s"`, `conntrack.tcpEstablishedTimeout="24h0m0s"`,
 		`featureGates.SomeGate=true`, `iptables.masqueradeBit=14`,
-		`ipvs.scheduler="rr"`, `ipvs.syncPeriod="1m0s"`, `oomScoreAdj=-999`,
+		`ipvs.syncPeriod="1m0s"`, `oomScoreAdj=-999`,
 	}
 	if !reflect.DeepEqual(ignored.unsupported, wantUnsupported) {
 		t.Errorf("unsupported fields:\n got %q\nwant %q", ignored.unsupported, wantUnsupported)

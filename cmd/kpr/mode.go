@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -17,8 +16,7 @@ import (
 // answers, as kube-proxy answers "iptables" or "ipvs".
 type backend string
 
-// The backends --mode can name. backendEBPF and backendIPTables are built;
-// the IPVS fallback will live under iptables-compat/ too.
+// The backends --mode can name; the fallbacks live under iptables-compat/.
 const (
 	backendEBPF     backend = "ebpf"
 	backendIPTables backend = "iptables"
@@ -55,12 +53,6 @@ type choice struct {
 	reason string
 }
 
-// errIPVSNotBuilt refuses the IPVS dataplane, as --mode and as
-// --fallback-mode, pointing only at modes this build runs.
-var errIPVSNotBuilt = errors.New("this build of kpr has no IPVS dataplane; " +
-	"run kpr with --mode iptables (or --fallback-mode iptables), or --mode auto or ebpf on a kernel with the cgroup socket hooks " +
-	"(`kpr probe` shows them), or keep kube-proxy on nodes that need IPVS")
-
 // chooseDataplane decides, from --mode, --fallback-mode and the kernel's
 // features, which backend kpr runs. It is the only place that decides, so
 // `kpr run` and `kpr probe` cannot disagree; it is pure so that every
@@ -71,7 +63,9 @@ var errIPVSNotBuilt = errors.New("this build of kpr has no IPVS dataplane; " +
 // where the kernel can, and the fallback where it cannot, whatever the
 // reason (an old kernel, or a policy that forbids loading BPF): the
 // reason names the missing features. An explicit --mode ebpf never falls
-// back. No error suggests a mode that this build refuses.
+// back. --mode ipvs, and auto with --fallback-mode ipvs where it falls
+// back, need IPVS in the kernel: a node where the mode picked cannot
+// serve Services refuses to start.
 func chooseDataplane(mode, fallback string, report loader.Report) (choice, error) {
 	fb, err := fallbackBackend(fallback)
 	if err != nil {
@@ -80,6 +74,12 @@ func chooseDataplane(mode, fallback string, report loader.Report) (choice, error
 	switch mode {
 	case modeAuto:
 		if err := report.RequireSocketLB(); err != nil {
+			if fb == backendIPVS {
+				if ipvsErr := requireIPVS(report); ipvsErr != nil {
+					return choice{}, fmt.Errorf("--mode auto: the eBPF dataplane cannot run here (%v), and neither can --fallback-mode ipvs: %w; "+
+						"run kpr with --fallback-mode iptables", err, ipvsErr)
+				}
+			}
 			return choice{fb, causeEBPFUnavailable, fmt.Sprintf("the eBPF dataplane cannot run here, so --mode auto runs --fallback-mode %s: %v", fb, err)}, nil
 		}
 		return choice{backendEBPF, causeEBPFSupported, "the kernel has every feature the eBPF dataplane needs"}, nil
@@ -91,9 +91,26 @@ func chooseDataplane(mode, fallback string, report loader.Report) (choice, error
 	case string(backendIPTables):
 		return choice{backendIPTables, causeRequested, "--mode iptables asked for it; it needs no eBPF feature"}, nil
 	case string(backendIPVS):
-		return choice{}, fmt.Errorf("--mode ipvs: %w", errIPVSNotBuilt)
+		if err := requireIPVS(report); err != nil {
+			return choice{}, fmt.Errorf("--mode ipvs: %w; on this node run kpr with --mode iptables, or --mode auto", err)
+		}
+		return choice{backendIPVS, causeRequested, "--mode ipvs asked for it; it needs no eBPF feature, and the kernel has IPVS"}, nil
 	}
-	return choice{}, fmt.Errorf("--mode %q: want auto, ebpf or iptables (ipvs is not built yet)", mode)
+	return choice{}, fmt.Errorf("--mode %q: want auto, ebpf, iptables or ipvs", mode)
+}
+
+// requireIPVS says what the IPVS dataplane lacks on the probed kernel.
+func requireIPVS(report loader.Report) error {
+	if report.Has(loader.FeatureIPVS) {
+		return nil
+	}
+	why := "not probed"
+	for _, f := range report.Features {
+		if f.Name == loader.FeatureIPVS {
+			why = f.Error
+		}
+	}
+	return fmt.Errorf("kernel %s has no IPVS (%s)", report.Kernel, why)
 }
 
 // fallbackBackend checks --fallback-mode. It is checked whatever --mode
@@ -104,9 +121,9 @@ func fallbackBackend(fallback string) (backend, error) {
 	case string(backendIPTables):
 		return backendIPTables, nil
 	case string(backendIPVS):
-		return "", fmt.Errorf("--fallback-mode ipvs: %w", errIPVSNotBuilt)
+		return backendIPVS, nil
 	}
-	return "", fmt.Errorf("--fallback-mode %q: want iptables (ipvs is not built yet)", fallback)
+	return "", fmt.Errorf("--fallback-mode %q: want iptables or ipvs", fallback)
 }
 
 // builtDataplane is a constructed backend, ready for the watcher.
@@ -129,6 +146,8 @@ func newDataplane(c choice, g *globalFlags, f *runFlags, m *metrics.Metrics, log
 		return newEBPFDataplane(g, f, m, log)
 	case backendIPTables:
 		return newIPTablesDataplane(g, f, log)
+	case backendIPVS:
+		return newIPVSDataplane(g, f, log)
 	}
 	// chooseDataplane only picks backends built above.
 	return builtDataplane{}, fmt.Errorf("dataplane %q has no constructor in this build: chooseDataplane and newDataplane disagree; report this as a kpr bug", c.backend)

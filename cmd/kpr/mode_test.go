@@ -22,10 +22,10 @@ var optionalFeatures = []string{loader.FeatureGetpeername, loader.FeatureSockRel
 	loader.FeatureBatchOps, loader.FeatureUDPSockTerm, loader.FeatureNetnsCookieSockopt}
 
 // report builds a probe report that has every feature except those in
-// lacking, whose probes failed with probeErr.
+// lacking, whose probes failed with probeErr. IPVS is a feature too.
 func report(probeErr string, lacking ...string) loader.Report {
 	r := loader.Report{Kernel: "5.4.0-test"}
-	for _, name := range append(append([]string{}, socketLBFeatures...), optionalFeatures...) {
+	for _, name := range append(append([]string{loader.FeatureIPVS}, socketLBFeatures...), optionalFeatures...) {
 		f := loader.Feature{Name: name, Supported: true}
 		if slices.Contains(lacking, name) {
 			f = loader.Feature{Name: name, Error: probeErr}
@@ -49,11 +49,9 @@ func checkErr(t *testing.T, err error, mode string, rep loader.Report, want ...s
 			t.Errorf("error %q lacks %q", err, w)
 		}
 	}
-	// kpr must not send users to a mode it refuses.
-	for _, refused := range []string{"--mode ipvs", "--fallback-mode ipvs"} {
-		if !strings.HasPrefix(err.Error(), refused) && strings.Contains(err.Error(), refused) {
-			t.Errorf("error %q suggests %s, which this build refuses", err, refused)
-		}
+	// kpr must not send users to the mode that has just been refused.
+	if prefix, _, _ := strings.Cut(err.Error(), ":"); strings.Count(err.Error(), prefix) > 1 {
+		t.Errorf("error %q suggests %s, the very mode it refuses", err, prefix)
 	}
 	if rep.Has(loader.FeatureConnect) && strings.Contains(err.Error(), "permit") {
 		t.Errorf("error %q blames privileges for features that are missing", err)
@@ -111,6 +109,9 @@ func TestChooseDataplane(t *testing.T) {
 	full := report("")
 	noRecvmsg := report(noSuchAttach, loader.FeatureRecvmsg)
 	denied := report("load program: operation not permitted", socketLBFeatures...)
+	const noIPVSErr = "no IPVS generic netlink family and no /proc/net/ip_vs: load the ip_vs module (modprobe ip_vs)"
+	noIPVS := report(noIPVSErr, loader.FeatureIPVS)
+	noRecvmsgNoIPVS := report(noIPVSErr, loader.FeatureRecvmsg, loader.FeatureIPVS)
 	for _, tc := range []struct {
 		name      string
 		mode      string
@@ -136,16 +137,22 @@ func TestChooseDataplane(t *testing.T) {
 			[]string{"--mode ebpf", "not permit", "CAP_BPF"}, true},
 		{"iptables on a capable kernel", "iptables", "iptables", full, backendIPTables, causeRequested, nil, false},
 		{"iptables on an empty report", "iptables", "iptables", loader.Report{Kernel: "5.4.0-test"}, backendIPTables, causeRequested, nil, false},
-		{"ipvs is refused", "ipvs", "iptables", noRecvmsg, "", "", []string{"--mode ipvs", "no IPVS dataplane", "--mode iptables"}, true},
-		{"ipvs fallback is refused on a capable kernel too", "auto", "ipvs", full, "", "",
-			[]string{"--fallback-mode ipvs", "no IPVS dataplane", "--fallback-mode iptables"}, true},
-		{"ipvs fallback is refused under --mode iptables too", "iptables", "ipvs", full, "", "", []string{"--fallback-mode ipvs"}, true},
-		{"fallback ebpf is no fallback", "auto", "ebpf", noRecvmsg, "", "", []string{`--fallback-mode "ebpf"`, "want iptables"}, true},
+		{"ipvs on a kernel with IPVS, without the eBPF hooks", "ipvs", "iptables", noRecvmsg, backendIPVS, causeRequested, []string{"--mode ipvs"}, false},
+		{"ipvs on a kernel without IPVS", "ipvs", "iptables", noIPVS, "", "",
+			[]string{"--mode ipvs", "no IPVS", "modprobe ip_vs", "5.4.0-test", "--mode iptables"}, true},
+		{"auto falls back to ipvs", "auto", "ipvs", noRecvmsg, backendIPVS, causeEBPFUnavailable,
+			[]string{"--fallback-mode ipvs", loader.FeatureRecvmsg}, false},
+		{"auto does not fall back to ipvs without IPVS", "auto", "ipvs", noRecvmsgNoIPVS, "", "",
+			[]string{"--mode auto", loader.FeatureRecvmsg, "--fallback-mode ipvs", "no IPVS", "--fallback-mode iptables"}, true},
+		{"auto with an ipvs fallback needs no IPVS where eBPF runs", "auto", "ipvs", noIPVS, backendEBPF, causeEBPFSupported, nil, false},
+		{"an ipvs fallback is accepted under --mode iptables", "iptables", "ipvs", full, backendIPTables, causeRequested, nil, false},
+		{"fallback ebpf is no fallback", "auto", "ebpf", noRecvmsg, "", "", []string{`--fallback-mode "ebpf"`, "want iptables or ipvs"}, true},
 		{"empty fallback", "auto", "", full, "", "", []string{`--fallback-mode ""`}, true},
-		{"unknown", "nftables", "iptables", full, "", "", []string{`"nftables"`, "auto, ebpf or iptables"}, true},
-		{"empty", "", "iptables", full, "", "", []string{`--mode ""`, "auto, ebpf or iptables"}, true},
-		{"case matters, as in kube-proxy", "eBPF", "iptables", full, "", "", []string{"auto, ebpf or iptables"}, true},
-		{"case matters for iptables too", "IPTables", "iptables", full, "", "", []string{"auto, ebpf or iptables"}, true},
+		{"unknown", "nftables", "iptables", full, "", "", []string{`"nftables"`, "auto, ebpf, iptables or ipvs"}, true},
+		{"empty", "", "iptables", full, "", "", []string{`--mode ""`, "auto, ebpf, iptables or ipvs"}, true},
+		{"case matters, as in kube-proxy", "eBPF", "iptables", full, "", "", []string{"auto, ebpf, iptables or ipvs"}, true},
+		{"case matters for iptables too", "IPTables", "iptables", full, "", "", []string{"auto, ebpf, iptables or ipvs"}, true},
+		{"case matters for ipvs too", "IPVS", "iptables", full, "", "", []string{"auto, ebpf, iptables or ipvs"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := chooseDataplane(tc.mode, tc.fallback, tc.report)
@@ -173,8 +180,13 @@ func TestProbeSaysWhatAutoRuns(t *testing.T) {
 	if got.Backend != "iptables" || got.Cause != causeEBPFUnavailable || !strings.Contains(got.Reason, loader.FeatureRecvmsg) {
 		t.Errorf("auto mode without recvmsg hooks = %+v, want the iptables fallback naming them", got)
 	}
-	if got := autoModeOf(report(""), "ipvs"); got.Backend != "" || !strings.Contains(got.Error, "no IPVS dataplane") {
-		t.Errorf("auto mode with --fallback-mode ipvs = %+v, want the refusal", got)
+	got = autoModeOf(report(noSuchAttach, loader.FeatureRecvmsg), "ipvs")
+	if got.Backend != "ipvs" || got.Cause != causeEBPFUnavailable {
+		t.Errorf("auto mode with --fallback-mode ipvs without recvmsg hooks = %+v, want the ipvs fallback", got)
+	}
+	got = autoModeOf(report("no IPVS", loader.FeatureRecvmsg, loader.FeatureIPVS), "ipvs")
+	if got.Backend != "" || !strings.Contains(got.Error, "--fallback-mode ipvs") {
+		t.Errorf("auto mode with --fallback-mode ipvs on a kernel without eBPF hooks and IPVS = %+v, want the refusal", got)
 	}
 }
 

@@ -55,6 +55,7 @@ type runFlags struct {
 	lbAlgorithm     string
 	maglevTableSize uint32
 	kubeProxy       kubeProxyFlags // compat.go
+	ipvs            ipvsFlags      // ipvs.go
 
 	fallbackMode string
 
@@ -95,14 +96,14 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.mode, "mode", modeAuto, "dataplane: auto (eBPF where the kernel runs it, else --fallback-mode), ebpf or iptables (ipvs is not built yet)")
-	fl.StringVar(&f.fallbackMode, "fallback-mode", defaultFallback, "dataplane --mode auto runs where the eBPF one cannot run (`kpr probe` says why): iptables (ipvs is not built yet)")
+	fl.StringVar(&f.mode, "mode", modeAuto, "dataplane: auto (eBPF where the kernel runs it, else --fallback-mode), ebpf, iptables or ipvs")
+	fl.StringVar(&f.fallbackMode, "fallback-mode", defaultFallback, "dataplane --mode auto runs where the eBPF one cannot run (`kpr probe` says why): iptables or ipvs")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster config")
 	fl.StringVar(&f.hostnameOverride, "hostname-override", "", "this node's name in the API; default: the hostname")
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
 	fl.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between two syncs; changes arriving meanwhile are coalesced")
 	fl.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "time between full reconciles of the maps against the API")
-	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated, at most one per family: the iptables mode masquerades traffic to ClusterIPs from outside them, "+
+	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated, at most one per family: the iptables and ipvs modes masquerade traffic to ClusterIPs from outside them, "+
 		"as kube-proxy does; the eBPF mode does not need it")
 	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "CIDRs and keywords selecting the addresses that serve NodePorts: "+
 		"primary (the Node's primary IP of each family), localhost (127.0.0.1 and ::1, for the host network namespace only), all; empty means all")
@@ -137,6 +138,7 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	fl.DurationVar(&f.conntrack.UDP, "conntrack-udp-timeout", 0, "lifetime of a UDP flow without an answer; 0 keeps 30s (netfilter's udp_timeout)")
 	fl.DurationVar(&f.conntrack.UDPStream, "conntrack-udp-timeout-stream", 0, "lifetime of an answered UDP flow; 0 keeps 2m (netfilter's udp_timeout_stream)")
 	addKubeProxyFlags(fl, &f.kubeProxy)
+	addIPVSFlags(fl, &f.ipvs)
 	return cmd
 }
 

@@ -43,8 +43,7 @@ func TestProxyMode(t *testing.T) {
 	}
 }
 
-// TestModesNotBuiltAreRefused: --mode ipvs, --fallback-mode ipvs and
-// unknown modes fail at once, before kpr touches the API server or the
+// TestModesNotBuiltAreRefused: unknown modes and fallbacks fail at once, before kpr touches the API server or the
 // kernel's hooks, with a message that points at what works instead of at
 // another refused mode.
 func TestModesNotBuiltAreRefused(t *testing.T) {
@@ -57,10 +56,8 @@ func TestModesNotBuiltAreRefused(t *testing.T) {
 		flags []string
 		want  string
 	}{
-		{[]string{"--mode", "ipvs"}, "no IPVS dataplane"},
-		{[]string{"--mode", "auto", "--fallback-mode", "ipvs"}, "no IPVS dataplane"},
-		{[]string{"--mode", "userspace"}, "want auto, ebpf or iptables"},
-		{[]string{"--fallback-mode", "ebpf"}, "want iptables"},
+		{[]string{"--mode", "userspace"}, "want auto, ebpf, iptables or ipvs"},
+		{[]string{"--fallback-mode", "ebpf"}, "want iptables or ipvs"},
 	} {
 		// No kubeconfig and no API server: the mode is refused first.
 		args := append([]string{"run", "--hostname-override", "n",

@@ -1,0 +1,195 @@
+package ipvs
+
+import (
+	"embed"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// golden is testdata/ built into the test binary, so that it runs where
+// the source tree is not, as in the kernel-matrix VMs.
+//
+//go:embed testdata
+var golden embed.FS
+
+func backends(s ...string) []dataplane.Backend {
+	out := []dataplane.Backend{}
+	for _, a := range s {
+		ap := netip.MustParseAddrPort(a)
+		out = append(out, dataplane.Backend{Addr: ap.Addr(), Port: ap.Port()})
+	}
+	return out
+}
+
+func fe(kind dataplane.FrontendKind, addr string, proto dataplane.Protocol, bs []dataplane.Backend, ext []dataplane.Backend) dataplane.Frontend {
+	ap := netip.MustParseAddrPort(addr)
+	return dataplane.Frontend{Addr: ap.Addr(), Port: ap.Port(), Protocol: proto, Kind: kind, Backends: bs, ExternalBackends: ext}
+}
+
+// goldenCases are representative ServicePorts, one golden file each.
+func goldenCases() map[string]*dataplane.ServicePort {
+	pods := backends("10.244.0.1:8080", "10.244.1.2:8080")
+	local := backends("10.244.0.1:8080")
+	return map[string]*dataplane.ServicePort{
+		"clusterip": {Name: dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP},
+			Frontends: []dataplane.Frontend{fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, pods, nil)}},
+		"no-endpoints": {Name: dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP},
+			Frontends: []dataplane.Frontend{fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, nil, nil)}},
+		"nodeport-cluster-affinity": {Name: dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.UDP},
+			AffinityTimeout: 3 * time.Hour,
+			Frontends: []dataplane.Frontend{
+				fe(dataplane.ClusterIP, "10.96.0.1:53", dataplane.UDP, pods, nil),
+				fe(dataplane.NodePort, "192.168.1.10:30053", dataplane.UDP, pods, nil),
+				// Not servable by IPVS: left out.
+				fe(dataplane.NodePort, "127.0.0.1:30053", dataplane.UDP, pods, nil),
+			}},
+		"local-policy-source-ranges": {Name: dataplane.ServicePortName{Namespace: "shop", Name: "cart", Port: "https", Protocol: dataplane.TCP},
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")},
+			Frontends: []dataplane.Frontend{
+				fe(dataplane.ClusterIP, "10.96.0.2:443", dataplane.TCP, pods, nil),
+				fe(dataplane.NodePort, "192.168.1.10:30443", dataplane.TCP, pods, local),
+				fe(dataplane.ExternalIP, "203.0.113.10:443", dataplane.TCP, pods, local),
+				fe(dataplane.LoadBalancer, "198.51.100.10:443", dataplane.TCP, pods, local),
+				// Local, but every endpoint is local: one virtual server.
+				fe(dataplane.LoadBalancer, "198.51.100.11:443", dataplane.TCP, local, local),
+			}},
+		"dual-stack": {Name: dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP},
+			Frontends: []dataplane.Frontend{
+				fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080", "[fd00::1]:8080"), nil),
+				fe(dataplane.ClusterIP, "[fd00:10:96::1]:80", dataplane.TCP, backends("10.244.0.1:8080", "[fd00::1]:8080"), nil),
+			}},
+	}
+}
+
+// renderDesired prints what sp asks of the kernel, one item a line in a
+// stable order, and the nat and filter rules of both families.
+func renderDesired(t *testing.T, sp *dataplane.ServicePort) string {
+	m := newMarks()
+	c, err := desire(sp, "rr", true, m.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := want(map[dataplane.ServicePortName]*contribution{sp.Name: c})
+	var b strings.Builder
+	for _, k := range sortedServiceKeys(w.services) {
+		s := w.services[k]
+		fmt.Fprintf(&b, "virtual server %s scheduler %s persistence %ds:", k, s.Scheduler, s.Timeout)
+		for _, be := range sortedBackends(s.Dests) {
+			fmt.Fprintf(&b, " %s@%d", be, s.Dests[be].Weight)
+		}
+		b.WriteString("\n")
+	}
+	for _, a := range sortedAddrs(w.bound) {
+		fmt.Fprintf(&b, "bind %s to %s\n", a, DeviceName)
+	}
+	for _, e := range sortedEntries(w.entries) {
+		fmt.Fprintf(&b, "ipset %s %s\n", e.set, e.entry)
+	}
+	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		rs := ruleSet{fam: fam, internal: w.internal}
+		if fam == iptables.IPv4 {
+			rs.clusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+		}
+		for _, table := range tables {
+			fmt.Fprintf(&b, "# %s %s\n", fam, table)
+			b.Write(rs.render(table, missingJumps(table, parseSave(nil))))
+		}
+	}
+	return b.String()
+}
+
+// The desired state of representative ServicePorts against checked-in
+// expectations (go test -run TestDesiredGolden -update rewrites them).
+func TestDesiredGolden(t *testing.T) {
+	for name, sp := range goldenCases() {
+		t.Run(name, func(t *testing.T) {
+			got := renderDesired(t, sp)
+			path := filepath.Join("testdata", name+".golden")
+			if *update {
+				if err := os.MkdirAll("testdata", 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := golden.ReadFile(path)
+			if *update {
+				want, err = os.ReadFile(path)
+			}
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("desired state of %s differs from %s:\n--- got\n%s\n--- want\n%s", name, path, got, want)
+			}
+		})
+	}
+}
+
+// Under externalTrafficPolicy Local a frontend whose local endpoints are
+// not all its endpoints gets a fwmark virtual server for the node's own
+// traffic, with every endpoint, and the nat rule that marks that traffic;
+// its address's virtual server keeps only the local endpoints.
+func TestLocalPolicySplitsNodeTraffic(t *testing.T) {
+	sp := goldenCases()["local-policy-source-ranges"]
+	m := newMarks()
+	c, err := desire(sp, "rr", true, m.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := addrKey(netip.MustParseAddr("198.51.100.10"), dataplane.TCP, 443)
+	mark, ok := c.internal[lb]
+	if !ok || !ownMark(mark) {
+		t.Fatalf("the LoadBalancer frontend has mark %#x (%v), want one of kpr's", mark, ok)
+	}
+	if got := c.services[lb].backends; !slices.Equal(got, backends("10.244.0.1:8080")) {
+		t.Errorf("outside traffic to the LoadBalancer IP goes to %v, want the local endpoint only", got)
+	}
+	if got := c.services[ServiceKey{FWMark: mark}].backends; !slices.Equal(got, backends("10.244.0.1:8080", "10.244.1.2:8080")) {
+		t.Errorf("the node's own traffic to the LoadBalancer IP goes to %v, want every endpoint", got)
+	}
+	if _, ok := c.internal[addrKey(netip.MustParseAddr("198.51.100.11"), dataplane.TCP, 443)]; ok {
+		t.Error("a Local frontend whose endpoints are all local got a fwmark virtual server it does not need")
+	}
+	// Marks are stable while the frontend stays, and distinct.
+	c2, err := desire(sp, "rr", true, m.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint32]bool{}
+	for k, v := range c2.internal {
+		if c.internal[k] != v {
+			t.Errorf("%s: mark %#x, then %#x", k, c.internal[k], v)
+		}
+		if seen[v] {
+			t.Errorf("mark %#x given twice", v)
+		}
+		seen[v] = true
+	}
+}
+
+// When every mark is taken, the ServicePort is refused with a message
+// saying what to do, rather than sharing a mark.
+func TestMarksRunOut(t *testing.T) {
+	m := newMarks()
+	for id := uint32(1); id <= markIDMask; id++ {
+		m.set(ServiceKey{Port: uint16(id)}, masqMark|id)
+	}
+	_, err := desire(goldenCases()["local-policy-source-ranges"], "rr", true, m.get)
+	if err == nil || !strings.Contains(err.Error(), "externalTrafficPolicy Local") {
+		t.Fatalf("desire with every mark taken = %v, want an error naming externalTrafficPolicy Local", err)
+	}
+}

@@ -1,0 +1,197 @@
+package ipvs
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/netnsexec"
+	"github.com/kpr-io/kpr/tests/namedns"
+)
+
+// podNetNS creates a "pod" namespace wired to the node namespace by a veth
+// pair, 10.244.0.0/24 between them (node .254, pod addr), and returns its
+// path.
+func podNetNS(t *testing.T, node, addr string) string {
+	t.Helper()
+	return peerNetNS(t, node, "10.244.0.254/24", addr+"/24", "10.244.0.254")
+}
+
+// peerNetNS creates a namespace wired to the node namespace by a veth
+// pair, nodeAddr on the node's end, addr on its own, its default route
+// via gw, and returns its path.
+func peerNetNS(t *testing.T, node, nodeAddr, addr, gw string) string {
+	t.Helper()
+	suffix := make([]byte, 4)
+	rand.Read(suffix)
+	name := "kpr-ipvs-pod-" + hex.EncodeToString(suffix)
+	h, err := namedns.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	t.Cleanup(func() {
+		if err := namedns.Delete(name); err != nil {
+			t.Errorf("delete network namespace %s: %v", name, err)
+		}
+	})
+	veth := "kv" + hex.EncodeToString(suffix)
+	for _, c := range [][]string{
+		{"ip", "-n", node, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name},
+		{"ip", "-n", node, "addr", "add", nodeAddr, "dev", veth},
+		{"ip", "-n", node, "link", "set", veth, "up"},
+		{"ip", "-n", name, "addr", "add", addr, "dev", "eth0"},
+		{"ip", "-n", name, "link", "set", "eth0", "up"},
+		{"ip", "-n", name, "link", "set", "lo", "up"},
+		{"ip", "-n", name, "route", "add", "default", "via", gw},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", strings.Join(c, " "), err, out)
+		}
+	}
+	return namedns.Path(name)
+}
+
+// serveName listens on port in the namespace at path and answers every
+// connection with name.
+func serveName(t *testing.T, path string, port int, name string) {
+	t.Helper()
+	var l net.Listener
+	if err := netnsexec.InPath(path, func() (err error) {
+		l, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, name)
+			c.Close()
+		}
+	}()
+}
+
+// ask connects from the namespace at path to addr and returns the answer.
+func ask(path, addr string) (string, error) {
+	var c net.Conn
+	if err := netnsexec.InPath(path, func() (err error) {
+		c, err = net.DialTimeout("tcp", addr, 3*time.Second)
+		return err
+	}); err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line), err
+}
+
+// Real connections through the kernel's IPVS: the node's own connection
+// to a ClusterIP reaches the pod behind it (the virtual address is bound
+// to kpr-ipvs0, IPVS picks the real server, the masquerade rules give the
+// pod an address to answer), and under externalTrafficPolicy Local the
+// node's own connection to a NodePort reaches every endpoint through its
+// fwmark virtual server, while the address's virtual server has only the
+// local one.
+func TestConnectionsThroughIPVS(t *testing.T) {
+	k, run, node := newNamedNetNS(t)
+	if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
+		t.Fatalf("sysctl in %s: %v", node, err)
+	}
+	nodePath := namedns.Path(node)
+	pod1 := podNetNS(t, node, "10.244.0.1")
+	serveName(t, pod1, 8080, "pod1")
+
+	p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
+		Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
+	sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
+		fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080"), nil),
+		// The node's own traffic gets every endpoint (pod1), outside
+		// traffic the local ones (none).
+		fe(dataplane.NodePort, "192.168.1.10:30080", dataplane.TCP, backends("10.244.0.1:8080"), backends()),
+	}}
+	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{web: sp}); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{"10.96.0.1:80", "192.168.1.10:30080"} {
+		got, err := ask(nodePath, addr)
+		if err != nil || got != "pod1" {
+			t.Errorf("the node's connection to %s: %q, %v; want pod1's answer", addr, got, err)
+		}
+	}
+	// Without endpoints IPVS answers with port unreachable.
+	empty := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
+		fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, nil, nil)}}
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{web: empty}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ask(nodePath, "10.96.0.1:80"); err == nil {
+		t.Errorf("a connection to a ClusterIP without endpoints got %q, want it refused", got)
+	}
+}
+
+// A client outside the node reaches a LoadBalancer IP only from inside
+// the Service's loadBalancerSourceRanges: filter drops the others before
+// IPVS sees them.
+func TestSourceRangesThroughIPVS(t *testing.T) {
+	k, run, node := newNamedNetNS(t)
+	if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
+		t.Fatalf("sysctl in %s: %v", node, err)
+	}
+	pod1 := podNetNS(t, node, "10.244.0.1")
+	serveName(t, pod1, 8080, "pod1")
+	client := peerNetNS(t, node, "192.0.2.254/24", "192.0.2.2/24", "192.0.2.254")
+
+	p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
+		Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
+	fenced := func(ranges ...string) *dataplane.ServicePort {
+		sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
+			fe(dataplane.LoadBalancer, "198.51.100.10:80", dataplane.TCP, backends("10.244.0.1:8080"), nil)}}
+		for _, r := range ranges {
+			sp.SourceRanges = append(sp.SourceRanges, netip.MustParsePrefix(r))
+		}
+		return sp
+	}
+	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{web: fenced("192.0.2.0/24")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ask(client, "198.51.100.10:80"); err != nil || got != "pod1" {
+		t.Errorf("a client inside the source ranges got %q, %v; want pod1's answer", got, err)
+	}
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{web: fenced("10.0.0.0/8")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ask(client, "198.51.100.10:80"); err == nil {
+		t.Errorf("a client outside the source ranges got %q, want its connection dropped", got)
+	}
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{web: fenced()}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ask(client, "198.51.100.10:80"); err != nil || got != "pod1" {
+		t.Errorf("without source ranges a client got %q, %v; want pod1's answer", got, err)
+	}
+}

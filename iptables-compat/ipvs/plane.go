@@ -1,0 +1,364 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
+)
+
+// DefaultScheduler is kube-proxy's default --ipvs-scheduler.
+const DefaultScheduler = "rr"
+
+// Options configure a Plane.
+type Options struct {
+	// Kernel reaches IPVS, the dummy interface and the ipsets; required.
+	Kernel Kernel
+	// Runner runs the iptables binaries; required.
+	Runner iptables.Runner
+	// Families maps each family the Plane programs to its iptables
+	// binaries; IPv4 is required. Without IPv6 the IPv6 frontends are not
+	// served.
+	Families map[iptables.Family]iptables.Tools
+	// Scheduler is the IPVS scheduler of every virtual server; empty is
+	// DefaultScheduler.
+	Scheduler string
+	// ClusterCIDRs are --cluster-cidr: traffic to a ClusterIP from outside
+	// them is masqueraded, as in kube-proxy.
+	ClusterCIDRs []netip.Prefix
+	// Conntrack removes the conntrack entries of UDP backends that left;
+	// nil skips it.
+	Conntrack iptables.ConntrackCleaner
+	Log       *zap.Logger
+}
+
+// Plane is the IPVS dataplane.Dataplane.
+type Plane struct {
+	k         Kernel
+	run       iptables.Runner
+	tools     map[iptables.Family]iptables.Tools
+	families  []iptables.Family
+	scheduler string
+	cidrs     []netip.Prefix
+	conntrack iptables.ConntrackCleaner
+	log       *zap.Logger
+
+	// mu keeps the reaper out of a call in progress.
+	mu sync.Mutex
+	// cur is what the kernel holds of the Plane's state as far as the
+	// Plane knows: read at the first call and at every Reconcile, kept up
+	// to date by every write since. Nil before the first call.
+	cur     *kstate
+	sps     map[dataplane.ServicePortName]*dataplane.ServicePort
+	contrib map[dataplane.ServicePortName]*contribution
+	marks   *marks
+	// reconciled is set by a successful Reconcile and cleared by a failed
+	// call: until then no drift check vouches for the kernel.
+	reconciled bool
+}
+
+var _ dataplane.Dataplane = (*Plane)(nil)
+
+// New returns a Plane; it reads and writes nothing until the first call.
+func New(o Options) (*Plane, error) {
+	if o.Kernel == nil || o.Runner == nil {
+		return nil, errors.New("ipvs.New: Options need a Kernel and a Runner")
+	}
+	if _, ok := o.Families[iptables.IPv4]; !ok {
+		return nil, errors.New("ipvs.New: Options need the IPv4 iptables Tools")
+	}
+	p := &Plane{k: o.Kernel, run: o.Runner, tools: o.Families, scheduler: o.Scheduler, cidrs: o.ClusterCIDRs,
+		conntrack: o.Conntrack, log: o.Log,
+		sps: map[dataplane.ServicePortName]*dataplane.ServicePort{}, contrib: map[dataplane.ServicePortName]*contribution{},
+		marks: newMarks()}
+	if p.scheduler == "" {
+		p.scheduler = DefaultScheduler
+	}
+	if p.log == nil {
+		p.log = zap.NewNop()
+	}
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		if _, ok := o.Families[f]; ok {
+			p.families = append(p.families, f)
+		}
+	}
+	return p, nil
+}
+
+func (p *Plane) ipv6() bool { _, ok := p.tools[iptables.IPv6]; return ok }
+
+// Apply writes the virtual servers, addresses and set members of the
+// changed ServicePorts, and the nat rules if their marks changed.
+func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// saved is set by the first call, which also writes the rules whole.
+	var saved map[iptables.Family]map[string]*savedTable
+	if p.cur == nil {
+		// A restarted kpr goes on from what the kernel holds.
+		if err := p.setup(); err != nil {
+			return err
+		}
+		cur, s, err := p.read()
+		if err != nil {
+			return err
+		}
+		p.cur, saved = cur, s
+		p.adoptMarks()
+	}
+	next := make(map[dataplane.ServicePortName]*contribution, len(p.contrib))
+	for n, c := range p.contrib {
+		next[n] = c
+	}
+	nextSPs := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(p.sps))
+	for n, sp := range p.sps {
+		nextSPs[n] = sp
+	}
+	marks := p.marks.clone()
+	tc := newTouched()
+	var changed []dataplane.ServicePortName
+	for n, sp := range changes {
+		if sp == nil && p.sps[n] == nil {
+			continue // deleting what was never written
+		}
+		if sp == p.sps[n] {
+			continue
+		}
+		changed = append(changed, n)
+		tc.add(p.contrib[n])
+		if sp == nil {
+			delete(next, n)
+			delete(nextSPs, n)
+			continue
+		}
+		c, err := desire(sp, p.scheduler, p.ipv6(), marks.get)
+		if err != nil {
+			return err
+		}
+		next[n], nextSPs[n] = c, sp
+		tc.add(c)
+	}
+	if len(changed) == 0 && saved == nil {
+		return nil
+	}
+	return p.write(next, nextSPs, changed, tc, saved)
+}
+
+// Reconcile reads the kernel and makes it hold exactly all: it repairs
+// what changed behind the Plane's back and removes the virtual servers,
+// addresses and set members of kpr's that no ServicePort wants.
+func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePort) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reconciled = false
+	if err := p.setup(); err != nil {
+		return err
+	}
+	cur, saved, err := p.read()
+	if err != nil {
+		return err
+	}
+	p.cur = cur
+	p.adoptMarks()
+	next := map[dataplane.ServicePortName]*contribution{}
+	nextSPs := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+	marks := p.marks.clone()
+	var changed []dataplane.ServicePortName
+	for n, sp := range all {
+		if sp == nil {
+			continue
+		}
+		c := p.contrib[n]
+		if p.sps[n] != sp || c == nil {
+			if c, err = desire(sp, p.scheduler, p.ipv6(), marks.get); err != nil {
+				return err
+			}
+		}
+		next[n], nextSPs[n] = c, sp
+		changed = append(changed, n)
+	}
+	for n := range p.sps {
+		if nextSPs[n] == nil {
+			changed = append(changed, n)
+		}
+	}
+	if err := p.write(next, nextSPs, changed, nil, saved); err != nil {
+		return err
+	}
+	p.reconciled = true
+	return nil
+}
+
+// adoptMarks takes the marks the kernel's rules hold for frontends that
+// no ServicePort of this Plane has yet, so that a restarted kpr keeps
+// them.
+func (p *Plane) adoptMarks() {
+	for k, m := range p.cur.internal {
+		if _, ok := p.marks.byKey[k]; ok {
+			continue
+		}
+		if _, taken := p.marks.byMark[m]; !taken && ownMark(m) {
+			p.marks.set(k, m)
+		}
+	}
+}
+
+// setup creates the dummy interface and the sets if they are missing.
+func (p *Plane) setup() error {
+	if err := p.k.EnsureDevice(); err != nil {
+		return fmt.Errorf("create the dummy interface %s for the virtual addresses: %w", DeviceName, err)
+	}
+	for _, s := range setSpecs() {
+		if s.IPv6 && !p.ipv6() {
+			continue
+		}
+		if err := p.k.EnsureSet(s); err != nil {
+			return fmt.Errorf("create ipset %s (%s): %w", s.Name, s.Type, err)
+		}
+	}
+	return nil
+}
+
+// write brings the kernel from p.cur to the union of next, looking only
+// at the parts tc names (all of them when tc is nil, for a Reconcile).
+// With saved, the tables as just read, it rewrites the iptables rules
+// whole, inserting the jumps saved lacks. When a write fails, the ones before it are undone, so that
+// every ServicePort is left as it was.
+func (p *Plane) write(next map[dataplane.ServicePortName]*contribution, nextSPs map[dataplane.ServicePortName]*dataplane.ServicePort,
+	changed []dataplane.ServicePortName, tc *touched, saved map[iptables.Family]map[string]*savedTable) error {
+	w := want(next)
+	if tc == nil {
+		tc = everything(p.cur, w)
+	}
+	pl := p.plan(w, tc)
+	for _, fam := range p.families {
+		p.planRules(pl, fam, w, saved[fam], saved != nil)
+	}
+	pl.finish()
+	if err := pl.run(); err != nil {
+		p.reconciled = false
+		return err
+	}
+
+	var removed []dataplane.RemovedBackend
+	for _, n := range changed {
+		removed = append(removed, dataplane.RemovedUDPBackends(p.sps[n], nextSPs[n])...)
+	}
+	p.cur, p.contrib, p.sps = pl.after, next, nextSPs
+	p.marks = newMarks()
+	for k, m := range w.internal {
+		p.marks.set(k, m)
+	}
+	if len(removed) > 0 && p.conntrack != nil {
+		// IPVS no longer sends to these backends; conntrack entries that
+		// do are what is left. A failure does not fail the sync: entries
+		// of idle flows time out.
+		n, err := p.conntrack.DeleteUDP(removed)
+		if err != nil {
+			p.log.Warn("Could not delete the conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Error(err))
+		} else {
+			p.log.Debug("Deleted conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Int("entries", n))
+		}
+	}
+	return nil
+}
+
+// op is one write and the write that undoes it.
+type op struct {
+	do, undo func() error
+}
+
+// plan is the writes of one call, in order, and the tables as they will
+// be after them.
+type plan struct {
+	ops    []op
+	after  *kstate
+	finish func()
+}
+
+func (pl *plan) add(do, undo func() error) { pl.ops = append(pl.ops, op{do, undo}) }
+
+func (pl *plan) run() error {
+	for i, o := range pl.ops {
+		if err := o.do(); err != nil {
+			for j := i - 1; j >= 0; j-- {
+				if pl.ops[j].undo == nil {
+					continue
+				}
+				if uerr := pl.ops[j].undo(); uerr != nil {
+					err = errors.Join(err, fmt.Errorf("undo an earlier write of the same call (the kernel now holds a mix of old and new; the next Reconcile repairs it): %w", uerr))
+				}
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// plan orders the writes so that new state serves before old state goes:
+// virtual servers and their real servers, set members, addresses; then,
+// after the nat rules (planRules), unbinding, virtual server deletes and
+// set member deletes (finish).
+func (p *Plane) plan(w *kstate, tc *touched) *plan {
+	pl := &plan{after: p.cur.clone()}
+	after := pl.after
+	keys := sortedKeys(tc.services)
+	var deletes []ServiceKey
+	for _, k := range keys {
+		have, want := p.cur.services[k], w.services[k]
+		switch {
+		case want == nil && have == nil:
+		case want == nil:
+			deletes = append(deletes, k)
+		case have == nil:
+			p.addService(pl, want)
+			after.services[k] = want.clone()
+		default:
+			p.updateService(pl, have, want, p.udp(k, w))
+		}
+	}
+	entries := sortedEntries(tc.entries)
+	for _, e := range entries {
+		if w.entries[e] && !p.cur.entries[e] {
+			pl.add(func() error { return wrap(p.k.AddEntry(e.set, e.entry), "add %s to ipset %s", e.entry, e.set) },
+				func() error { return p.k.DelEntry(e.set, e.entry) })
+			after.entries[e] = true
+		}
+	}
+	addrs := sortedAddrs(tc.bound)
+	for _, a := range addrs {
+		if w.bound[a] && !p.cur.bound[a] {
+			pl.add(func() error { return wrap(p.k.AddAddr(a), "bind %s to %s", a, DeviceName) },
+				func() error { return p.k.DelAddr(a) })
+			after.bound[a] = true
+		}
+	}
+	pl.finish = func() {
+		for _, a := range addrs {
+			if !w.bound[a] && p.cur.bound[a] {
+				pl.add(func() error { return wrap(p.k.DelAddr(a), "unbind %s from %s", a, DeviceName) },
+					func() error { return p.k.AddAddr(a) })
+				delete(after.bound, a)
+			}
+		}
+		for _, k := range deletes {
+			have := p.cur.services[k]
+			pl.add(func() error { return wrap(p.k.DelService(k), "delete virtual server %s", k) },
+				func() error { return p.restoreService(have) })
+			delete(after.services, k)
+		}
+		for _, e := range entries {
+			if !w.entries[e] && p.cur.entries[e] {
+				pl.add(func() error { return wrap(p.k.DelEntry(e.set, e.entry), "delete %s from ipset %s", e.entry, e.set) },
+					func() error { return p.k.AddEntry(e.set, e.entry) })
+				delete(after.entries, e)
+			}
+		}
+	}
+	return pl
+}

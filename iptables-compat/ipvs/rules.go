@@ -1,0 +1,255 @@
+package ipvs
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
+)
+
+// The chains the Plane writes, every one in full on each write of its
+// table. kube-proxy's IPVS mode has the same chains as KUBE-SERVICES,
+// KUBE-POSTROUTING, KUBE-MARK-MASQ, KUBE-PROXY-FIREWALL and KUBE-FORWARD;
+// kpr's names keep them apart from its iptables mode's (see doc.go).
+const (
+	chainServices    = "KPR-IPVS-SERVICES"
+	chainInternal    = "KPR-IPVS-INTERNAL"
+	chainPostrouting = "KPR-IPVS-POSTROUTING"
+	chainMarkMasq    = "KPR-IPVS-MARK-MASQ"
+	chainFirewall    = "KPR-IPVS-FIREWALL"
+	chainForward     = "KPR-IPVS-FORWARD"
+	chainPrefix      = "KPR-IPVS-"
+)
+
+const (
+	tableNAT    = "nat"
+	tableFilter = "filter"
+)
+
+var tables = []string{tableNAT, tableFilter}
+
+// baseJump is a rule in a built-in chain that sends traffic to one of the
+// Plane's chains.
+type baseJump struct {
+	table, chain, match, target string
+}
+
+var baseJumps = []baseJump{
+	{tableNAT, "PREROUTING", "", chainServices},
+	{tableNAT, "OUTPUT", "", chainServices},
+	{tableNAT, "POSTROUTING", "", chainPostrouting},
+	// Before IPVS sees the packet in LOCAL_IN: filter runs first there.
+	{tableFilter, "INPUT", "-m conntrack --ctstate NEW", chainFirewall},
+	{tableFilter, "FORWARD", "", chainForward},
+}
+
+func (j baseJump) args() string {
+	a := `-m comment --comment "kpr ipvs" -j ` + j.target
+	if j.match != "" {
+		a = j.match + " " + a
+	}
+	return a
+}
+
+// chainsOf are the chains the Plane owns in table.
+func chainsOf(table string) []string {
+	if table == tableNAT {
+		return []string{chainServices, chainInternal, chainPostrouting, chainMarkMasq}
+	}
+	return []string{chainFirewall, chainForward}
+}
+
+// ruleSet is what the Plane writes into one family's tables.
+type ruleSet struct {
+	fam iptables.Family
+	// clusterCIDRs of the family: traffic to ClusterIPs from outside them
+	// is masqueraded too, as kube-proxy does with --cluster-cidr.
+	clusterCIDRs []netip.Prefix
+	// internal maps frontends to the marks of their node-traffic virtual
+	// servers.
+	internal map[ServiceKey]uint32
+}
+
+// render is the iptables-restore --noflush input that writes table,
+// inserting jumps first. Declaring a chain creates or flushes it.
+func (rs ruleSet) render(table string, jumps []baseJump) []byte {
+	var b strings.Builder
+	ln := func(s string) { b.WriteString(s); b.WriteByte('\n') }
+	ln("*" + table)
+	for _, c := range chainsOf(table) {
+		ln(":" + c + " - [0:0]")
+	}
+	for _, j := range jumps {
+		ln("-I " + j.chain + " " + j.args())
+	}
+	for _, r := range rs.rules(table) {
+		ln(r)
+	}
+	ln("COMMIT")
+	return []byte(b.String())
+}
+
+func (rs ruleSet) set(role string) string { return setName(role, rs.fam == iptables.IPv6) }
+
+// rules are the table's rules, in iptables-save's spelling, so that a
+// drift check compares them as text.
+func (rs ruleSet) rules(table string) []string {
+	masq := fmt.Sprintf("0x%x", masqMark)
+	if table == tableFilter {
+		return []string{
+			"-A " + chainFirewall + " -m set --match-set " + rs.set(setFirewall) + " dst,dst -m set ! --match-set " +
+				rs.set(setSourceCIDR) + " dst,dst,src -j DROP",
+			"-A " + chainForward + " -m mark --mark " + masq + "/" + masq + " -j ACCEPT",
+			"-A " + chainForward + " -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+		}
+	}
+	out := []string{
+		// The node's own traffic to a frontend whose outside traffic
+		// gets other backends meets its fwmark virtual server.
+		"-A " + chainServices + " -m addrtype --src-type LOCAL -j " + chainInternal,
+		"-A " + chainServices + " -m addrtype --src-type LOCAL -m set --match-set " + rs.set(setClusterIP) + " dst,dst -j " + chainMarkMasq,
+	}
+	for _, c := range rs.clusterCIDRs {
+		out = append(out, "-A "+chainServices+" ! -s "+c.String()+" -m set --match-set "+rs.set(setClusterIP)+" dst,dst -j "+chainMarkMasq)
+	}
+	out = append(out,
+		"-A "+chainServices+" -m set --match-set "+rs.set(setExternal)+" dst,dst -j "+chainMarkMasq,
+		"-A "+chainServices+" -m addrtype --src-type LOCAL -m set --match-set "+rs.set(setExternalLocal)+" dst,dst -j "+chainMarkMasq,
+	)
+	out = append(out, internalRules(rs.fam, rs.internal)...)
+	out = append(out,
+		"-A "+chainPostrouting+" -m set --match-set "+rs.set(setLoopBack)+" dst,dst,src -j MASQUERADE",
+		"-A "+chainPostrouting+" -m mark ! --mark "+masq+"/"+masq+" -j RETURN",
+		// Cleared so that a packet is not masqueraded twice should it
+		// pass netfilter again.
+		"-A "+chainPostrouting+" -j MARK --set-xmark "+masq+"/0x0",
+		"-A "+chainPostrouting+" -j MASQUERADE --random-fully",
+		"-A "+chainMarkMasq+" -j MARK --set-xmark "+masq+"/"+masq,
+	)
+	return out
+}
+
+// internalRules mark the node's own new connections to the frontends of
+// the family, in frontend order.
+func internalRules(fam iptables.Family, internal map[ServiceKey]uint32) []string {
+	keys := make([]ServiceKey, 0, len(internal))
+	for k := range internal {
+		if k.IPv6 == (fam == iptables.IPv6) {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, compareKeys)
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		p := protoName(k.Proto)
+		out = append(out, fmt.Sprintf("-A %s -d %s -p %s -m %s --dport %d -j MARK --set-xmark 0x%x/0xffffffff",
+			chainInternal, netip.PrefixFrom(k.Addr, k.Addr.BitLen()), p, p, k.Port, internal[k]))
+	}
+	return out
+}
+
+func compareKeys(a, b ServiceKey) int {
+	switch {
+	case a.IPv6 != b.IPv6:
+		if a.IPv6 {
+			return 1
+		}
+		return -1
+	case a.FWMark != b.FWMark:
+		return int(a.FWMark) - int(b.FWMark)
+	}
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	if a.Proto != b.Proto {
+		return int(a.Proto) - int(b.Proto)
+	}
+	return int(a.Port) - int(b.Port)
+}
+
+// savedTable is one table as iptables-save prints it: its chains and its
+// rules, each an "-A" line.
+type savedTable struct {
+	chains map[string]bool
+	rules  []string
+}
+
+func parseSave(text []byte) *savedTable {
+	t := &savedTable{chains: map[string]bool{}}
+	for _, l := range strings.Split(string(text), "\n") {
+		switch {
+		case strings.HasPrefix(l, ":"):
+			t.chains[strings.Fields(l[1:])[0]] = true
+		case strings.HasPrefix(l, "-A "):
+			t.rules = append(t.rules, strings.TrimSpace(l))
+		}
+	}
+	return t
+}
+
+// chainRules are the rules of chain, in order.
+func (t *savedTable) chainRules(chain string) []string {
+	var out []string
+	for _, r := range t.rules {
+		if strings.HasPrefix(r, "-A "+chain+" ") {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// hasJump reports whether a rule of j's built-in chain jumps to its target.
+func (t *savedTable) hasJump(j baseJump) bool {
+	for _, r := range t.chainRules(j.chain) {
+		if strings.HasSuffix(r, "-j "+j.target) {
+			return true
+		}
+	}
+	return false
+}
+
+func missingJumps(table string, t *savedTable) []baseJump {
+	var out []baseJump
+	for _, j := range baseJumps {
+		if j.table == table && !t.hasJump(j) {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// parseInternal reads the marks back from the rules of chainInternal.
+func parseInternal(t *savedTable) map[ServiceKey]uint32 {
+	out := map[ServiceKey]uint32{}
+	for _, r := range t.chainRules(chainInternal) {
+		f := strings.Fields(r)
+		arg := func(flag string) string {
+			if i := slices.Index(f, flag); i >= 0 && i+1 < len(f) {
+				return f[i+1]
+			}
+			return ""
+		}
+		d, err := netip.ParsePrefix(arg("-d"))
+		if err != nil {
+			if a, aerr := netip.ParseAddr(arg("-d")); aerr == nil {
+				d = netip.PrefixFrom(a, a.BitLen())
+			} else {
+				continue
+			}
+		}
+		port, err := strconv.Atoi(arg("--dport"))
+		if err != nil {
+			continue
+		}
+		markArg, _, _ := strings.Cut(arg("--set-xmark"), "/")
+		mark, err := strconv.ParseUint(strings.TrimPrefix(markArg, "0x"), 16, 32)
+		if err != nil {
+			continue
+		}
+		out[addrKey(d.Addr(), parseProto(arg("-p")), uint16(port))] = uint32(mark)
+	}
+	return out
+}
