@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,7 +17,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kpr-io/kpr/tests/cluster"
 	"github.com/kpr-io/kpr/tests/harness"
 	"github.com/kpr-io/kpr/tests/kprproc"
 	"github.com/kpr-io/kpr/tests/kubeobj"
@@ -32,11 +30,10 @@ import (
 // programs. `kpr dump --conntrack` lists a live flow, and the metrics show
 // its conntrack entries and a drop reason.
 func TestKprRunFollowsNodeDevicesAndAddresses(t *testing.T) {
-	harness.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cl := cluster.StartForTest(t, cluster.Options{APIServerArgs: map[string]string{"request-timeout": "5s"}})
-	api := kubeobj.Client{Interface: cl.Client}
+	const nodeName = "kpr-tcnat-follow"
+	cl, api := testCluster(ctx, t, nodeName)
 	top := buildTopology(t, 2)
 	nl := top.node.NetNS.Netlink()
 	ext, err := nl.LinkByName(extDev)
@@ -47,35 +44,8 @@ func TestKprRunFollowsNodeDevicesAndAddresses(t *testing.T) {
 	if err := nl.RouteAdd(&netlink.Route{LinkIndex: ext.Attrs().Index, Gw: clientAddrs[0].Addr().AsSlice()}); err != nil {
 		t.Fatalf("default route in the node namespace: %v", err)
 	}
-	const nodeName = "kpr-tcnat-follow"
-	if err := cl.CreateNode(ctx, nodeName, []string{nodeAddrs[0].Addr().String()},
-		map[string]string{v1.LabelHostname: nodeName}); err != nil {
-		t.Fatal(err)
-	}
-	cg, err := harness.NewCgroup(t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kpr, err := kprproc.Start(kprproc.Options{
-		Kubeconfig: cl.KubeconfigPath, NodeName: nodeName, CgroupRoot: cg.Path, HostNetNS: top.node.NetNS.Path,
-		// No --devices: kpr finds them.
-		Args:    []string{"--tc-attach", "auto"},
-		LogPath: filepath.Join(t.TempDir(), "kpr.log"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("kpr log:\n%s", kpr.Log())
-		}
-		if err := kpr.Cleanup(); err != nil {
-			t.Errorf("kpr cleanup: %v", err)
-		}
-	})
-	if err := kpr.WaitSynced(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// No --devices: kpr finds them.
+	kpr := runKpr(ctx, t, cl, nodeName, top.node.NetNS.Path, "--tc-attach", "auto")
 
 	t.Run("attaches to the device with node addresses only", func(t *testing.T) {
 		if s := deviceState(t, top.node.NetNS, extDev); len(s.tcx["ingress"]) != 1 || len(s.tcx["egress"]) != 1 {

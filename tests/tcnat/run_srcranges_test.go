@@ -3,7 +3,6 @@ package tcnat
 import (
 	"context"
 	"net/netip"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -11,9 +10,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kpr-io/kpr/tests/cluster"
-	"github.com/kpr-io/kpr/tests/harness"
-	"github.com/kpr-io/kpr/tests/kprproc"
 	"github.com/kpr-io/kpr/tests/kubeobj"
 )
 
@@ -23,41 +19,13 @@ import (
 // one inside is served on the load-balancer IP, the other is not until the
 // ranges are removed from the Service.
 func TestKprRunLoadBalancerSourceRanges(t *testing.T) {
-	harness.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cl := cluster.StartForTest(t, cluster.Options{APIServerArgs: map[string]string{"request-timeout": "5s"}})
-	api := kubeobj.Client{Interface: cl.Client}
+	const nodeName = "kpr-tcnat-ranges"
+	cl, api := testCluster(ctx, t, nodeName)
 	top := buildTopology(t, 1)
 	top.addOutsider(t)
-	const nodeName = "kpr-tcnat-ranges"
-	if err := cl.CreateNode(ctx, nodeName, []string{nodeAddrs[0].Addr().String()},
-		map[string]string{v1.LabelHostname: nodeName}); err != nil {
-		t.Fatal(err)
-	}
-	cg, err := harness.NewCgroup(t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kpr, err := kprproc.Start(kprproc.Options{
-		Kubeconfig: cl.KubeconfigPath, NodeName: nodeName, CgroupRoot: cg.Path,
-		Args:    []string{"--host-netns", top.node.NetNS.Path, "--devices", extDev},
-		LogPath: filepath.Join(t.TempDir(), "kpr.log"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("kpr log:\n%s", kpr.Log())
-		}
-		if err := kpr.Cleanup(); err != nil {
-			t.Errorf("kpr cleanup: %v", err)
-		}
-	})
-	if err := kpr.WaitSynced(ctx); err != nil {
-		t.Fatal(err)
-	}
+	runKpr(ctx, t, cl, nodeName, top.node.NetNS.Path, "--devices", extDev)
 	const ns = "ranges"
 	if _, err := api.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -67,7 +35,7 @@ func TestKprRunLoadBalancerSourceRanges(t *testing.T) {
 	svc := kubeobj.Service(ns, "fenced", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
 	svc.Spec.Type = v1.ServiceTypeLoadBalancer
 	svc.Spec.LoadBalancerSourceRanges = []string{" " + inside.String() + "/32 "}
-	svc, err = api.CreateService(ctx, svc)
+	svc, err := api.CreateService(ctx, svc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package tcnat
 import (
 	"context"
 	"net/netip"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -11,9 +10,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kpr-io/kpr/tests/cluster"
 	"github.com/kpr-io/kpr/tests/harness"
-	"github.com/kpr-io/kpr/tests/kprproc"
 	"github.com/kpr-io/kpr/tests/kubeobj"
 )
 
@@ -22,42 +19,12 @@ import (
 // on the node's address and an ExternalIP with externalTrafficPolicy:
 // Local, which reaches only the node's own endpoint.
 func TestKprRunServesTrafficFromOutside(t *testing.T) {
-	harness.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cl := cluster.StartForTest(t, cluster.Options{APIServerArgs: map[string]string{"request-timeout": "5s"}})
-	api := kubeobj.Client{Interface: cl.Client}
-	top := buildTopology(t, 2)
 	const nodeName = "kpr-tcnat-node"
-	if err := cl.CreateNode(ctx, nodeName, []string{nodeAddrs[0].Addr().String()},
-		map[string]string{v1.LabelHostname: nodeName}); err != nil {
-		t.Fatal(err)
-	}
-	// The socket hooks go to a cgroup of the test's that holds no process:
-	// only the tc programs matter here.
-	cg, err := harness.NewCgroup(t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kpr, err := kprproc.Start(kprproc.Options{
-		Kubeconfig: cl.KubeconfigPath, NodeName: nodeName, CgroupRoot: cg.Path,
-		Args:    []string{"--host-netns", top.node.NetNS.Path, "--devices", extDev},
-		LogPath: filepath.Join(t.TempDir(), "kpr.log"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("kpr log:\n%s", kpr.Log())
-		}
-		if err := kpr.Cleanup(); err != nil {
-			t.Errorf("kpr cleanup: %v", err)
-		}
-	})
-	if err := kpr.WaitSynced(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cl, api := testCluster(ctx, t, nodeName)
+	top := buildTopology(t, 2)
+	runKpr(ctx, t, cl, nodeName, top.node.NetNS.Path, "--devices", extDev)
 	const ns = "tcnat"
 	if _, err := api.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -75,7 +42,7 @@ func TestKprRunServesTrafficFromOutside(t *testing.T) {
 
 	np := kubeobj.Service(ns, "np", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
 	np.Spec.Type = v1.ServiceTypeNodePort
-	np, err = api.CreateService(ctx, np)
+	np, err := api.CreateService(ctx, np)
 	if err != nil {
 		t.Fatal(err)
 	}

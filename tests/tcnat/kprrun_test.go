@@ -1,0 +1,59 @@
+package tcnat
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpr-io/kpr/tests/cluster"
+	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/kprproc"
+	"github.com/kpr-io/kpr/tests/kubeobj"
+)
+
+// testCluster starts a real API server for a test of `kpr run` and
+// registers nodeName's Node object, with the node namespace's address.
+func testCluster(ctx context.Context, t *testing.T, nodeName string) (*cluster.Cluster, kubeobj.Client) {
+	t.Helper()
+	harness.RequireRoot(t)
+	cl := cluster.StartForTest(t, cluster.Options{APIServerArgs: map[string]string{"request-timeout": "5s"}})
+	if err := cl.CreateNode(ctx, nodeName, []string{nodeAddrs[0].Addr().String()},
+		map[string]string{v1.LabelHostname: nodeName}); err != nil {
+		t.Fatal(err)
+	}
+	return cl, kubeobj.Client{Interface: cl.Client}
+}
+
+// runKpr starts `kpr run` as nodeName, serving the node namespace
+// hostNetNS with args, and waits for its first sync. Its socket hooks go to
+// a cgroup of the test's that holds no process: only the tc programs
+// matter here. The cleanup stops it and removes its dataplane, and shows
+// its log when the test failed.
+func runKpr(ctx context.Context, t *testing.T, cl *cluster.Cluster, nodeName, hostNetNS string, args ...string) *kprproc.Process {
+	t.Helper()
+	cg, err := harness.NewCgroup(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kpr, err := kprproc.Start(kprproc.Options{
+		Kubeconfig: cl.KubeconfigPath, NodeName: nodeName, CgroupRoot: cg.Path, HostNetNS: hostNetNS,
+		Args: args, LogPath: filepath.Join(t.TempDir(), "kpr.log"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kpr log:\n%s", kpr.Log())
+		}
+		if err := kpr.Cleanup(); err != nil {
+			t.Errorf("kpr cleanup: %v", err)
+		}
+	})
+	if err := kpr.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return kpr
+}
