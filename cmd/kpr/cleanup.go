@@ -147,14 +147,23 @@ func removeIPTablesState(bpfRoot, netnsPath string) (deleted int, found bool, er
 	if err != nil {
 		return 0, false, err
 	}
+	return removeRecordedState(marker, "the chains kpr's iptables mode wrote", func() (int, error) {
+		return iptables.Cleanup(netfilterRunner(netnsPath))
+	})
+}
+
+// removeRecordedState runs remove if the record marker says a mode wrote
+// state there, and then removes the record; on failure the record stays,
+// so that the next cleanup tries again. found says whether there was one.
+func removeRecordedState(marker, what string, remove func() (int, error)) (deleted int, found bool, err error) {
 	if _, err := os.Stat(marker); errors.Is(err, os.ErrNotExist) {
 		return 0, false, nil
 	} else if err != nil {
-		return 0, false, fmt.Errorf("look for the record of kpr's iptables mode: %w", err)
+		return 0, false, fmt.Errorf("look for the record %s of %s: %w", marker, what, err)
 	}
-	deleted, err = iptables.Cleanup(netfilterRunner(netnsPath))
+	deleted, err = remove()
 	if err != nil {
-		return deleted, true, fmt.Errorf("remove the chains kpr's iptables mode wrote: %w (the record %s stays, so the next cleanup tries again)", err, marker)
+		return deleted, true, fmt.Errorf("remove %s: %w (the record %s stays, so the next cleanup tries again)", what, err, marker)
 	}
 	if err := os.Remove(marker); err != nil {
 		return deleted, true, fmt.Errorf("remove %s: %w", marker, err)

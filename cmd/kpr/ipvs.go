@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -115,24 +114,14 @@ func removeIPVSState(bpfRoot, netnsPath string) (deleted int, found bool, err er
 	if err != nil {
 		return 0, false, err
 	}
-	if _, err := os.Stat(marker); errors.Is(err, os.ErrNotExist) {
-		return 0, false, nil
-	} else if err != nil {
-		return 0, false, fmt.Errorf("look for the record of kpr's IPVS mode: %w", err)
-	}
-	k, err := ipvs.NewNetlinkKernel(netnsPath)
-	if err != nil {
-		return 0, true, fmt.Errorf("remove kpr's IPVS state: %w (the record %s stays, so the next cleanup tries again)", err, marker)
-	}
-	defer k.Close()
-	deleted, err = ipvs.Cleanup(k, netfilterRunner(netnsPath))
-	if err != nil {
-		return deleted, true, fmt.Errorf("remove kpr's IPVS state: %w (the record %s stays, so the next cleanup tries again)", err, marker)
-	}
-	if err := os.Remove(marker); err != nil {
-		return deleted, true, fmt.Errorf("remove %s: %w", marker, err)
-	}
-	return deleted, true, nil
+	return removeRecordedState(marker, "kpr's IPVS state", func() (int, error) {
+		k, err := ipvs.NewNetlinkKernel(netnsPath)
+		if err != nil {
+			return 0, err
+		}
+		defer k.Close()
+		return ipvs.Cleanup(k, netfilterRunner(netnsPath))
+	})
 }
 
 // cleanupIPVSMode is `kpr cleanup`'s part for the IPVS mode.

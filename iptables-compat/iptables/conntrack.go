@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/dataplane"
@@ -62,4 +63,21 @@ func (f udpFlowFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 func sameAddr(ip net.IP, a netip.Addr) bool {
 	got, ok := netip.AddrFromSlice(ip)
 	return ok && got.Unmap() == a.Unmap()
+}
+
+// DeleteRemovedUDP deletes the conntrack entries of UDP flows to backends
+// that left, once a sync no longer sends to them: the entries that still
+// do are what would keep a client's flow on a dead backend. A failure is
+// logged, never returned: the sync itself is right, and idle entries time
+// out. Both netfilter-based backends call it after a successful sync.
+func DeleteRemovedUDP(c ConntrackCleaner, removed []dataplane.RemovedBackend, log *zap.Logger) {
+	if len(removed) == 0 || c == nil {
+		return
+	}
+	n, err := c.DeleteUDP(removed)
+	if err != nil {
+		log.Warn("Could not delete the conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Error(err))
+		return
+	}
+	log.Debug("Deleted conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Int("entries", n))
 }

@@ -1,8 +1,6 @@
 package iptables
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"testing"
 
@@ -27,19 +25,7 @@ func requireRoot(t *testing.T) {
 // test's own namespace.
 func newNetNS(t *testing.T) Runner {
 	t.Helper()
-	suffix := make([]byte, 4)
-	rand.Read(suffix)
-	name := "kpr-ipt-" + hex.EncodeToString(suffix)
-	h, err := namedns.Create(name)
-	if err != nil {
-		t.Fatalf("create network namespace %s: %v", name, err)
-	}
-	h.Close()
-	t.Cleanup(func() {
-		if err := namedns.Delete(name); err != nil {
-			t.Errorf("delete network namespace %s: %v", name, err)
-		}
-	})
+	name := namedns.ForTest(t, "kpr-ipt-")
 	return ExecRunner{Prefix: []string{"ip", "netns", "exec", name}}
 }
 

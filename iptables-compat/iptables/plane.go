@@ -224,17 +224,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 	for _, fam := range p.families {
 		p.checked[fam] = true
 	}
-	if len(removed) > 0 && p.conntrack != nil {
-		// The rules no longer send to these backends; entries that do
-		// are what is left. A failure here does not fail the sync: the
-		// rules are right, and entries of idle flows time out.
-		n, err := p.conntrack.DeleteUDP(removed)
-		if err != nil {
-			p.log.Warn("Could not delete the conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Error(err))
-		} else {
-			p.log.Debug("Deleted conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Int("entries", n))
-		}
-	}
+	DeleteRemovedUDP(p.conntrack, removed, p.log)
 	return nil
 }
 

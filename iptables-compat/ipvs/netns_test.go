@@ -1,8 +1,6 @@
 package ipvs
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -37,19 +35,7 @@ func newNamedNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner, string) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: programs IPVS inside a network namespace of its own; run as root")
 	}
-	suffix := make([]byte, 4)
-	rand.Read(suffix)
-	name := "kpr-ipvs-" + hex.EncodeToString(suffix)
-	h, err := namedns.Create(name)
-	if err != nil {
-		t.Fatalf("create network namespace %s: %v", name, err)
-	}
-	h.Close()
-	t.Cleanup(func() {
-		if err := namedns.Delete(name); err != nil {
-			t.Errorf("delete network namespace %s: %v", name, err)
-		}
-	})
+	name := namedns.ForTest(t, "kpr-ipvs-")
 	if err := Available(namedns.Path(name)); err != nil {
 		t.Skipf("kernel has no ip_vs: %s (%v)", kernelMatrix, err)
 	}

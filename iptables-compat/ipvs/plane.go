@@ -254,17 +254,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*contribution, nextSPs 
 	for k, m := range w.internal {
 		p.marks.set(k, m)
 	}
-	if len(removed) > 0 && p.conntrack != nil {
-		// IPVS no longer sends to these backends; conntrack entries that
-		// do are what is left. A failure does not fail the sync: entries
-		// of idle flows time out.
-		n, err := p.conntrack.DeleteUDP(removed)
-		if err != nil {
-			p.log.Warn("Could not delete the conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Error(err))
-		} else {
-			p.log.Debug("Deleted conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Int("entries", n))
-		}
-	}
+	iptables.DeleteRemovedUDP(p.conntrack, removed, p.log)
 	return nil
 }
 

@@ -17,7 +17,6 @@ package kubeproxy
 import (
 	"errors"
 	"fmt"
-	"os/exec"
 	"slices"
 	"strings"
 
@@ -125,16 +124,13 @@ const nftTable = "kube-proxy"
 // removeNFTables deletes the nftables mode's tables. Without an nft binary
 // there are none: kube-proxy's nftables mode runs nft itself.
 func removeNFTables(r iptables.Runner) ([]string, error) {
-	out, err := r.Run("nft", []string{"list", "tables"}, nil)
-	if err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("list the nftables tables (nft list tables): %w", err)
+	families, err := familiesWithTable(r, nftTable)
+	if err != nil || len(families) == 0 {
+		return nil, err
 	}
 	var deleted []string
 	var errs []error
-	for _, family := range tablesNamed(out, nftTable) {
+	for _, family := range families {
 		// Before the table goes: see keepnat.go.
 		if err := keepNAT(r, family); err != nil {
 			errs = append(errs, err)

@@ -64,16 +64,13 @@ func keepNAT(r iptables.Runner, family string) error {
 // deleted. Connections that kube-proxy NATed and that are still open stop
 // working if no other nat chain is left in their family.
 func RemoveKeepNAT(r iptables.Runner) ([]string, error) {
-	out, err := r.Run("nft", []string{"list", "tables"}, nil)
-	if err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("list the nftables tables (nft list tables): %w", err)
+	families, err := familiesWithTable(r, KeepNATTable)
+	if err != nil || len(families) == 0 {
+		return nil, err
 	}
 	var deleted []string
 	var errs []error
-	for _, family := range tablesNamed(out, KeepNATTable) {
+	for _, family := range families {
 		if _, err := r.Run("nft", []string{"delete", "table", family, KeepNATTable}, nil); err != nil {
 			errs = append(errs, fmt.Errorf("delete the nftables table %s %s: %w", family, KeepNATTable, err))
 			continue
@@ -81,6 +78,19 @@ func RemoveKeepNAT(r iptables.Runner) ([]string, error) {
 		deleted = append(deleted, family+" "+KeepNATTable)
 	}
 	return deleted, errors.Join(errs...)
+}
+
+// familiesWithTable lists the ip and ip6 families that hold an nftables
+// table called name. Without an nft binary there is none.
+func familiesWithTable(r iptables.Runner, name string) ([]string, error) {
+	out, err := r.Run("nft", []string{"list", "tables"}, nil)
+	if err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list the nftables tables (nft list tables): %w", err)
+	}
+	return tablesNamed(out, name), nil
 }
 
 // tablesNamed returns the ip and ip6 families in which `nft list tables`
