@@ -29,7 +29,7 @@ min sync period {{.R.Settings.MinSyncPeriod}} for every proxy (kube-proxy gets {
 its configuration reads 0 as "use the default of 1s"; with that default, every
 kube-proxy programming latency below would be about one second longer when
 updates come back to back). The whole run took {{.Minutes}} minutes.
-Not built yet, so not measured: {{range .R.Settings.NotBuilt}}{{.}}. {{end}}
+Not measured: {{range .R.Settings.NotBuilt}}{{.}}. {{end}}
 
 Reproduce (as root; the Debian packages iptables, nftables and conntrack must be installed):
 

@@ -51,7 +51,8 @@ type Settings struct {
 	MinSyncPeriod       string   `json:"minSyncPeriod"`
 	// KubeProxyMinSyncPeriod is what kube-proxy got: it cannot express 0.
 	KubeProxyMinSyncPeriod string `json:"kubeProxyMinSyncPeriod"`
-	// NotBuilt lists proxies the issue names that cannot run yet.
+	// NotBuilt lists proxies the issues name that the harness does not
+	// run, each with why (the name stays for older results files).
 	NotBuilt []string `json:"notBuilt"`
 }
 

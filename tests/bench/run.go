@@ -77,7 +77,7 @@ func RunBenchmark(t *testing.T, cfg Config) *Results {
 		Settings: Settings{Sizes: cfg.Sizes, EndpointsPerService: backendsPerGroup, Updates: cfg.Updates,
 			Samples: cfg.Samples, Proxies: cfg.Proxies, MinSyncPeriod: cfg.MinSyncPeriod.String(),
 			KubeProxyMinSyncPeriod: kubeProxyMinSync(cfg.MinSyncPeriod).String(),
-			NotBuilt:               []string{"kpr-iptables (kpr's own iptables fallback does not exist yet)"}}}
+			NotBuilt:               notMeasured}}
 	t.Cleanup(func() {
 		if err := checkHostUnchanged(before); err != nil {
 			t.Error(err)

@@ -5,11 +5,17 @@ import (
 	"slices"
 )
 
-// evaluateTargets judges kpr against the issue's goals at the largest size
-// where kpr converged, with the other proxies' numbers from the same run
-// and size. A kube-proxy mode that did not converge counts with its
-// timeout, which makes the ratio a lower bound.
+// evaluateTargets judges kpr against the issues' goals: the eBPF mode's
+// (ebpfTargets) and the iptables mode's (sameModeTargets).
 func evaluateTargets(runs []Run) []Target {
+	return append(ebpfTargets(runs), sameModeTargets(runs)...)
+}
+
+// ebpfTargets judges kpr's eBPF mode at the largest size where it
+// converged, with the other proxies' numbers from the same run and size.
+// A kube-proxy mode that did not converge counts with its
+// timeout, which makes the ratio a lower bound.
+func ebpfTargets(runs []Run) []Target {
 	find := func(proxy string, n int) *Run {
 		for i := range runs {
 			if runs[i].Proxy == proxy && runs[i].Services == n && runs[i].Skipped == "" {
@@ -110,6 +116,114 @@ func evaluateTargets(runs []Run) []Target {
 		missing(&targets[4], "kube-proxy")
 	}
 	return targets
+}
+
+// sameModeTargets judges issue 10's goal for kpr's iptables mode: cold
+// start and programming latency no worse than kube-proxy's iptables mode,
+// from the same run, at every size where either of the two was started.
+// A proxy that did not converge at a size, or was skipped there after not
+// converging at a smaller one, is judged as having taken longer than its
+// timeout; when neither converged, nothing shows kpr to be no worse, so
+// the goal is not met.
+func sameModeTargets(runs []Run) []Target {
+	type pair struct{ kpr, kube *Run }
+	var sizes []int
+	at := map[int]*pair{}
+	for i := range runs {
+		r := &runs[i]
+		if r.Proxy != ProxyKPRIPTables && r.Proxy != ProxyIPTables {
+			continue
+		}
+		p := at[r.Services]
+		if p == nil {
+			p = &pair{}
+			at[r.Services] = p
+			sizes = append(sizes, r.Services)
+		}
+		if r.Proxy == ProxyKPRIPTables {
+			p.kpr = r
+		} else {
+			p.kube = r
+		}
+	}
+	slices.Sort(sizes)
+	var out []Target
+	for _, n := range sizes {
+		p := at[n]
+		out = append(out, judgeSameMode(n, p.kpr, p.kube)...)
+	}
+	return out
+}
+
+// judgeSameMode compares kpr's iptables mode with kube-proxy's at one size:
+// cold start, programming p50 and programming p99, each as kpr over
+// kube-proxy, wanted at most 1.
+func judgeSameMode(n int, kpr, kube *Run) []Target {
+	const want = "<= 1 (no worse)"
+	ts := []Target{
+		{Name: "cold start, kpr iptables over kube-proxy iptables", Want: want, Services: n},
+		{Name: "programming latency p50, kpr iptables over kube-proxy iptables", Want: want, Services: n},
+		{Name: "programming latency p99, kpr iptables over kube-proxy iptables", Want: want, Services: n},
+	}
+	if kpr == nil || kube == nil {
+		missing := ProxyKPRIPTables
+		if kpr != nil {
+			missing = ProxyIPTables
+		}
+		for i := range ts {
+			ts[i].Detail = missing + " was not run in this run"
+		}
+		return ts
+	}
+	converged := func(r *Run) bool { return r.Skipped == "" && r.ColdStart.Converged }
+	// why says how a run that did not converge ended.
+	why := func(r *Run) string {
+		if r.Skipped != "" {
+			return r.Skipped
+		}
+		return fmt.Sprintf("did not converge within %.0fs", r.ColdStart.TimeoutSeconds)
+	}
+	set := func(t *Target, value float64, met bool, detail string) {
+		t.Evaluated, t.Value, t.Met, t.Detail = true, value, met, detail
+	}
+	switch {
+	case !converged(kpr) && !converged(kube):
+		for i := range ts {
+			set(&ts[i], 0, false, fmt.Sprintf("neither converged: kpr iptables %s, kube-proxy iptables %s", why(kpr), why(kube)))
+		}
+		return ts
+	case !converged(kpr):
+		for i := range ts {
+			set(&ts[i], 0, false, fmt.Sprintf("kpr iptables %s; kube-proxy iptables converged in %.2fs", why(kpr), kube.ColdStart.Seconds))
+		}
+		return ts
+	case !converged(kube):
+		// kube-proxy took longer than its timeout: the ratio over the
+		// timeout is an upper bound of the real one. It has no
+		// programming latency, since updates to rules it never finished
+		// writing cannot be timed; kpr, which serves them, is not worse.
+		set(&ts[0], kpr.ColdStart.Seconds/kube.ColdStart.TimeoutSeconds, true,
+			fmt.Sprintf("kpr iptables %.2fs; kube-proxy iptables %s (the ratio over its timeout is an upper bound)", kpr.ColdStart.Seconds, why(kube)))
+		for i := 1; i < len(ts); i++ {
+			set(&ts[i], 0, true, fmt.Sprintf("kube-proxy iptables %s, so it serves no update within its timeout; kpr iptables p50 %.1fms, p99 %.1fms", why(kube), kpr.Programming.P50, kpr.Programming.P99))
+		}
+		return ts
+	}
+	a, b := kpr.ColdStart, kube.ColdStart
+	v := a.Seconds / b.Seconds
+	set(&ts[0], v, v <= 1, fmt.Sprintf("kpr iptables %.2fs vs kube-proxy iptables %.2fs", a.Seconds, b.Seconds))
+	g, h := kpr.Programming, kube.Programming
+	if g == nil || h == nil || len(g.Latencies) == 0 || len(h.Latencies) == 0 {
+		for i := 1; i < len(ts); i++ {
+			ts[i].Detail = "a programming phase has no latencies"
+		}
+		return ts
+	}
+	v = g.P50 / h.P50
+	set(&ts[1], v, v <= 1, fmt.Sprintf("kpr iptables %.1fms vs kube-proxy iptables %.1fms", g.P50, h.P50))
+	v = g.P99 / h.P99
+	set(&ts[2], v, v <= 1, fmt.Sprintf("kpr iptables %.1fms vs kube-proxy iptables %.1fms", g.P99, h.P99))
+	return ts
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }

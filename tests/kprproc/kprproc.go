@@ -78,6 +78,10 @@ type Options struct {
 	// builds from this tree. Benchmarks set it to compare two builds
 	// against the same API server.
 	Binary string
+	// CgroupFD, when > 0, is an open cgroup v2 directory that kpr is born
+	// into, so that the cgroup's CPU time is kpr's plus that of the
+	// iptables-restore children its iptables mode runs (the benchmarks).
+	CgroupFD int
 }
 
 // binary returns the kpr executable these options run.
@@ -153,6 +157,10 @@ func (p *Process) start(bin string) error {
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	// A test binary killed outright must not leave kpr running.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if p.CgroupFD > 0 {
+		p.cmd.SysProcAttr.UseCgroupFD = true
+		p.cmd.SysProcAttr.CgroupFD = p.CgroupFD
+	}
 	if err := p.cmd.Start(); err != nil {
 		logFile.Close()
 		return fmt.Errorf("start kpr run: %w", err)

@@ -1,0 +1,68 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestSameModeTargets checks the judgement of kpr's iptables mode against
+// kube-proxy's at each size: a slower kpr misses, a kube-proxy that did
+// not converge loses, and neither converging is not a pass.
+func TestSameModeTargets(t *testing.T) {
+	done := func(proxy string, n int, cold, p50, p99 float64) Run {
+		return Run{Proxy: proxy, Services: n, ColdStart: ColdStart{Converged: true, Seconds: cold, TimeoutSeconds: 60},
+			Programming: &Programming{Updates: 2, Latencies: []float64{p50, p99}, P50: p50, P90: p99, P99: p99}}
+	}
+	stuck := func(proxy string, n int) Run {
+		return Run{Proxy: proxy, Services: n, ColdStart: ColdStart{TimeoutSeconds: 260, Note: "did not converge"}}
+	}
+	skipped := func(proxy string, n int) Run {
+		return Run{Proxy: proxy, Services: n, Skipped: "did not converge at 1000 Services"}
+	}
+	runs := []Run{
+		// Not judged: the eBPF kpr and nftables are other targets.
+		done(ProxyKPR, 100, 0.1, 1, 2), done(ProxyNFTables, 100, 9, 9, 9),
+		done(ProxyKPRIPTables, 100, 1, 10, 40), done(ProxyIPTables, 100, 2, 20, 30),
+		stuck(ProxyIPTables, 1000), done(ProxyKPRIPTables, 1000, 50, 100, 200),
+		skipped(ProxyKPRIPTables, 10000), skipped(ProxyIPTables, 10000),
+		done(ProxyKPRIPTables, 20000, 5, 5, 5),
+	}
+	got := sameModeTargets(runs)
+	type verdict struct {
+		services  int
+		evaluated bool
+		met       bool
+		detail    string
+	}
+	want := []verdict{
+		{100, true, true, "1.00s vs kube-proxy iptables 2.00s"},
+		{100, true, true, "10.0ms vs kube-proxy iptables 20.0ms"},
+		{100, true, false, "40.0ms vs kube-proxy iptables 30.0ms"},
+		{1000, true, true, "did not converge within 260s"},
+		{1000, true, true, "kube-proxy iptables did not converge"},
+		{1000, true, true, "kube-proxy iptables did not converge"},
+		{10000, true, false, "neither converged"},
+		{10000, true, false, "neither converged"},
+		{10000, true, false, "neither converged"},
+		{20000, false, false, "kube-proxy-iptables was not run"},
+		{20000, false, false, "kube-proxy-iptables was not run"},
+		{20000, false, false, "kube-proxy-iptables was not run"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d targets, want %d: %+v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.Services != w.services || g.Evaluated != w.evaluated || g.Met != w.met || !strings.Contains(g.Detail, w.detail) {
+			t.Errorf("target %d (%s): got services %d evaluated %v met %v %q, want %+v", i, g.Name, g.Services, g.Evaluated, g.Met, g.Detail, w)
+		}
+	}
+	if v := got[0].Value; v != 0.5 {
+		t.Errorf("cold start ratio %v, want 0.5 (kpr over kube-proxy)", v)
+	}
+	// The eBPF targets are still there, ahead of the iptables ones.
+	all := evaluateTargets(runs)
+	if len(all) != len(got)+5 || all[5].Name != got[0].Name {
+		t.Errorf("evaluateTargets: %d targets, want the 5 eBPF ones then the %d iptables ones", len(all), len(got))
+	}
+}
