@@ -57,11 +57,29 @@ func writeOutputs(res *Results, cfg Config) error {
 }
 
 // markdownTable has one row per proxy and size.
-func markdownTable(res *Results) string {
+func markdownTable(res *Results) string { return runsTable(res.Runs) }
+
+// sameModeTables are the rows of kpr's iptables mode and kube-proxy's, and
+// the judgement of the one against the other, for the section of the
+// document that compares them; "" when the run measured neither.
+func sameModeTables(res *Results) string {
+	var runs []Run
+	for _, r := range res.Runs {
+		if r.Proxy == ProxyKPRIPTables || r.Proxy == ProxyIPTables {
+			runs = append(runs, r)
+		}
+	}
+	if len(runs) == 0 {
+		return ""
+	}
+	return runsTable(runs) + "\n" + targetRows(sameModeTargets(res.Runs))
+}
+
+func runsTable(runs []Run) string {
 	var b strings.Builder
 	b.WriteString("| proxy | Services | cold start | programming p50 / p90 / p99 | connect+echo p50 first / last / direct | last ÷ direct p50 / p99 | CPU s cold / conn / prog | peak RSS | BPF maps |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, r := range res.Runs {
+	for _, r := range runs {
 		fmt.Fprintf(&b, "| %s | %d | ", r.Proxy, r.Services)
 		switch {
 		case r.Skipped != "":
@@ -113,10 +131,12 @@ func mapsStr(b *int64) string {
 	return mibStr(*b)
 }
 
-func targetsTable(res *Results) string {
+func targetsTable(res *Results) string { return targetRows(res.Targets) }
+
+func targetRows(targets []Target) string {
 	var b strings.Builder
 	b.WriteString("| target for kpr | want | measured | at Services | verdict | detail |\n|---|---|---:|---:|---|---|\n")
-	for _, t := range res.Targets {
+	for _, t := range targets {
 		verdict := "not evaluated"
 		if t.Evaluated {
 			verdict = "**MISSED**"
@@ -179,7 +199,7 @@ func benchmarksDoc(res *Results, plotDir string) ([]byte, error) {
 	}
 	var b bytes.Buffer
 	err = tmpl.Execute(&b, map[string]any{
-		"R": res, "Table": markdownTable(res), "Targets": targetsTable(res),
+		"R": res, "Table": markdownTable(res), "Targets": targetsTable(res), "SameMode": sameModeTables(res),
 		"PlotDir": filepath.ToSlash(plotDir), "Minutes": fmt.Sprintf("%.0f", res.TotalSeconds/60),
 		"ConnPlot": PlotConnLatency, "CDFPlot": PlotProgCDF, "ColdPlot": PlotColdStart,
 		"ResultsFile": ResultsFile,

@@ -42,8 +42,12 @@ func ebpfTargets(runs []Run) []Target {
 	}
 	kpr := find(ProxyKPR, n)
 	if kpr == nil {
+		why := "kpr has no converged run"
+		if !slices.ContainsFunc(runs, func(r Run) bool { return r.Proxy == ProxyKPR }) {
+			why = "kpr's eBPF mode was not run in this run"
+		}
 		for i := range targets {
-			targets[i].Detail = "kpr has no converged run"
+			targets[i].Detail = why
 		}
 		return targets
 	}

@@ -65,4 +65,48 @@ func TestSameModeTargets(t *testing.T) {
 	if len(all) != len(got)+5 || all[5].Name != got[0].Name {
 		t.Errorf("evaluateTargets: %d targets, want the 5 eBPF ones then the %d iptables ones", len(all), len(got))
 	}
+	// A run of the iptables modes alone says the eBPF targets were not run.
+	only := evaluateTargets(runs[2:])
+	if only[0].Evaluated || !strings.Contains(only[0].Detail, "eBPF mode was not run") {
+		t.Errorf("eBPF target without an eBPF run: %+v", only[0])
+	}
+}
+
+// TestDocSameModeSection checks that the document gets the section
+// comparing the two iptables modes, with both rows and the verdicts, only
+// when the run measured them.
+func TestDocSameModeSection(t *testing.T) {
+	run := func(proxy string) Run {
+		return Run{Proxy: proxy, Services: 100, ColdStart: ColdStart{Converged: true, Seconds: 1, TimeoutSeconds: 60},
+			Programming: &Programming{Updates: 1, Latencies: []float64{5}, P50: 5, P90: 5, P99: 5}}
+	}
+	const heading = "## kpr's iptables mode against kube-proxy's"
+	res := &Results{Runs: []Run{run(ProxyKPR), run(ProxyKPRIPTables), run(ProxyIPTables)}}
+	res.Targets = evaluateTargets(res.Runs)
+	doc, err := benchmarksDoc(res, "bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), heading)
+	if !ok {
+		t.Fatalf("no %q section in:\n%s", heading, doc)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	for _, want := range []string{"| kpr-iptables | 100 |", "| kube-proxy-iptables | 100 |", "cold start, kpr iptables over kube-proxy iptables | <= 1 (no worse) | 1.000 | 100 | met"} {
+		if !strings.Contains(section, want) {
+			t.Errorf("section lacks %q:\n%s", want, section)
+		}
+	}
+	if strings.Contains(section, "| kpr | 100 |") {
+		t.Errorf("section holds the eBPF kpr's row:\n%s", section)
+	}
+
+	res = &Results{Runs: []Run{run(ProxyKPR), run(ProxyNFTables)}}
+	res.Targets = evaluateTargets(res.Runs)
+	if doc, err = benchmarksDoc(res, "bench"); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(doc), heading) {
+		t.Errorf("a run without either iptables mode has the section")
+	}
 }
