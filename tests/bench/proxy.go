@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -103,7 +104,7 @@ type kprRun struct {
 	p       *kprproc.Process
 	mode    string
 	env     *NodeEnv
-	cgroup  string
+	cg      *harness.Cgroup // the iptables mode's own; nil for eBPF
 	stopped bool
 }
 
@@ -131,7 +132,7 @@ func startKPR(mode string, env *NodeEnv, s proxySettings) (*kprRun, error) {
 	}
 	k := &kprRun{mode: mode, env: env}
 	if mode != "ebpf" && s.Cgroup != nil {
-		opts.CgroupFD, k.cgroup = s.Cgroup.FD(), s.Cgroup.Path
+		opts.CgroupFD, k.cg = s.Cgroup.FD(), s.Cgroup
 	}
 	// The child is forked from a thread inside the node namespace and
 	// stays there; its health and metrics ports are the node's, and the
@@ -158,6 +159,16 @@ func (k *kprRun) Stop() error {
 	}
 	k.stopped = true
 	stopErr := k.p.Stop()
+	// kpr killed after ignoring SIGTERM for 10s (it does while a
+	// 10,000-Service iptables-restore runs) leaves that child running:
+	// whatever is left in kpr's own cgroup is its children.
+	if k.cg != nil {
+		pids, err := k.cg.PIDs()
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		stopErr = errors.Join(stopErr, err)
+	}
 	// Cleanup detaches the programs from the client cgroup and removes
 	// the pins, so the next proxy run starts from nothing. It runs in the
 	// node namespace, as kpr did: `kpr cleanup` also removes the iptables
@@ -171,7 +182,12 @@ func (k *kprRun) Stop() error {
 	return stopErr
 }
 
-func (k *kprRun) CgroupPath() string { return k.cgroup }
+func (k *kprRun) CgroupPath() string {
+	if k.cg == nil {
+		return ""
+	}
+	return k.cg.Path
+}
 
 func (k *kprRun) LogTail() string { return kubeproxy.Tail(k.p.Log(), 30) }
 
