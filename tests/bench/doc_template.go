@@ -81,15 +81,14 @@ in this run, against the other proxies' numbers from the same run:
 Where the kernel cannot run the eBPF mode, kpr falls back to iptables
 (` + "`kpr run --mode iptables`" + `). Issue 10's target for it: cold start and
 programming latency at 10,000 Services no worse than upstream
-kube-proxy's in the same mode, measured in the same run. Both rows below
-come from the table above; both proxies ran in a cgroup of their own, so
+kube-proxy's in the same mode, measured in the same run. The rows below
+repeat the two proxies' from the table above; both ran in a cgroup of their own, so
 their CPU includes every iptables-restore they ran. A ratio is kpr's number
 over kube-proxy's, judged at every size where either was started; a proxy
 that did not converge counts as slower than its timeout, and when neither
 converged the target is not met.
 
-{{.SameMode}}
-{{end}}
+{{.SameMode}}{{end}}
 ## How it is measured
 
 - **Cluster.** A real kube-apiserver and etcd (tests/cluster) run in an
