@@ -46,10 +46,10 @@ func TestTCSetDevicesFollowsTheDeviceSet(t *testing.T) {
 	}
 }
 
-// `kpr probe -o json` reports the tc features as the running kernel has
-// them: clsact, bpf_fib_lookup and the redirect helpers everywhere kpr
-// runs (5.10+), tcx from 6.6 and BPF_FIB_LOOKUP_SRC from 6.7; and
-// --tc-attach auto picks tcx where the kernel has it.
+// `kpr probe -o json` reports the tc features the running kernel has:
+// clsact, bpf_fib_lookup and the redirect helpers everywhere kpr runs
+// (5.10+), tcx from 6.6 and BPF_FIB_LOOKUP_SRC from 6.7 at the latest; and
+// --tc-attach auto picks tcx where the probe found it.
 func TestProbeReportsTCFeatures(t *testing.T) {
 	harness.RequireRoot(t)
 	bin, err := kprproc.Binary()
@@ -84,17 +84,20 @@ func TestProbeReportsTCFeatures(t *testing.T) {
 		t.Fatalf("kernel release %q: %v", report.Kernel, err)
 	}
 	since := func(maj, min int) bool { return major > maj || major == maj && minor >= min }
+	// Required from the release that brought the feature; older
+	// distribution kernels may have it backported (Debian's 6.1 has
+	// BPF_FIB_LOOKUP_SRC), so there either answer is right.
 	want := map[string]bool{
 		loader.FeatureClsact: true, loader.FeatureFibLookup: true, loader.FeatureRedirect: true, loader.FeatureRedirectNeigh: true,
 		loader.FeatureTCX: since(6, 6), loader.FeatureFibLookupSrc: since(6, 7),
 	}
 	for name, w := range want {
-		if got[name] != w {
-			t.Errorf("kpr probe on %s: %q supported %v, want %v", report.Kernel, name, got[name], w)
+		if w && !got[name] {
+			t.Errorf("kpr probe on %s: %q not reported as supported", report.Kernel, name)
 		}
 	}
 	wantAttach := "clsact"
-	if since(6, 6) {
+	if got[loader.FeatureTCX] {
 		wantAttach = "tcx"
 	}
 	if report.TCAttach != wantAttach {
