@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -11,15 +12,19 @@ import (
 )
 
 // linkUpTimeout bounds the wait for a new link to become usable; the
-// kernel normally needs a few milliseconds.
-const linkUpTimeout = 5 * time.Second
+// kernel normally needs a few milliseconds, an emulated kernel-matrix VM
+// on a busy machine far more.
+const linkUpTimeout = 15 * time.Second
 
 // waitFor polls cond until it holds, fails, or linkUpTimeout passes.
 func waitFor(what string, cond func() (bool, error)) error {
 	deadline := time.Now().Add(linkUpTimeout)
 	for {
 		ok, err := cond()
-		if err != nil {
+		// A dump that raced with a change to the list it reads (addrconf
+		// adding the very address waited for) is only a reason to look
+		// again.
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 			return fmt.Errorf("waiting for %s: %w", what, err)
 		}
 		if ok {
