@@ -481,7 +481,8 @@ func markdown(results []*result, args string) string {
 private apt configuration and cached in ~/.cache/kpr/kernels) booted in qemu with no network device. Its
 initramfs holds tests/kernels/init (PID 1: mounts proc, sys, devtmpfs, /run, /tmp, bpffs and cgroup2, brings
 lo up, loads the modules below, sets ` + "`ulimit -l unlimited`" + ` as ` + "`kpr probe`" + ` asks of kernels before 5.11),
-static busybox, the host's bpftool with its libraries, a static kpr and the ` + "`go test -c`" + ` binaries.
+static busybox, the host's bpftool, ip, iptables (nft and legacy, with their extensions) and conntrack with their libraries,
+the kernel booted with lsm=bpf, each suite in its own directory with its package's testdata, a static kpr and the ` + "`go test -c`" + ` binaries.
 The feature rows are ` + "`kpr probe -o json`" + ` run inside the VM; the test rows count top-level tests.
 ` + "`make test-kernel-oldest`" + ` runs the 5.10 column alone. Console logs: bin/kernels/<suite>.log.
 
