@@ -178,23 +178,32 @@ func needsDriftChecker(b Backend) string {
 func driftCheck(held bool) action {
 	return action{desc: fmt.Sprintf("drift check, want held=%v", held), needs: needsDriftChecker, selfChecked: true,
 		fn: func(r *runner) error {
-			c := r.b.Dataplane.(dataplane.DriftChecker).StartDriftCheck()
-			// A check of a handful of frontends that takes more steps
-			// than this never ends.
-			for range 10000 {
-				done, got, err := c.Step()
-				if err != nil {
-					return fmt.Errorf("drift check step: %w", err)
-				}
-				if done {
-					if got != held {
-						return fmt.Errorf("drift check says held=%v, want %v", got, held)
-					}
-					return nil
-				}
+			got, err := RunDriftCheck(r.b.Dataplane.(dataplane.DriftChecker))
+			if err != nil {
+				return err
 			}
-			return fmt.Errorf("drift check did not end in 10000 steps")
+			if got != held {
+				return fmt.Errorf("drift check says held=%v, want %v", got, held)
+			}
+			return nil
 		}}
+}
+
+// RunDriftCheck runs one drift check of d to its end and returns its
+// verdict. A check of the handful of frontends a test writes that takes
+// more steps than this never ends, and is an error.
+func RunDriftCheck(d dataplane.DriftChecker) (held bool, err error) {
+	c := d.StartDriftCheck()
+	for range 10000 {
+		done, held, err := c.Step()
+		if err != nil {
+			return false, fmt.Errorf("drift check step: %w", err)
+		}
+		if done {
+			return held, nil
+		}
+	}
+	return false, fmt.Errorf("drift check did not end in 10000 steps")
 }
 
 // name is a ServicePort of namespace default with an unnamed TCP port.

@@ -288,18 +288,11 @@ func (v *variantFake) Run(name string, args []string, stdin []byte) ([]byte, err
 
 func runDriftCheck(t *testing.T, p *Plane) bool {
 	t.Helper()
-	c := p.StartDriftCheck()
-	for range 100 {
-		done, held, err := c.Step()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if done {
-			return held
-		}
+	held, err := dataplanetest.RunDriftCheck(p)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("the drift check does not end")
-	return false
+	return held
 }
 
 // A failed call leaves tables no drift check can vouch for until a

@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
 )
 
@@ -113,16 +114,9 @@ func TestRemovedUDPRealServerGoesAtOnce(t *testing.T) {
 
 func runDriftCheck(t *testing.T, p *Plane) bool {
 	t.Helper()
-	c := p.StartDriftCheck()
-	for range 100 {
-		done, held, err := c.Step()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if done {
-			return held
-		}
+	held, err := dataplanetest.RunDriftCheck(p)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("the drift check does not finish")
-	return false
+	return held
 }
