@@ -18,18 +18,35 @@ import (
 // walks the chains (observe_test.go), so it sees what the rules do.
 func TestConformance(t *testing.T) {
 	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-		return conformanceBackend(t, newFake(), NFT)
+		return conformanceBackend(t, newFake(), NFT, 0)
+	})
+}
+
+// The same with every nat write split into as many transactions as it
+// can be (one ServicePort's chains each), as a large one is on
+// iptables-nft: every scenario must come out the same.
+func TestConformanceWithSplitWrites(t *testing.T) {
+	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
+		return conformanceBackend(t, newFake(), NFT, 1)
 	})
 }
 
 // conformanceBackend is a Plane over the tables run reaches, with a
 // failure injector between them; Restart builds a second Plane over the
-// same tables.
-func conformanceBackend(t *testing.T, run Runner, v Variant) dataplanetest.Backend {
+// same tables. splitLines, when not 0, replaces the variant's
+// Tools.SplitLines.
+func conformanceBackend(t *testing.T, run Runner, v Variant, splitLines int) dataplanetest.Backend {
 	failing := &failingRunner{Runner: run}
+	tools := map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}
+	if splitLines != 0 {
+		for fam, t := range tools {
+			t.SplitLines = splitLines
+			tools[fam] = t
+		}
+	}
 	plane, err := New(Options{
 		Runner:   failing,
-		Families: map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)},
+		Families: tools,
 		Log:      zaptest.NewLogger(t),
 	})
 	if err != nil {
@@ -38,7 +55,7 @@ func conformanceBackend(t *testing.T, run Runner, v Variant) dataplanetest.Backe
 	return dataplanetest.Backend{
 		Dataplane: plane,
 		Served:    func() (dataplanetest.State, error) { return observed(run, v) },
-		Restart:   func() dataplanetest.Backend { return conformanceBackend(t, run, v) },
+		Restart:   func() dataplanetest.Backend { return conformanceBackend(t, run, v, splitLines) },
 		Tamper:    tamperer{run: run, v: v},
 		FailWrite: failing.failAt,
 	}

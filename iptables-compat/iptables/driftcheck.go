@@ -67,8 +67,10 @@ func (p *Plane) holds(ref tableRef, saved *savedTable) bool {
 	if saved == nil || len(missingJumps(ref.table, saved)) > 0 {
 		return false
 	}
-	want := p.input(ref.fam, ref.table, p.rendered, nil, nil)
-	want.rewrite = want.ports
+	want := p.input(ref.fam, ref.table, p.rendered, nil, nil, true)
+	if ref.table == tableNAT {
+		want.rewrite = want.ports // the per-ServicePort chains are nat's
+	}
 	if len(staleChains(saved, want.ports)) > 0 {
 		return false
 	}
@@ -101,13 +103,6 @@ func (p *Plane) holds(ref tableRef, saved *savedTable) bool {
 		}
 	}
 	return true
-}
-
-func sharedChains(table string) []string {
-	if table == tableNAT {
-		return []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq}
-	}
-	return []string{chainServices, chainExternalServices, chainForward, chainProxyFirewall}
 }
 
 // fingerprint is what a rule does, in a form that is the same for the

@@ -150,21 +150,25 @@ func clone(m map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane
 	return out
 }
 
-// transaction is one iptables-restore of one table of one family, and the
-// one that undoes it should a later transaction of the same call fail.
-type transaction struct {
-	fam     Family
-	table   string
-	forward []byte
-	// back renders the undo only when it is needed.
-	back func() []byte
+// tableWrite is what one call writes into one table of one family: one
+// iptables-restore transaction, or several for a table too large for one
+// (Tools.SplitLines), and how to undo it should a later write of the same
+// call fail.
+type tableWrite struct {
+	fam   Family
+	table string
+	parts [][]byte
+	// back renders the undo, split as the write was, only when needed.
+	back func() [][]byte
 }
 
 // write brings the tables from p.programmed to next. changed are the
 // ServicePorts whose chains are rewritten (all of them when full). Each
-// transaction is atomic; when one fails, the ones before it are undone by
-// writing the previous state of the changed ServicePorts back, so that
-// every ServicePort is left wholly as it was.
+// transaction is atomic; when one fails, what the call wrote before it is
+// undone by writing the previous state of the changed ServicePorts back,
+// so that every ServicePort is left wholly as it was. That holds for a
+// table written in parts too: its undo rewrites every changed
+// ServicePort's old chains, then the old shared chains.
 func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort, changed []dataplane.ServicePortName, full bool) error {
 	slices.SortFunc(changed, compareNames)
 	nextRendered := map[dataplane.ServicePortName]*renderedPort{}
@@ -176,7 +180,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		}
 	}
 
-	var txns []transaction
+	var writes []tableWrite
 	for _, fam := range p.families {
 		var saved map[string]*savedTable
 		if full || !p.checked[fam] {
@@ -185,27 +189,49 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 				return err
 			}
 		}
+		// A family whose tables were read is written whole: that is the
+		// first write, or a full sync, and either may find them changed.
+		whole := saved != nil
+		splitLines := p.tools[fam].SplitLines
 		for _, table := range tables {
-			fwd := p.input(fam, table, nextRendered, p.rendered, changed)
-			prev := p.rendered
-			back := func() []byte { return p.input(fam, table, prev, nextRendered, changed).render() }
-			if saved != nil {
+			fwd := p.input(fam, table, nextRendered, p.rendered, changed, whole)
+			if whole {
 				fwd.jumps = missingJumps(table, saved[table])
 				if full && table == tableNAT {
 					fwd.remove = mergeNames(fwd.remove, staleChains(saved[table], fwd.ports))
 				}
 			}
-			txns = append(txns, transaction{fam: fam, table: table, forward: fwd.render(), back: back})
+			if fwd.writesNothing() {
+				continue // e.g. the filter table, or the other family, when only endpoints changed
+			}
+			prev := p.rendered
+			w := tableWrite{fam: fam, table: table, parts: renderAll(fwd.split(splitLines)),
+				back: func() [][]byte {
+					return renderAll(p.input(fam, table, prev, nextRendered, changed, whole).split(splitLines))
+				}}
+			if len(w.parts) > 1 {
+				p.log.Debug("Writing a large table in parts", zap.Stringer("family", fam), zap.String("table", table),
+					zap.Int("lines", fwd.rewriteLines()), zap.Int("parts", len(w.parts)))
+			}
+			writes = append(writes, w)
 		}
 	}
 
-	for i, t := range txns {
-		if err := p.restore(t.fam, t.forward); err != nil {
-			err = fmt.Errorf("write the %s %s table: %w", t.fam, t.table, err)
-			for j := i - 1; j >= 0; j-- {
-				if undoErr := p.restore(txns[j].fam, txns[j].back()); undoErr != nil {
-					err = errors.Join(err, fmt.Errorf("undo the %s %s table (it now holds the new rules of %d ServicePorts): %w",
-						txns[j].fam, txns[j].table, len(changed), undoErr))
+	for i, w := range writes {
+		for k, part := range w.parts {
+			err := p.restore(w.fam, part)
+			if err == nil {
+				continue
+			}
+			err = fmt.Errorf("write the %s %s table: %w", w.fam, w.table, err)
+			undo := writes[:i]
+			if k > 0 {
+				undo = writes[:i+1] // its first parts went in
+			}
+			for j := len(undo) - 1; j >= 0; j-- {
+				if undoErr := p.restoreAll(undo[j].fam, undo[j].back()); undoErr != nil {
+					err = errors.Join(err, fmt.Errorf("undo the %s %s table (it now holds the new rules of up to %d ServicePorts): %w",
+						undo[j].fam, undo[j].table, len(changed), undoErr))
 				}
 			}
 			p.dirty = true
@@ -239,8 +265,10 @@ func render(sp *dataplane.ServicePort, families []Family, masq Masquerade) *rend
 
 // input is the transaction that writes state for fam and table, rewriting
 // the chains of changed and deleting those of their chains that other (the
-// state being left) had and state does not.
-func (p *Plane) input(fam Family, table string, state, other map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName) tableInput {
+// state being left) had and state does not. A whole input writes every
+// shared chain and every changed ServicePort's chains; otherwise only what
+// differs from other is written.
+func (p *Plane) input(fam Family, table string, state, other map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName, whole bool) tableInput {
 	in := tableInput{fam: fam, table: table}
 	names := make([]dataplane.ServicePortName, 0, len(state))
 	for n := range state {
@@ -250,17 +278,28 @@ func (p *Plane) input(fam Family, table string, state, other map[dataplane.Servi
 	for _, n := range names {
 		in.ports = append(in.ports, state[n].rules[fam])
 	}
+	for _, c := range sharedChainsOf(table) {
+		if whole || slices.ContainsFunc(changed, func(n dataplane.ServicePortName) bool {
+			return c.changedIn(state[n].rulesOf(fam), other[n].rulesOf(fam))
+		}) {
+			in.shared = append(in.shared, c)
+		}
+	}
 	if table != tableNAT {
 		return in
 	}
 	for _, n := range changed {
-		var keep []string
-		if r := state[n]; r != nil {
-			in.rewrite = append(in.rewrite, r.rules[fam])
-			keep = r.rules[fam].chainNames()
+		now, before := state[n].rulesOf(fam), other[n].rulesOf(fam)
+		if !whole && sameChains(now, before) {
+			continue
 		}
-		if r := other[n]; r != nil {
-			for _, c := range r.rules[fam].chainNames() {
+		var keep []string
+		if now != nil {
+			in.rewrite = append(in.rewrite, now)
+			keep = now.chainNames()
+		}
+		if before != nil {
+			for _, c := range before.chainNames() {
 				if !slices.Contains(keep, c) {
 					in.remove = append(in.remove, c)
 				}
@@ -268,6 +307,28 @@ func (p *Plane) input(fam Family, table string, state, other map[dataplane.Servi
 		}
 	}
 	return in
+}
+
+// rulesOf is the ServicePort's rules in fam, nil for a ServicePort not
+// rendered.
+func (r *renderedPort) rulesOf(fam Family) *portRules {
+	if r == nil {
+		return nil
+	}
+	return r.rules[fam]
+}
+
+// sameChains reports whether two renderings of a ServicePort own the same
+// chains with the same rules (nil owns none).
+func sameChains(a, b *portRules) bool {
+	var ac, bc []chain
+	if a != nil {
+		ac = a.chains
+	}
+	if b != nil {
+		bc = b.chains
+	}
+	return slices.EqualFunc(ac, bc, func(x, y chain) bool { return x.name == y.name && slices.Equal(x.rules, y.rules) })
 }
 
 func mergeNames(a, b []string) []string {
@@ -301,6 +362,25 @@ func (p *Plane) save(fam Family) (map[string]*savedTable, error) {
 		out[table] = parsed[table]
 	}
 	return out, nil
+}
+
+// restoreAll runs the transactions in order, stopping at the first that
+// fails.
+func (p *Plane) restoreAll(fam Family, inputs [][]byte) error {
+	for _, in := range inputs {
+		if err := p.restore(fam, in); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func renderAll(ins []tableInput) [][]byte {
+	out := make([][]byte, len(ins))
+	for i, in := range ins {
+		out[i] = in.render()
+	}
+	return out
 }
 
 func (p *Plane) restore(fam Family, input []byte) error {

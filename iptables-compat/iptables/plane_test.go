@@ -77,7 +77,7 @@ func TestFailureInALaterTableUndoesTheEarlierOnes(t *testing.T) {
 	before := tp.served(t)
 
 	injected := errors.New("injected")
-	tp.failing.failAt(4, injected) // IPv4 filter, IPv4 nat, IPv6 filter, then IPv6 nat
+	tp.failing.failAt(2, injected) // IPv4 nat, then IPv6 nat (the filter tables do not change)
 	err := tp.Apply(changes(dualStack(bes("10.244.0.2:80"), bes("[fd00:10:244::2]:80"))))
 	tp.failing.failAt(0, nil)
 	if !errors.Is(err, injected) || !strings.Contains(err.Error(), "IPv6 nat") {
@@ -101,9 +101,11 @@ func equalState(a, b dataplanetest.State) bool {
 	return true
 }
 
-// A partial sync declares (and so rewrites) only the changed ServicePort's
-// chains; the other ServicePort's chains are not in the transaction, while
-// its KUBE-SERVICES entry is written again with the shared chain.
+// A partial sync declares (and so rewrites) only what changed. An endpoint
+// change rewrites the Service's own chains in one transaction, the IPv4 nat
+// table's, and leaves the shared chains and the other Service's chains
+// alone; a new Service rewrites KUBE-SERVICES whole, with every Service's
+// entry.
 func TestApplyRewritesOnlyTheChangedServicePortsChains(t *testing.T) {
 	tp := newTestPlane(t)
 	a := &dataplane.ServicePort{Name: spn("ns", "a", "", dataplane.TCP), Frontends: []dataplane.Frontend{
@@ -119,28 +121,40 @@ func TestApplyRewritesOnlyTheChangedServicePortsChains(t *testing.T) {
 	if err := tp.Apply(changes(a2)); err != nil {
 		t.Fatal(err)
 	}
-	var nat string
-	for _, in := range tp.fake.inputs {
-		if strings.HasPrefix(in, "*nat") && strings.Contains(in, "10.96.0.1") {
-			nat = in
-		}
+	if len(tp.fake.inputs) != 1 || !strings.HasPrefix(tp.fake.inputs[0], "*nat") {
+		t.Fatalf("an endpoint change ran %d transactions, want one of the nat table:\n%s", len(tp.fake.inputs), strings.Join(tp.fake.inputs, "\n"))
 	}
+	nat := tp.fake.inputs[0]
 	for _, want := range []string{
 		":" + clusterChain(a.Name) + " ",
 		":" + endpointChain(a.Name, be("10.244.0.3:80")) + " ",
 		"-X " + endpointChain(a.Name, be("10.244.0.1:80")),
-		"-j " + clusterChain(b.Name), // b's entry in KUBE-SERVICES
 	} {
 		if !strings.Contains(nat, want) {
 			t.Errorf("the IPv4 nat transaction lacks %q:\n%s", want, nat)
 		}
 	}
-	for _, unwanted := range []string{":" + clusterChain(b.Name), ":" + endpointChain(b.Name, be("10.244.0.2:80"))} {
+	for _, unwanted := range []string{":" + chainServices + " ", ":" + clusterChain(b.Name), ":" + endpointChain(b.Name, be("10.244.0.2:80"))} {
 		if strings.Contains(nat, unwanted) {
-			t.Errorf("the IPv4 nat transaction rewrites the unchanged ServicePort's chain (%q):\n%s", unwanted, nat)
+			t.Errorf("the IPv4 nat transaction rewrites an unchanged chain (%q):\n%s", unwanted, nat)
 		}
 	}
 	want := state(serves("10.96.0.1:80", "10.244.0.3:80"), serves("10.96.0.2:80", "10.244.0.2:80"))
+	if got := tp.served(t); !equalState(got, want) {
+		t.Fatalf("serves %v, want %v", got, want)
+	}
+
+	c := &dataplane.ServicePort{Name: spn("ns", "c", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.3:80", dataplane.TCP, bes("10.244.0.4:80"), nil)}}
+	tp.fake.inputs = nil
+	if err := tp.Apply(changes(c)); err != nil {
+		t.Fatal(err)
+	}
+	if len(tp.fake.inputs) != 1 || !strings.Contains(tp.fake.inputs[0], ":"+chainServices+" ") ||
+		!strings.Contains(tp.fake.inputs[0], "-j "+clusterChain(b.Name)) {
+		t.Fatalf("a new Service's transactions do not rewrite KUBE-SERVICES whole:\n%s", strings.Join(tp.fake.inputs, "\n"))
+	}
+	want = state(want, serves("10.96.0.3:80", "10.244.0.4:80"))
 	if got := tp.served(t); !equalState(got, want) {
 		t.Fatalf("serves %v, want %v", got, want)
 	}
@@ -218,7 +232,7 @@ func TestConntrackOfRemovedUDPBackends(t *testing.T) {
 	if len(tp.ct.calls) != 0 {
 		t.Fatalf("conntrack cleanup ran for a write that removed nothing: %v", tp.ct.calls)
 	}
-	tp.failing.failAt(2, errors.New("injected"))
+	tp.failing.failAt(1, errors.New("injected")) // the one transaction: IPv4 nat
 	if err := tp.Apply(changes(dns("10.244.1.10:53"))); err == nil {
 		t.Fatal("Apply succeeded despite the failed write")
 	}

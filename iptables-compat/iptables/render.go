@@ -61,6 +61,16 @@ func (r *portRules) chainNames() []string {
 	return out
 }
 
+// chainLines is how many restore lines the ServicePort's own chains take:
+// a declaration each, and their rules.
+func (r *portRules) chainLines() int {
+	n := 0
+	for _, c := range r.chains {
+		n += 1 + len(c.rules)
+	}
+	return n
+}
+
 // line joins the words of one restore line.
 func line(words ...string) string { return strings.Join(words, " ") }
 

@@ -114,7 +114,7 @@ func fullSyncInput(sps []*dataplane.ServicePort, masq Masquerade) []byte {
 	p := &Plane{}
 	for _, fam := range []Family{IPv4, IPv6} {
 		for _, table := range tables {
-			in := p.input(fam, table, rendered, nil, names)
+			in := p.input(fam, table, rendered, nil, names, true)
 			in.jumps = missingJumps(table, nil)
 			out.WriteString("# " + fam.String() + "\n")
 			out.Write(in.render())

@@ -63,13 +63,100 @@ func missingJumps(table string, saved *savedTable) []baseJump {
 	return out
 }
 
+// sharedChain is a chain the rules of many ServicePorts go into. A sync
+// that reads the tables first (the first one, and every full one) writes
+// each shared chain whole; a partial sync writes one only when a changed
+// ServicePort's lines in it changed. So an endpoint change, which touches
+// only the Service's own chains, leaves KUBE-SERVICES alone: at 1,000
+// Services that chain is most of what a restore would otherwise rewrite.
+type sharedChain struct {
+	table, name string
+	// head and tail are the chain's fixed rules, before and after the
+	// ServicePorts' lines; nil for none.
+	head, tail func(fam Family) []string
+	// lines are one ServicePort's rules in the chain; nil for a chain
+	// that has only fixed rules.
+	lines func(r *portRules) []string
+}
+
+// sharedChainList is every shared chain, in the order a full sync writes
+// them.
+var sharedChainList = []sharedChain{
+	{table: tableNAT, name: chainServices, lines: func(r *portRules) []string { return r.natServices }, tail: nodePortsJump},
+	{table: tableNAT, name: chainNodePorts, lines: func(r *portRules) []string { return r.natNodePorts }},
+	{table: tableNAT, name: chainPostrouting, head: fixed(
+		"-A "+chainPostrouting+" -m mark ! --mark "+masqMark+"/"+masqMark+" -j RETURN",
+		// The mark is cleared so a packet masqueraded here is not
+		// masqueraded again if it re-enters netfilter.
+		"-A "+chainPostrouting+" -j MARK --xor-mark "+masqMark,
+		"-A "+chainPostrouting+" "+comment("kubernetes service traffic requiring SNAT")+" -j MASQUERADE --random-fully")},
+	{table: tableNAT, name: chainMarkMasq, head: fixed("-A " + chainMarkMasq + " -j MARK --or-mark " + masqMark)},
+	{table: tableFilter, name: chainServices, lines: func(r *portRules) []string { return r.filterServices }},
+	{table: tableFilter, name: chainExternalServices, lines: func(r *portRules) []string { return r.filterExternal }},
+	{table: tableFilter, name: chainForward, head: fixed(
+		"-A "+chainForward+" "+comment("kubernetes forwarding rules")+" -m mark --mark "+masqMark+"/"+masqMark+" -j ACCEPT",
+		"-A "+chainForward+" "+comment("kubernetes forwarding conntrack rule")+" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")},
+	{table: tableFilter, name: chainProxyFirewall, lines: func(r *portRules) []string { return r.filterFirewall }},
+}
+
+func fixed(rules ...string) func(Family) []string { return func(Family) []string { return rules } }
+
+// nodePortsJump ends nat KUBE-SERVICES: traffic to a local address that no
+// Service rule took may be for a NodePort.
+func nodePortsJump(fam Family) []string {
+	tail := "-A " + chainServices + " " + comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain") +
+		" -m addrtype --dst-type LOCAL"
+	if fam == IPv6 {
+		tail += " ! -d ::1/128"
+	}
+	return []string{tail + " -j " + chainNodePorts}
+}
+
+// sharedChainsOf returns the shared chains of table.
+func sharedChainsOf(table string) []sharedChain {
+	var out []sharedChain
+	for _, c := range sharedChainList {
+		if c.table == table {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// sharedChains returns the names of the shared chains of table.
+func sharedChains(table string) []string {
+	var out []string
+	for _, c := range sharedChainsOf(table) {
+		out = append(out, c.name)
+	}
+	return out
+}
+
+// changedIn reports whether a ServicePort's lines in c differ between two
+// renderings of it (nil for none).
+func (c sharedChain) changedIn(a, b *portRules) bool {
+	if c.lines == nil {
+		return false
+	}
+	return !slices.Equal(linesOf(c, a), linesOf(c, b))
+}
+
+func linesOf(c sharedChain, r *portRules) []string {
+	if r == nil {
+		return nil
+	}
+	return c.lines(r)
+}
+
 // tableInput is what one transaction writes.
 type tableInput struct {
 	fam   Family
 	table string
-	// ports are every ServicePort's rules, in name order: the shared
-	// chains are rewritten in full by every transaction.
+	// ports are every ServicePort's rules, in name order: a shared chain
+	// that is written is written whole.
 	ports []*portRules
+	// shared are the shared chains to write.
+	shared []sharedChain
 	// rewrite are the ServicePorts whose own chains are written.
 	rewrite []*portRules
 	// remove are chains to delete: owned by a rewritten ServicePort
@@ -79,28 +166,85 @@ type tableInput struct {
 	jumps []baseJump
 }
 
+// writesNothing reports whether the transaction would leave the table as
+// it is, so that it need not run.
+func (in tableInput) writesNothing() bool {
+	return len(in.shared) == 0 && len(in.rewrite) == 0 && len(in.remove) == 0 && len(in.jumps) == 0
+}
+
+// rewriteLines is how many lines the rewritten ServicePorts' chains take.
+func (in tableInput) rewriteLines() int {
+	n := 0
+	for _, p := range in.rewrite {
+		n += p.chainLines()
+	}
+	return n
+}
+
+// split divides in into transactions that write at most max lines of
+// per-ServicePort chains each, cut at ServicePort boundaries, so that each
+// ServicePort's own chains change in one transaction:
+//   - the first also writes the shared chains that have only fixed rules
+//     (KUBE-MARK-MASQ, which the ServicePorts' chains jump to, so it must
+//     exist before them);
+//   - then the ServicePorts' own chains;
+//   - the last writes the other shared chains, the base jumps and the
+//     deletions, once nothing jumps to what it deletes.
+//
+// Between two parts a ServicePort may be reached through its old entries
+// in the shared chains and served by its new chains; a failed part is
+// undone by writing the old state back the same way (see Plane.write).
+// An input that fits is returned as it is.
+func (in tableInput) split(max int) []tableInput {
+	if max <= 0 || in.rewriteLines() <= max {
+		return []tableInput{in}
+	}
+	part := func() tableInput { return tableInput{fam: in.fam, table: in.table, ports: in.ports} }
+	last := part()
+	last.remove, last.jumps = in.remove, in.jumps
+	first := part()
+	for _, c := range in.shared {
+		if c.lines == nil {
+			first.shared = append(first.shared, c)
+		} else {
+			last.shared = append(last.shared, c)
+		}
+	}
+	parts := []tableInput{first}
+	lines := 0
+	for _, p := range in.rewrite {
+		n := p.chainLines()
+		if lines > 0 && lines+n > max {
+			parts = append(parts, part())
+			lines = 0
+		}
+		cur := &parts[len(parts)-1]
+		cur.rewrite = append(cur.rewrite, p)
+		lines += n
+	}
+	return append(parts, last)
+}
+
 // render returns the iptables-restore --noflush input. Declaring a chain
 // creates it or flushes it; chains not declared are left as they are, so a
-// partial sync leaves unchanged ServicePorts' chains alone. The shared
-// chains come first, deletions last, when nothing jumps to them any more.
+// partial sync leaves unchanged chains alone. The shared chains come
+// first, deletions last, when nothing jumps to them any more.
 func (in tableInput) render() []byte {
 	var b bytes.Buffer
 	ln := func(s string) { b.WriteString(s); b.WriteByte('\n') }
+	lns := func(s []string) {
+		for _, l := range s {
+			ln(l)
+		}
+	}
 	declare := func(name string) { ln(":" + name + " - [0:0]") }
 	ln("*" + in.table)
-	switch in.table {
-	case tableNAT:
-		for _, c := range []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq} {
-			declare(c)
-		}
-		for _, p := range in.rewrite {
-			for _, c := range p.chains {
-				declare(c.name)
-			}
-		}
-	case tableFilter:
-		for _, c := range sharedChains(tableFilter) {
-			declare(c)
+	for _, c := range in.shared {
+		declare(c.name)
+	}
+	for _, p := range in.rewrite {
+		for _, c := range p.chains {
+			declare(c.name)
 		}
 	}
 	for _, c := range in.remove {
@@ -109,54 +253,22 @@ func (in tableInput) render() []byte {
 	for _, j := range in.jumps {
 		ln("-I " + j.chain + " " + j.args)
 	}
-	switch in.table {
-	case tableNAT:
-		ln("-A " + chainPostrouting + " -m mark ! --mark " + masqMark + "/" + masqMark + " -j RETURN")
-		// The mark is cleared so a packet masqueraded here is not
-		// masqueraded again if it re-enters netfilter.
-		ln("-A " + chainPostrouting + " -j MARK --xor-mark " + masqMark)
-		ln("-A " + chainPostrouting + " " + comment("kubernetes service traffic requiring SNAT") + " -j MASQUERADE --random-fully")
-		ln("-A " + chainMarkMasq + " -j MARK --or-mark " + masqMark)
-		for _, p := range in.ports {
-			for _, r := range p.natServices {
-				ln(r)
+	for _, c := range in.shared {
+		if c.head != nil {
+			lns(c.head(in.fam))
+		}
+		if c.lines != nil {
+			for _, p := range in.ports {
+				lns(c.lines(p))
 			}
 		}
-		tail := "-A " + chainServices + " " + comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain") +
-			" -m addrtype --dst-type LOCAL"
-		if in.fam == IPv6 {
-			tail += " ! -d ::1/128"
+		if c.tail != nil {
+			lns(c.tail(in.fam))
 		}
-		ln(tail + " -j " + chainNodePorts)
-		for _, p := range in.ports {
-			for _, r := range p.natNodePorts {
-				ln(r)
-			}
-		}
-		for _, p := range in.rewrite {
-			for _, c := range p.chains {
-				for _, r := range c.rules {
-					ln(r)
-				}
-			}
-		}
-	case tableFilter:
-		ln("-A " + chainForward + " " + comment("kubernetes forwarding rules") + " -m mark --mark " + masqMark + "/" + masqMark + " -j ACCEPT")
-		ln("-A " + chainForward + " " + comment("kubernetes forwarding conntrack rule") + " -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
-		for _, p := range in.ports {
-			for _, r := range p.filterServices {
-				ln(r)
-			}
-		}
-		for _, p := range in.ports {
-			for _, r := range p.filterExternal {
-				ln(r)
-			}
-		}
-		for _, p := range in.ports {
-			for _, r := range p.filterFirewall {
-				ln(r)
-			}
+	}
+	for _, p := range in.rewrite {
+		for _, c := range p.chains {
+			lns(c.rules)
 		}
 	}
 	for _, c := range in.remove {

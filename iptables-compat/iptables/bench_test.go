@@ -1,0 +1,147 @@
+package iptables
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kpr-io/kpr/dataplane"
+)
+
+// The cost of one partial sync: one Service of many changes its endpoints,
+// as in the head-to-head benchmark's programming-latency phase (every
+// Service there has 10 endpoints; the node is dual-stack, the Services
+// IPv4). The real binaries run in a namespace of the benchmark's own, so
+// the numbers include iptables-restore's own work, which is most of it.
+//
+//	go test ./iptables-compat/iptables -run '^$' -bench ApplyOneService -benchtime 50x
+func BenchmarkApplyOneService(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("skipping: runs iptables inside a network namespace of its own; run as root")
+	}
+	for _, v := range []Variant{NFT, Legacy} {
+		for _, n := range []int{100, 1000} {
+			b.Run(fmt.Sprintf("%s/services=%d", v, n), func(b *testing.B) {
+				run := &countingRunner{Runner: newNetNS(b)}
+				p, err := New(Options{Runner: run, Families: map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+				for i := range n {
+					sp := benchService(i, 0)
+					all[sp.Name] = sp
+				}
+				if err := p.Reconcile(all); err != nil {
+					b.Fatal(err)
+				}
+				run.reset()
+				b.ResetTimer()
+				for i := range b.N {
+					sp := benchService(0, 1+i%2)
+					if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				calls, in := run.totals()
+				b.ReportMetric(float64(calls)/float64(b.N), "runs/op")
+				b.ReportMetric(float64(in.Microseconds())/float64(b.N)/1000, "ms-in-binaries/op")
+			})
+		}
+	}
+}
+
+// The cost of a cold start: a full sync of many Services into empty
+// tables, on iptables-nft written in parts (as kpr does) and in one
+// transaction (as kube-proxy does), side by side; one transaction at
+// 10,000 Services would take hours.
+//
+//	go test ./iptables-compat/iptables -run '^$' -bench ReconcileFromEmpty -benchtime 1x
+func BenchmarkReconcileFromEmpty(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("skipping: runs iptables inside a network namespace of its own; run as root")
+	}
+	cases := []struct {
+		n          int
+		splitLines int
+	}{{1000, nftSplitLines}, {1000, 0}, {2000, nftSplitLines}, {2000, 0}, {10000, nftSplitLines}}
+	for _, c := range cases {
+		how := "in-parts"
+		if c.splitLines == 0 {
+			how = "one-transaction"
+		}
+		b.Run(fmt.Sprintf("nft/%s/services=%d", how, c.n), func(b *testing.B) {
+			all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+			for i := range c.n {
+				sp := benchService(i, 0)
+				all[sp.Name] = sp
+			}
+			for range b.N {
+				b.StopTimer()
+				run := &countingRunner{Runner: newNetNS(b)}
+				tools := ToolsFor(NFT, IPv4)
+				tools.SplitLines = c.splitLines
+				p, err := New(Options{Runner: run, Families: map[Family]Tools{IPv4: tools}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				if err := p.Reconcile(all); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				calls, _ := run.totals()
+				b.ReportMetric(float64(calls), "runs/op")
+			}
+		})
+	}
+}
+
+// benchService is Service i with 10 endpoints; generation picks one of
+// three sets of them, so that consecutive generations differ.
+func benchService(i, generation int) *dataplane.ServicePort {
+	vip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
+	var backends []dataplane.Backend
+	for j := range 10 {
+		addr := netip.AddrFrom4([4]byte{10, byte(244 + generation), byte(j), byte(i % 250)})
+		backends = append(backends, dataplane.Backend{Addr: addr, Port: 8080})
+	}
+	return &dataplane.ServicePort{
+		Name:      spn("bench", fmt.Sprintf("svc-%d", i), "", dataplane.TCP),
+		Frontends: []dataplane.Frontend{{Addr: vip, Port: 80, Protocol: dataplane.TCP, Kind: dataplane.ClusterIP, Backends: backends}},
+	}
+}
+
+// countingRunner counts the binaries a Plane runs and the time they take.
+type countingRunner struct {
+	Runner
+	mu    sync.Mutex
+	calls int
+	in    time.Duration
+}
+
+func (r *countingRunner) Run(name string, args []string, stdin []byte) ([]byte, error) {
+	start := time.Now()
+	out, err := r.Runner.Run(name, args, stdin)
+	r.mu.Lock()
+	r.calls++
+	r.in += time.Since(start)
+	r.mu.Unlock()
+	return out, err
+}
+
+func (r *countingRunner) reset() {
+	r.mu.Lock()
+	r.calls, r.in = 0, 0
+	r.mu.Unlock()
+}
+
+func (r *countingRunner) totals() (int, time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls, r.in
+}
