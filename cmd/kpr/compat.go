@@ -98,7 +98,7 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 	fl.DurationVar(&k.iptablesMinSync, "iptables-min-sync-period", 0, "kube-proxy's --min-sync-period (unless --proxy-mode is ipvs)")
 	fl.DurationVar(&k.ipvsSync, "ipvs-sync-period", 0, "kube-proxy's --sync-period with --proxy-mode ipvs")
 	fl.DurationVar(&k.ipvsMinSync, "ipvs-min-sync-period", 0, "kube-proxy's --min-sync-period with --proxy-mode ipvs")
-	fl.BoolVar(&k.masqueradeAll, "masquerade-all", false, "iptables mode: masquerade all traffic to ClusterIPs, as kube-proxy's flag; "+
+	fl.BoolVar(&k.masqueradeAll, "masquerade-all", false, "iptables and ipvs modes: masquerade all traffic to ClusterIPs, as kube-proxy's flag; "+
 		"the eBPF mode translates in the socket and does not SNAT, so there it is warned about")
 	fl.BoolVar(&k.showVersion, "version", false, "print kpr's version and exit")
 	for _, name := range sortedKeys(kubeProxyOnlyFlags) {

@@ -46,9 +46,6 @@ func newIPVSDataplane(g *globalFlags, f *runFlags, log *zap.Logger) (builtDatapl
 		k.Close()
 		return builtDataplane{}, err
 	}
-	if f.kubeProxy.masqueradeAll {
-		log.Warn("--masquerade-all is not implemented by the ipvs mode yet: only traffic from outside --cluster-cidr is masqueraded")
-	}
 	var conntrack iptables.ConntrackCleaner = iptables.NetlinkConntrack{}
 	sysctls := ipvs.SetSysctls
 	if f.hostNetNS != "" {
@@ -65,7 +62,7 @@ func newIPVSDataplane(g *globalFlags, f *runFlags, log *zap.Logger) (builtDatapl
 		log.Warn("Switching this node to another mode later will leave kpr's IPVS state", zap.Error(err))
 	}
 	plane, err := ipvs.New(ipvs.Options{Kernel: k, Runner: run, Families: fams, Scheduler: f.ipvs.scheduler,
-		ClusterCIDRs: cidrs, Conntrack: conntrack, Log: log})
+		Masquerade: iptables.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}, Conntrack: conntrack, Log: log})
 	if err != nil {
 		k.Close()
 		return builtDataplane{}, err

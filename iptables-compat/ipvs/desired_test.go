@@ -45,6 +45,12 @@ func goldenCases() map[string]*dataplane.ServicePort {
 	return map[string]*dataplane.ServicePort{
 		"clusterip": {Name: dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP},
 			Frontends: []dataplane.Frontend{fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, pods, nil)}},
+		// Rendered under goldenMasquerade's --masquerade-all.
+		"masquerade-all": {Name: dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP},
+			Frontends: []dataplane.Frontend{
+				fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, pods, nil),
+				fe(dataplane.ClusterIP, "[fd00:10:96::1]:80", dataplane.TCP, backends("[fd00::1]:8080"), nil),
+			}},
 		"no-endpoints": {Name: dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP},
 			Frontends: []dataplane.Frontend{fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, nil, nil)}},
 		"nodeport-cluster-affinity": {Name: dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.UDP},
@@ -73,9 +79,17 @@ func goldenCases() map[string]*dataplane.ServicePort {
 	}
 }
 
+// goldenMasquerade is the --masquerade-all and --cluster-cidr the golden
+// case name is rendered and programmed under.
+func goldenMasquerade(name string) iptables.Masquerade {
+	m := iptables.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	m.All = name == "masquerade-all"
+	return m
+}
+
 // renderDesired prints what sp asks of the kernel, one item a line in a
-// stable order, and the nat and filter rules of both families.
-func renderDesired(t *testing.T, sp *dataplane.ServicePort) string {
+// stable order, and the nat and filter rules of both families under masq.
+func renderDesired(t *testing.T, sp *dataplane.ServicePort, masq iptables.Masquerade) string {
 	m := newMarks()
 	c, err := desire(sp, "rr", true, m.get)
 	if err != nil {
@@ -98,10 +112,7 @@ func renderDesired(t *testing.T, sp *dataplane.ServicePort) string {
 		fmt.Fprintf(&b, "ipset %s %s\n", e.set, e.entry)
 	}
 	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		rs := ruleSet{fam: fam, internal: w.internal}
-		if fam == iptables.IPv4 {
-			rs.clusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
-		}
+		rs := newRuleSet(fam, masq, w.internal)
 		for _, table := range tables {
 			fmt.Fprintf(&b, "# %s %s\n", fam, table)
 			b.Write(rs.render(table, missingJumps(table, parseSave(nil))))
@@ -115,7 +126,7 @@ func renderDesired(t *testing.T, sp *dataplane.ServicePort) string {
 func TestDesiredGolden(t *testing.T) {
 	for name, sp := range goldenCases() {
 		t.Run(name, func(t *testing.T) {
-			got := renderDesired(t, sp)
+			got := renderDesired(t, sp, goldenMasquerade(name))
 			path := filepath.Join("testdata", name+".golden")
 			if *update {
 				if err := os.MkdirAll("testdata", 0o755); err != nil {
@@ -134,6 +145,48 @@ func TestDesiredGolden(t *testing.T) {
 			}
 			if got != string(want) {
 				t.Errorf("desired state of %s differs from %s:\n--- got\n%s\n--- want\n%s", name, path, got, want)
+			}
+		})
+	}
+}
+
+// Options.Masquerade reaches the rules the Plane writes: with
+// --masquerade-all every connection to a ClusterIP is marked, the pods'
+// from inside --cluster-cidr too, and the drift check holds over it;
+// without it only those from outside --cluster-cidr and the node's own.
+func TestMasqueradeAllMarksEveryClusterIPConnection(t *testing.T) {
+	sp := goldenCases()["masquerade-all"]
+	all := "-A " + chainServices + " -m set --match-set " + setName(setClusterIP, false) + " dst,dst -j " + chainMarkMasq
+	for _, masqAll := range []bool{false, true} {
+		t.Run(fmt.Sprintf("masquerade-all=%v", masqAll), func(t *testing.T) {
+			k, run := newFakeKernel(), newFakeIPTables()
+			masq := goldenMasquerade("clusterip")
+			masq.All = masqAll
+			p, err := New(Options{Kernel: k, Runner: run, Masquerade: masq,
+				Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4),
+					iptables.IPv6: iptables.ToolsFor(iptables.NFT, iptables.IPv6)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
+				t.Fatal(err)
+			}
+			out, err := run.Run("iptables-nft-save", []string{"-t", tableNAT}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rules := parseSave(out).chainRules(chainServices)
+			if got := slices.Contains(rules, all); got != masqAll {
+				t.Errorf("%s has the rule that marks every connection to a ClusterIP: %v, want %v:\n%s",
+					chainServices, got, masqAll, strings.Join(rules, "\n"))
+			}
+			fromOutside := slices.ContainsFunc(rules, func(r string) bool { return strings.Contains(r, "! -s 10.244.0.0/16") })
+			if fromOutside == masqAll {
+				t.Errorf("%s marks connections from outside --cluster-cidr by a rule of their own: %v, want %v:\n%s",
+					chainServices, fromOutside, !masqAll, strings.Join(rules, "\n"))
+			}
+			if !runDriftCheck(t, p) {
+				t.Error("the drift check finds drift in what the Plane has just written")
 			}
 		})
 	}

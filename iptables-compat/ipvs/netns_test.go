@@ -92,7 +92,7 @@ func TestDriftCheckHoldsOverTheKernel(t *testing.T) {
 		for name, sp := range goldenCases() {
 			t.Run(string(v)+"/"+name, func(t *testing.T) {
 				k, run := newNetNS(t)
-				p, err := New(Options{Kernel: k, Runner: run,
+				p, err := New(Options{Kernel: k, Runner: run, Masquerade: goldenMasquerade(name),
 					Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(v, iptables.IPv4), iptables.IPv6: iptables.ToolsFor(v, iptables.IPv6)}})
 				if err != nil {
 					t.Fatal(err)

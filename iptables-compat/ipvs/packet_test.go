@@ -67,6 +67,20 @@ func peerNetNS(t *testing.T, node, nodeAddr, addr, gw string) string {
 // connection with name.
 func serveName(t *testing.T, path string, port int, name string) {
 	t.Helper()
+	serve(t, path, port, func(net.Conn) string { return name })
+}
+
+// serveSource listens on port in the namespace at path and answers every
+// connection with the address it came from.
+func serveSource(t *testing.T, path string, port int) {
+	t.Helper()
+	serve(t, path, port, func(c net.Conn) string { return c.RemoteAddr().(*net.TCPAddr).IP.String() })
+}
+
+// serve listens on port in the namespace at path and answers every
+// connection with the line answer returns for it.
+func serve(t *testing.T, path string, port int, answer func(net.Conn) string) {
+	t.Helper()
 	var l net.Listener
 	if err := netnsexec.InPath(path, func() (err error) {
 		l, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
@@ -81,7 +95,7 @@ func serveName(t *testing.T, path string, port int, name string) {
 			if err != nil {
 				return
 			}
-			fmt.Fprintln(c, name)
+			fmt.Fprintln(c, answer(c))
 			c.Close()
 		}
 	}()
@@ -193,5 +207,47 @@ func TestSourceRangesThroughIPVS(t *testing.T) {
 	}
 	if got, err := ask(client, "198.51.100.10:80"); err != nil || got != "pod1" {
 		t.Errorf("without source ranges a client got %q, %v; want pod1's answer", got, err)
+	}
+}
+
+// A pod's connection to a ClusterIP, from inside --cluster-cidr, reaches
+// the backend with the pod's own address, and with --masquerade-all with
+// the node's: the backend answers the node, as kube-proxy's IPVS mode
+// makes it.
+func TestMasqueradeAllThroughIPVS(t *testing.T) {
+	for _, c := range []struct {
+		masqAll bool
+		source  string
+	}{
+		{false, "10.244.1.2"},  // the client pod
+		{true, "10.244.0.254"}, // the node, on the backend's link
+	} {
+		t.Run(fmt.Sprintf("masquerade-all=%v", c.masqAll), func(t *testing.T) {
+			k, run, node := newNamedNetNS(t)
+			if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
+				t.Fatalf("sysctl in %s: %v", node, err)
+			}
+			backend := podNetNS(t, node, "10.244.0.1")
+			serveSource(t, backend, 8080)
+			// Another pod, on another link: its traffic to the backend
+			// passes the node, which forwards it unmasqueraded.
+			client := peerNetNS(t, node, "10.244.1.254/24", "10.244.1.2/24", "10.244.1.254")
+
+			p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
+				Masquerade: iptables.Masquerade{All: c.masqAll, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
+				Families:   map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
+			sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
+				fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080"), nil)}}
+			if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{web: sp}); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := ask(client, "10.96.0.1:80"); err != nil || got != c.source {
+				t.Errorf("the backend saw the pod's connection to the ClusterIP come from %q (%v), want %s", got, err, c.source)
+			}
+		})
 	}
 }

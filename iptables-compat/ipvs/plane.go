@@ -3,7 +3,6 @@ package ipvs
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"sync"
 
 	"go.uber.org/zap"
@@ -28,9 +27,11 @@ type Options struct {
 	// Scheduler is the IPVS scheduler of every virtual server; empty is
 	// DefaultScheduler.
 	Scheduler string
-	// ClusterCIDRs are --cluster-cidr: traffic to a ClusterIP from outside
-	// them is masqueraded, as in kube-proxy.
-	ClusterCIDRs []netip.Prefix
+	// Masquerade is kube-proxy's --masquerade-all and --cluster-cidr: with
+	// All every connection to a ClusterIP is masqueraded, else those from
+	// outside the ClusterCIDRs, as kube-proxy's IPVS mode does. The node's
+	// own connections are masqueraded either way.
+	Masquerade iptables.Masquerade
 	// Conntrack removes the conntrack entries of UDP backends that left;
 	// nil skips it.
 	Conntrack iptables.ConntrackCleaner
@@ -44,7 +45,7 @@ type Plane struct {
 	tools     map[iptables.Family]iptables.Tools
 	families  []iptables.Family
 	scheduler string
-	cidrs     []netip.Prefix
+	masq      iptables.Masquerade
 	conntrack iptables.ConntrackCleaner
 	log       *zap.Logger
 
@@ -72,7 +73,7 @@ func New(o Options) (*Plane, error) {
 	if _, ok := o.Families[iptables.IPv4]; !ok {
 		return nil, errors.New("ipvs.New: Options need the IPv4 iptables Tools")
 	}
-	p := &Plane{k: o.Kernel, run: o.Runner, tools: o.Families, scheduler: o.Scheduler, cidrs: o.ClusterCIDRs,
+	p := &Plane{k: o.Kernel, run: o.Runner, tools: o.Families, scheduler: o.Scheduler, masq: o.Masquerade,
 		conntrack: o.Conntrack, log: o.Log,
 		sps: map[dataplane.ServicePortName]*dataplane.ServicePort{}, contrib: map[dataplane.ServicePortName]*contribution{},
 		marks: newMarks()}

@@ -65,12 +65,26 @@ func chainsOf(table string) []string {
 // ruleSet is what the Plane writes into one family's tables.
 type ruleSet struct {
 	fam iptables.Family
+	// masqAll is --masquerade-all: every connection to a ClusterIP is
+	// masqueraded, and clusterCIDRs do not matter.
+	masqAll bool
 	// clusterCIDRs of the family: traffic to ClusterIPs from outside them
 	// is masqueraded too, as kube-proxy does with --cluster-cidr.
 	clusterCIDRs []netip.Prefix
 	// internal maps frontends to the marks of their node-traffic virtual
 	// servers.
 	internal map[ServiceKey]uint32
+}
+
+// newRuleSet is the ruleSet of fam under masq.
+func newRuleSet(fam iptables.Family, masq iptables.Masquerade, internal map[ServiceKey]uint32) ruleSet {
+	rs := ruleSet{fam: fam, masqAll: masq.All, internal: internal}
+	for _, c := range masq.ClusterCIDRs {
+		if c.Addr().Is4() == (fam == iptables.IPv4) {
+			rs.clusterCIDRs = append(rs.clusterCIDRs, c)
+		}
+	}
+	return rs
 }
 
 // render is the iptables-restore --noflush input that writes table,
@@ -110,10 +124,18 @@ func (rs ruleSet) rules(table string) []string {
 		// The node's own traffic to a frontend whose outside traffic
 		// gets other backends meets its fwmark virtual server.
 		"-A " + chainServices + " -m addrtype --src-type LOCAL -j " + chainInternal,
-		"-A " + chainServices + " -m addrtype --src-type LOCAL -m set --match-set " + rs.set(setClusterIP) + " dst,dst -j " + chainMarkMasq,
 	}
-	for _, c := range rs.clusterCIDRs {
-		out = append(out, "-A "+chainServices+" ! -s "+c.String()+" -m set --match-set "+rs.set(setClusterIP)+" dst,dst -j "+chainMarkMasq)
+	clusterIPs := "-m set --match-set " + rs.set(setClusterIP) + " dst,dst -j " + chainMarkMasq
+	if rs.masqAll {
+		// kube-proxy's --masquerade-all: one rule, where the
+		// --cluster-cidr ones would be, that also covers the node's own
+		// traffic.
+		out = append(out, "-A "+chainServices+" "+clusterIPs)
+	} else {
+		out = append(out, "-A "+chainServices+" -m addrtype --src-type LOCAL "+clusterIPs)
+		for _, c := range rs.clusterCIDRs {
+			out = append(out, "-A "+chainServices+" ! -s "+c.String()+" "+clusterIPs)
+		}
 	}
 	out = append(out,
 		"-A "+chainServices+" -m set --match-set "+rs.set(setExternal)+" dst,dst -j "+chainMarkMasq,

@@ -135,13 +135,7 @@ func (p *Plane) planRules(pl *plan, fam iptables.Family, w *kstate, saved map[st
 }
 
 func (p *Plane) ruleSet(fam iptables.Family, internal map[ServiceKey]uint32) ruleSet {
-	rs := ruleSet{fam: fam, internal: internal}
-	for _, c := range p.cidrs {
-		if c.Addr().Is4() == (fam == iptables.IPv4) {
-			rs.clusterCIDRs = append(rs.clusterCIDRs, c)
-		}
-	}
-	return rs
+	return newRuleSet(fam, p.masq, internal)
 }
 
 func (p *Plane) restore(fam iptables.Family, input []byte) error {
