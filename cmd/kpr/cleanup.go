@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -210,17 +211,26 @@ func removePreviousModeState(firstSync <-chan struct{}, done <-chan struct{}, b 
 // netnsPath, kpr's own if empty. The child process inherits the namespace
 // of the thread that starts it, so no nsenter is needed.
 func netfilterRunner(netnsPath string) iptables.Runner {
-	if netnsPath == "" {
-		return iptables.ExecRunner{}
-	}
-	return netnsRunner{path: netnsPath}
+	return netfilterRunnerUntil(context.Background(), netnsPath)
 }
 
-type netnsRunner struct{ path string }
+// netfilterRunnerUntil is netfilterRunner whose commands end with ctx.
+func netfilterRunnerUntil(ctx context.Context, netnsPath string) iptables.Runner {
+	run := iptables.ExecRunner{Context: ctx}
+	if netnsPath == "" {
+		return run
+	}
+	return netnsRunner{path: netnsPath, run: run}
+}
+
+type netnsRunner struct {
+	path string
+	run  iptables.ExecRunner
+}
 
 func (r netnsRunner) Run(name string, args []string, stdin []byte) (out []byte, err error) {
 	nsErr := netnsexec.InPath(r.path, func() error {
-		out, err = iptables.ExecRunner{}.Run(name, args, stdin)
+		out, err = r.run.Run(name, args, stdin)
 		return nil
 	})
 	if nsErr != nil {

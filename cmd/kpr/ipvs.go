@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -27,13 +28,13 @@ func addIPVSFlags(fl *pflag.FlagSet, f *ipvsFlags) {
 // newIPVSDataplane programs IPVS, the dummy interface, the ipsets and the
 // iptables rules of the node's network namespace: --host-netns, or kpr's
 // own.
-func newIPVSDataplane(g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
+func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
 	log = log.Named("dataplane")
 	k, err := ipvs.NewNetlinkKernel(f.hostNetNS)
 	if err != nil {
 		return builtDataplane{}, fmt.Errorf("--mode ipvs: %w", err)
 	}
-	run := netfilterRunner(f.hostNetNS)
+	run := netfilterRunnerUntil(ctx, f.hostNetNS)
 	// The same variant detection and families as the iptables mode.
 	node, err := iptables.NodeOptions(run, log)
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -140,14 +141,16 @@ type builtDataplane struct {
 // newDataplane builds the backend c names, as kube-proxy's createProxier
 // does for its modes. A new backend adds its constructor here and its
 // feature check to chooseDataplane.
-func newDataplane(c choice, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
+// ctx ends the dataplane's commands (iptables-restore and the like), so
+// that kpr run exits on SIGTERM without waiting for a long one.
+func newDataplane(ctx context.Context, c choice, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 	switch c.backend {
 	case backendEBPF:
 		return newEBPFDataplane(g, f, m, log)
 	case backendIPTables:
-		return newIPTablesDataplane(g, f, log)
+		return newIPTablesDataplane(ctx, g, f, log)
 	case backendIPVS:
-		return newIPVSDataplane(g, f, log)
+		return newIPVSDataplane(ctx, g, f, log)
 	}
 	// chooseDataplane only picks backends built above.
 	return builtDataplane{}, fmt.Errorf("dataplane %q has no constructor in this build: chooseDataplane and newDataplane disagree; report this as a kpr bug", c.backend)
@@ -156,9 +159,9 @@ func newDataplane(c choice, g *globalFlags, f *runFlags, m *metrics.Metrics, log
 // newIPTablesDataplane programs the iptables of the node's network
 // namespace: --host-netns, or kpr's own (the node's, under the DaemonSet's
 // hostNetwork: true).
-func newIPTablesDataplane(g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
+func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
 	log = log.Named("dataplane")
-	run := netfilterRunner(f.hostNetNS)
+	run := netfilterRunnerUntil(ctx, f.hostNetNS)
 	opts, err := iptables.NodeOptions(run, log)
 	if err != nil {
 		return builtDataplane{}, err

@@ -269,7 +269,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if devices != nil {
 		defer devices.close()
 	}
-	dp, err := newDataplane(chosen, g, f, m, log)
+	dp, err := newDataplane(ctx, chosen, g, f, m, log)
 	if err != nil {
 		return err
 	}

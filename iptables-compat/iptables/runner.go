@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -20,11 +21,25 @@ type Runner interface {
 // before every command (for example "ip netns exec NAME").
 type ExecRunner struct {
 	Prefix []string
+	// Context, when set, ends the commands: once it is done a running
+	// command is killed and no new one starts. A killed iptables-restore
+	// has committed nothing, so its table is left as it was; kpr run
+	// passes the context that SIGTERM cancels, so that it exits at once
+	// rather than after the restore (which can take seconds on a large
+	// table).
+	Context context.Context
 }
 
 func (r ExecRunner) Run(name string, args []string, stdin []byte) ([]byte, error) {
 	argv := append(append(append([]string{}, r.Prefix...), name), args...)
-	cmd := exec.Command(argv[0], argv[1:]...)
+	ctx := r.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%s: not run, kpr is stopping: %w", strings.Join(argv, " "), err)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
