@@ -335,3 +335,72 @@ func TestDriftCheckAfterAFailedCall(t *testing.T) {
 		t.Fatal("drift after the repairing Reconcile")
 	}
 }
+
+// A write larger than Tools.SplitLines goes in several transactions, none
+// holding more than that many lines of per-ServicePort chains, each
+// ServicePort's chains in one of them; KUBE-MARK-MASQ comes first, the
+// shared chains last, and the tables serve every Service.
+func TestLargeWriteGoesInParts(t *testing.T) {
+	fake := newFake()
+	tools := ToolsFor(NFT, IPv4)
+	tools.SplitLines = 100
+	p, err := New(Options{Runner: fake, Families: map[Family]Tools{IPv4: tools}, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+	want := dataplanetest.State{}
+	for i := range 40 {
+		sp := benchService(i, 0) // 10 endpoints: 21 chain lines
+		all[sp.Name] = sp
+		var backends []string
+		for _, b := range sp.Frontends[0].Backends {
+			backends = append(backends, b.String())
+		}
+		want = state(want, serves(netip.AddrPortFrom(sp.Frontends[0].Addr, 80).String(), backends...))
+	}
+	if err := p.Reconcile(all); err != nil {
+		t.Fatal(err)
+	}
+	var nat []string
+	for _, in := range fake.inputs {
+		if strings.HasPrefix(in, "*nat") {
+			nat = append(nat, in)
+		}
+	}
+	if len(nat) < 9 {
+		t.Fatalf("840 lines of chains went in %d nat transactions, want at least 9 of at most 100 lines", len(nat))
+	}
+	if !strings.Contains(nat[0], ":"+chainMarkMasq+" ") || !strings.Contains(nat[len(nat)-1], ":"+chainServices+" ") {
+		t.Errorf("KUBE-MARK-MASQ is not in the first part or KUBE-SERVICES not in the last")
+	}
+	written := map[string]int{}
+	for _, in := range nat {
+		lines := 0
+		for _, l := range strings.Split(in, "\n") {
+			f := strings.Fields(l)
+			if len(f) == 0 || !ownedChain(strings.TrimPrefix(f[0], ":")) && (len(f) < 2 || !ownedChain(f[1]) || f[0] != "-A") {
+				continue
+			}
+			lines++
+			if strings.HasPrefix(f[0], ":") {
+				written[f[0]]++
+			}
+		}
+		if lines > 100 {
+			t.Errorf("a nat transaction writes %d lines of per-ServicePort chains, more than 100", lines)
+		}
+	}
+	for c, n := range written {
+		if n != 1 {
+			t.Errorf("chain %s declared in %d transactions, want 1", c, n)
+		}
+	}
+	s, err := observed(fake, NFT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equalState(s, want) {
+		t.Fatalf("after a write in parts the tables serve\n%v\nwant\n%v", s, want)
+	}
+}

@@ -222,6 +222,9 @@ func (in tableInput) split(max int) []tableInput {
 		cur.rewrite = append(cur.rewrite, p)
 		lines += n
 	}
+	if last.writesNothing() {
+		return parts // a partial sync that changes no shared chain and deletes nothing
+	}
 	return append(parts, last)
 }
 
