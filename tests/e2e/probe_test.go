@@ -184,7 +184,7 @@ func (f *fixture) waitRefused(t *testing.T, ns *harness.NetNS, addr netip.AddrPo
 		// A SYN that went out and was answered by a RST would also give
 		// ECONNREFUSED; a rejection in connect() itself is immediate.
 		bound := time.Second
-		if f.mode.iptables() {
+		if !f.mode.ebpf() {
 			bound = 2500 * time.Millisecond
 		}
 		if took := time.Since(start); took > bound {
@@ -201,7 +201,7 @@ func (f *fixture) waitRefused(t *testing.T, ns *harness.NetNS, addr netip.AddrPo
 // or finds no host.
 func (f *fixture) requireUntranslated(t *testing.T, ns *harness.NetNS, addr netip.AddrPort) {
 	t.Helper()
-	if !f.mode.iptables() {
+	if f.mode.ebpf() {
 		err := dialErr(ns, addr, false)
 		if !errors.Is(err, syscall.ENETUNREACH) {
 			t.Fatalf("connect to %s from %s: %v, want ENETUNREACH (address not translated by kpr)", addr, ns.Name, err)
