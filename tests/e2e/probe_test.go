@@ -164,10 +164,9 @@ func refused(err error) bool {
 // In the iptables and IPVS modes the rejection of a pod's connect is an
 // ICMP error (IPVS sends port unreachable for a virtual server without
 // real servers) that the kernel rate-limits per peer (a burst of 6, then
-// one a second),
-// so a SYN whose rejection was held back is retransmitted after 1 s and
-// rejected then, as under kube-proxy; the bound allows that one
-// retransmission. The eBPF mode refuses inside connect() itself.
+// one a second), so a SYN whose rejection was held back is retransmitted
+// after 1 s and rejected then, as under kube-proxy; the bound allows that
+// one retransmission. The eBPF mode refuses inside connect() itself.
 func (f *fixture) waitRefused(t *testing.T, ns *harness.NetNS, addr netip.AddrPort, udp bool) {
 	t.Helper()
 	waitUntil(t, convergeTimeout, fmt.Sprintf("connects to %s from %s refused", addr, ns.Name), func() error {
