@@ -1,8 +1,10 @@
 // Command run is the kernel matrix (`make test-kernels`): it builds the
 // privileged test binaries static, fetches Debian's packaged kernels
 // (hack/kernels.sh), boots each in qemu with an initramfs holding
-// tests/kernels/init, busybox, kpr and the tests, and writes what came
-// back on the serial console as a per-kernel summary (docs/kernel-matrix.md).
+// tests/kernels/init, busybox, kpr and the tests (and, for tests/e2e,
+// kube-apiserver and etcd, which its tests start inside the VM), and writes
+// what came back on the serial console as a per-kernel summary
+// (docs/kernel-matrix.md).
 //
 // The VMs have no network device (-nic none): nothing they do can reach the
 // host's interfaces, routes or firewall.
