@@ -117,11 +117,13 @@ func forEachMode(t *testing.T, modes []dataMode, fn func(t *testing.T, m dataMod
 }
 
 // prepareNode makes the node namespace what the mode needs before kpr
-// starts. For iptables: a rule in the variant's tables, so that kpr's
+// starts. For iptables and IPVS (whose masquerade and source-range rules
+// are iptables too): a rule in the variant's tables, so that kpr's
 // detection (the variant holding more rules, as kube-proxy's) picks it;
 // and routes to the Service ranges, since a node socket's connect looks
 // up a route before nat OUTPUT rewrites the destination (a real node has
-// its default route; here untranslated Service addresses still fail).
+// its default route; here untranslated Service addresses still fail; the
+// IPVS mode's addresses are local, on kpr-ipvs0, and win over the route).
 func (f *fixture) prepareNode(m dataMode) {
 	f.t.Helper()
 	if m.ebpf() {
