@@ -6,7 +6,7 @@ export GOFLAGS := -buildvcs=false
 
 -include tests/tools/tools.mk
 
-.PHONY: all build image deps generate generate-check lint test unit test-kernels test-kernel-oldest bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
+.PHONY: all build image deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
 
 all: build
 
@@ -89,6 +89,14 @@ test-kernels: deps
 ## supports; part of make test
 test-kernel-oldest: deps
 	$(GO) run ./tests/kernels/run -kernels bullseye -packages $(KERNEL_PACKAGES) $(KERNEL_MATRIX_FLAGS)
+
+## test-kernels-e2e: tests/e2e's IPVS-mode scenarios (TestServices/ipvs), which
+## need ip_vs and dummy links the host may lack, in a 6.1 (bookworm) VM that
+## carries kube-apiserver and etcd (about 3 minutes under TCG; not part of
+## make test; docs/kernel-matrix.md)
+KERNEL_E2E_RUN ?= ^TestServices$$/^ipvs$$
+test-kernels-e2e: deps tools
+	$(GO) run ./tests/kernels/run -kernels bookworm -packages ./tests/e2e -run '$(KERNEL_E2E_RUN)' -timeout 60m $(KERNEL_MATRIX_FLAGS)
 
 ## bench: kpr against upstream kube-proxy (docs/benchmarks.md), the control
 ## plane (docs/control-plane-performance.md), connect() through the socket

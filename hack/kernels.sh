@@ -25,8 +25,11 @@ arch=$(dpkg --print-architecture)
 # iptable_*), iptables-nft (nf_tables, nft_compat, nft_chain_nat), the
 # matches and targets kpr's rules use, and conntrack over netlink. The IPVS
 # backend's tests need ip_vs with its schedulers, dummy, the ipset types
-# it keeps and xt_set.
-modules=(crc32c_generic veth bridge dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr
+# it keeps and xt_set. br_netfilter passes bridged traffic through
+# netfilter, as kubeadm requires of a node: without it the reply of a pod
+# to another pod on the bridge skips the de-NAT of the IPVS connection
+# (tests/e2e's IPVS mode, pod clients of a ClusterIP).
+modules=(crc32c_generic veth bridge br_netfilter dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr
 	nf_nat nfnetlink nf_conntrack_netlink nf_tables nft_compat nft_chain_nat nft_counter
 	ip_tables ip6_tables iptable_nat ip6table_nat iptable_filter ip6table_filter
 	xt_comment xt_conntrack xt_tcpudp xt_mark xt_addrtype xt_statistic xt_recent xt_MASQUERADE xt_nat

@@ -6,11 +6,14 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
+	"github.com/kpr-io/kpr/iptables-compat/ipvs"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/cluster"
 	"github.com/kpr-io/kpr/tests/harness"
@@ -22,9 +25,13 @@ type dataMode struct {
 	name string
 	// args are the `kpr run` flags that select it.
 	args []string
-	// variant is the iptables variant the node uses ("nft", "legacy");
-	// empty for the eBPF mode.
+	// variant is the iptables variant the node uses ("nft", "legacy"):
+	// the iptables mode's rules are in it, and so are the IPVS mode's
+	// masquerade and source-range rules. Empty for the eBPF mode.
 	variant string
+	// ipvs says kpr serves Services through IPVS virtual servers, with
+	// iptables only around them.
+	ipvs bool
 }
 
 // The modes. The eBPF one runs under the default --mode auto, which
@@ -33,14 +40,19 @@ var (
 	modeEBPF           = dataMode{name: "ebpf"}
 	modeIPTablesNFT    = dataMode{name: "iptables-nft", args: []string{"--mode", "iptables"}, variant: "nft"}
 	modeIPTablesLegacy = dataMode{name: "iptables-legacy", args: []string{"--mode", "iptables"}, variant: "legacy"}
-	allModes           = []dataMode{modeEBPF, modeIPTablesNFT, modeIPTablesLegacy}
+	modeIPVS           = dataMode{name: "ipvs", args: []string{"--mode", "ipvs"}, variant: "nft", ipvs: true}
+	allModes           = []dataMode{modeEBPF, modeIPTablesNFT, modeIPTablesLegacy, modeIPVS}
 )
 
-func (m dataMode) iptables() bool { return m.variant != "" }
+// ebpf says kpr translates in its BPF programs, with no netfilter rule.
+func (m dataMode) ebpf() bool { return m.variant == "" }
+
+// iptables says kpr serves Services through iptables DNAT rules.
+func (m dataMode) iptables() bool { return m.variant != "" && !m.ipvs }
 
 // available says why this machine cannot run m, "" if it can.
 func (m dataMode) unavailable() string {
-	if !m.iptables() {
+	if m.ebpf() {
 		if err := loader.Probe().RequireSocketLB(); err != nil {
 			return "the kernel cannot run the eBPF mode: " + err.Error()
 		}
@@ -51,7 +63,40 @@ func (m dataMode) unavailable() string {
 			return fmt.Sprintf("%s is not installed: %v", bin, err)
 		}
 	}
+	if m.ipvs {
+		// kpr programs IPVS and the ipsets through netlink: ipvsadm and
+		// ipset need not be installed, the kernel's modules must be.
+		if err := ipvs.Available(""); err != nil {
+			return "the IPVS mode cannot run on this kernel (it runs in the kernel-matrix VM: make test-kernels-e2e): " + err.Error()
+		}
+		if err := dummyLinks(); err != nil {
+			return "the IPVS mode cannot run on this kernel (it runs in the kernel-matrix VM: make test-kernels-e2e): " +
+				"it binds the virtual addresses to a dummy interface, and creating one fails: " + err.Error()
+		}
+	}
 	return ""
+}
+
+// dummyLinks says whether the kernel can create dummy links, trying in a
+// network namespace of its own that dies with its thread: the host's
+// interfaces are never touched.
+func dummyLinks() error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread, in the new namespace, exits with
+		// the goroutine and takes the namespace and its link along.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("unshare a network namespace: %w", err)
+			return
+		}
+		if err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "kpr-probe0"}}); err != nil {
+			errc <- fmt.Errorf("ip link add kpr-probe0 type dummy: %w", err)
+			return
+		}
+		errc <- nil
+	}()
+	return <-errc
 }
 
 // tool is a binary of m's variant, e.g. iptables-nft-save.
@@ -72,14 +117,16 @@ func forEachMode(t *testing.T, modes []dataMode, fn func(t *testing.T, m dataMod
 }
 
 // prepareNode makes the node namespace what the mode needs before kpr
-// starts. For iptables: a rule in the variant's tables, so that kpr's
+// starts. For iptables and IPVS (whose masquerade and source-range rules
+// are iptables too): a rule in the variant's tables, so that kpr's
 // detection (the variant holding more rules, as kube-proxy's) picks it;
 // and routes to the Service ranges, since a node socket's connect looks
 // up a route before nat OUTPUT rewrites the destination (a real node has
-// its default route; here untranslated Service addresses still fail).
+// its default route; here untranslated Service addresses still fail; the
+// IPVS mode's addresses are local, on kpr-ipvs0, and win over the route).
 func (f *fixture) prepareNode(m dataMode) {
 	f.t.Helper()
-	if !m.iptables() {
+	if m.ebpf() {
 		return
 	}
 	// The rule is also a conntrack user other than kpr, as a real node
@@ -130,11 +177,20 @@ func (f *fixture) iptablesSave(t *testing.T, v6 bool) string {
 }
 
 // hasFrontend says whether kpr programs a frontend on addr: in the eBPF
-// maps (kpr dump) or in the iptables Service chains.
+// maps (kpr dump), in the IPVS virtual servers or in the iptables Service
+// chains.
 func (f *fixture) hasFrontend(t *testing.T, addr netip.Addr) bool {
 	t.Helper()
-	if !f.mode.iptables() {
+	switch {
+	case f.mode.ebpf():
 		return len(frontendsOf(f.dump(t), addr)) > 0
+	case f.mode.ipvs:
+		for k := range f.virtualServers(t) {
+			if k.Addr == addr.Unmap() {
+				return true
+			}
+		}
+		return false
 	}
 	bits := 32
 	if !addr.Unmap().Is4() {
@@ -147,4 +203,20 @@ func (f *fixture) hasFrontend(t *testing.T, addr netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// virtualServers are the node's IPVS virtual servers and their real
+// servers, as the kernel has them.
+func (f *fixture) virtualServers(t *testing.T) map[ipvs.ServiceKey]*ipvs.ServiceState {
+	t.Helper()
+	k, err := ipvs.NewNetlinkKernel(f.node.NetNS.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	svcs, err := k.Services()
+	if err != nil {
+		t.Fatalf("list the IPVS virtual servers of %s: %v", f.node.NetNS.Name, err)
+	}
+	return svcs
 }

@@ -25,6 +25,12 @@ import (
 // opened under eBPF (translated in connect(), so no rule is on its path)
 // and one opened under iptables (DNATed by conntrack, whose entry outlives
 // the rules) keep echoing through both moves.
+//
+// The IPVS mode is not among the modes switched to: the switch under
+// traffic the issue asks for is eBPF to iptables and back. A connection
+// IPVS carries depends on IPVS's own connection table and on the virtual
+// address bound to kpr-ipvs0, which a move away from IPVS removes; removing
+// that state is cmd/kpr's ipvs_test.go's.
 func TestModeSwitch(t *testing.T) {
 	forEachMode(t, []dataMode{modeIPTablesNFT, modeIPTablesLegacy}, func(t *testing.T, ipt dataMode) {
 		if why := modeEBPF.unavailable(); why != "" {

@@ -161,11 +161,12 @@ func refused(err error) bool {
 // ECONNREFUSED, the way kube-proxy's REJECT rule answers a Service without
 // endpoints, and checks that it keeps doing so.
 //
-// In the iptables modes the rejection of a pod's connect is an ICMP error
-// that the kernel rate-limits per peer (a burst of 6, then one a second),
-// so a SYN whose rejection was held back is retransmitted after 1 s and
-// rejected then, as under kube-proxy; the bound allows that one
-// retransmission. The eBPF mode refuses inside connect() itself.
+// In the iptables and IPVS modes the rejection of a pod's connect is an
+// ICMP error (IPVS sends port unreachable for a virtual server without
+// real servers) that the kernel rate-limits per peer (a burst of 6, then
+// one a second), so a SYN whose rejection was held back is retransmitted
+// after 1 s and rejected then, as under kube-proxy; the bound allows that
+// one retransmission. The eBPF mode refuses inside connect() itself.
 func (f *fixture) waitRefused(t *testing.T, ns *harness.NetNS, addr netip.AddrPort, udp bool) {
 	t.Helper()
 	waitUntil(t, convergeTimeout, fmt.Sprintf("connects to %s from %s refused", addr, ns.Name), func() error {
@@ -184,7 +185,7 @@ func (f *fixture) waitRefused(t *testing.T, ns *harness.NetNS, addr netip.AddrPo
 		// A SYN that went out and was answered by a RST would also give
 		// ECONNREFUSED; a rejection in connect() itself is immediate.
 		bound := time.Second
-		if f.mode.iptables() {
+		if !f.mode.ebpf() {
 			bound = 2500 * time.Millisecond
 		}
 		if took := time.Since(start); took > bound {
@@ -196,12 +197,12 @@ func (f *fixture) waitRefused(t *testing.T, ns *harness.NetNS, addr netip.AddrPo
 // requireUntranslated checks that kpr leaves addr alone. In the eBPF mode
 // the node has no route to the Service CIDRs, so an untranslated connect
 // fails with ENETUNREACH where a translated one would reach a pod or be
-// refused. The iptables modes need the route (nat OUTPUT comes after the
-// route lookup), which leads nowhere: an untranslated connect times out
-// or finds no host.
+// refused. The iptables and IPVS modes need the route (nat OUTPUT and
+// IPVS's LOCAL_OUT hook come after the route lookup), which leads nowhere:
+// an untranslated connect times out or finds no host.
 func (f *fixture) requireUntranslated(t *testing.T, ns *harness.NetNS, addr netip.AddrPort) {
 	t.Helper()
-	if !f.mode.iptables() {
+	if f.mode.ebpf() {
 		err := dialErr(ns, addr, false)
 		if !errors.Is(err, syscall.ENETUNREACH) {
 			t.Fatalf("connect to %s from %s: %v, want ENETUNREACH (address not translated by kpr)", addr, ns.Name, err)

@@ -16,7 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/iptables-compat/ipvs"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/harness"
 	"github.com/kpr-io/kpr/tests/kubeobj"
@@ -49,20 +51,20 @@ var serviceScenarios = []struct {
 	{"ignored", testIgnored, ""},
 	{"udp", testUDP, ""},
 	{"udp-stale-socket", testStaleUDPSocket, "destroying the connected UDP sockets of a removed backend is the eBPF mode's " +
-		"(bpf_sock_destroy); the iptables mode deletes their conntrack entries instead, as kube-proxy does"},
+		"(bpf_sock_destroy); the iptables and IPVS modes delete their conntrack entries instead, as kube-proxy does"},
 	{"dual-stack", testDualStack, ""},
 	{"nodeport", testNodePort, ""},
 	{"external-ip", testExternalIPAll, ""},
 }
 
 // TestServices runs the Service semantics scenarios against one kpr per
-// mode: eBPF, iptables-nft and iptables-legacy.
+// mode: eBPF, iptables-nft, iptables-legacy and IPVS.
 func TestServices(t *testing.T) {
 	forEachMode(t, allModes, func(t *testing.T, m dataMode) {
 		f := newModeFixture(t, m)
 		for _, sc := range serviceScenarios {
 			t.Run(sc.name, func(t *testing.T) {
-				if m.iptables() && sc.ebpfOnly != "" {
+				if !m.ebpf() && sc.ebpfOnly != "" {
 					t.Skip(sc.ebpfOnly)
 				}
 				sc.run(t, f, f.namespace(t, sc.name))
@@ -270,6 +272,11 @@ func testAffinity(t *testing.T, f *fixture, ns string) {
 		if save := f.iptablesSave(t, false); !strings.Contains(save, "--seconds 600") {
 			t.Errorf("no rule of the iptables tables keeps affinity for 600 s:\n%s", save)
 		}
+	} else if f.mode.ipvs {
+		key := ipvs.ServiceKey{Addr: vip.Addr(), Proto: dataplane.TCP, Port: vip.Port()}
+		if vs := f.virtualServers(t)[key]; vs == nil || vs.Timeout != 600 {
+			t.Errorf("IPVS virtual server %s = %+v, want one persistent for 600 s", key, vs)
+		}
 	} else if d := frontendsOf(f.dump(t), vip.Addr()); len(d) != 1 || d[0].AffinityTimeout != 600 {
 		t.Errorf("kpr dump for %s = %+v, want one entry with affinityTimeoutSeconds 600", vip, d)
 	}
@@ -386,11 +393,20 @@ func testIgnored(t *testing.T, f *fixture, ns string) {
 	if f.hasFrontend(t, foreignVIP.Addr()) {
 		t.Errorf("Service labelled %s is programmed", desired.LabelServiceProxyName)
 	}
-	if f.mode.iptables() {
+	switch {
+	case f.mode.iptables():
 		if save := f.iptablesSave(t, false); strings.Contains(save, fmt.Sprintf(":%d", otherPort)) {
 			t.Errorf("the iptables tables have a backend of an ignored Service (port %d):\n%s", otherPort, save)
 		}
-	} else {
+	case f.mode.ipvs:
+		for k, vs := range f.virtualServers(t) {
+			for b := range vs.Dests {
+				if b.Port == otherPort {
+					t.Errorf("IPVS virtual server %s has real server %s of an ignored Service", k, b)
+				}
+			}
+		}
+	default:
 		for _, s := range f.dump(t) {
 			for _, b := range s.Backends {
 				if strings.HasSuffix(b, fmt.Sprintf(":%d", otherPort)) {
@@ -502,6 +518,23 @@ func testDualStack(t *testing.T, f *fixture, ns string) {
 	if f.mode.iptables() {
 		return // each family has tables of its own: no backend can be of the other
 	}
+	if f.mode.ipvs {
+		// IPVS can forward to a real server of the other family (a
+		// tunnel), so its virtual servers are checked as the maps are.
+		for _, vip := range []netip.AddrPort{vip4, vip6} {
+			key := ipvs.ServiceKey{IPv6: vip.Addr().Is6(), Addr: vip.Addr(), Proto: dataplane.TCP, Port: vip.Port()}
+			vs := f.virtualServers(t)[key]
+			if vs == nil {
+				t.Fatalf("no IPVS virtual server %s", key)
+			}
+			for b := range vs.Dests {
+				if b.Addr.Unmap().Is4() != vip.Addr().Is4() {
+					t.Errorf("IPVS virtual server %s has real server %s of the other family", key, b)
+				}
+			}
+		}
+		return
+	}
 	for _, s := range append(frontendsOf(f.dump(t), vip4.Addr()), frontendsOf(f.dump(t), vip6.Addr())...) {
 		for _, b := range s.Backends {
 			ap := netip.MustParseAddrPort(b)
@@ -528,7 +561,16 @@ func testNodePort(t *testing.T, f *fixture, ns string) {
 	onNodeIP := netip.AddrPortFrom(nodeIP.Addr(), nodePort)
 	onLoopback := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), nodePort)
 	waitServes(t, tcpWho, f.node.NetNS, onNodeIP, "pod-a", "pod-b")
-	requireServes(t, tcpWho, f.node.NetNS, onLoopback, "pod-a", "pod-b")
+	if f.mode.ipvs {
+		// IPVS does not forward packets from lo to other hosts, so the
+		// IPVS mode, as kube-proxy's, has no NodePort on 127.0.0.1
+		// (iptables-compat/ipvs, servable): nothing listens there.
+		if err := dialErr(f.node.NetNS, onLoopback, false); !refused(err) {
+			t.Errorf("connect to %s from the node under the IPVS mode: %v, want ECONNREFUSED (no NodePort on loopback)", onLoopback, err)
+		}
+	} else {
+		requireServes(t, tcpWho, f.node.NetNS, onLoopback, "pod-a", "pod-b")
+	}
 	requireServes(t, tcpWho, f.pod("pod-c").NetNS, onNodeIP, "pod-a", "pod-b")
 	requireServes(t, tcpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 80), "pod-a", "pod-b")
 

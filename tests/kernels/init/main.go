@@ -31,6 +31,11 @@ func main() {
 	os.Setenv("TMPDIR", "/tmp")
 	// tests/kprproc runs this kpr instead of building one.
 	os.Setenv("KPR_BINARY", "/kpr/kpr")
+	// tests/cluster starts the kube-apiserver and etcd the runner packed
+	// for the cluster suites (tests/e2e), on the VM's loopback.
+	if _, err := os.Stat("/kpr/kube"); err == nil {
+		os.Setenv("KPR_TOOLS_DIR", "/kpr/kube")
+	}
 	// Tests that change the whole kernel (e.g. withholding a hook through
 	// the BPF LSM) run only where this is set: inside these VMs.
 	os.Setenv("KPR_KERNEL_MATRIX", kernelRelease())

@@ -19,6 +19,8 @@ import (
 //	/usr/sbin/bpftool...  host tools the tests exec (bpftool, ip, iptables,
 //	                      conntrack), with their libraries and plugins
 //	/kpr/kpr              kpr, for `kpr probe` and the CLI tests
+//	/kpr/kube/            kube-apiserver and etcd, for the cluster suites,
+//	/etc/hosts            and localhost for them
 //	/kpr/tests/*.test     the test binaries
 //	/kpr/src/<suite>/     each suite's directory, with its package's testdata
 //	/kpr/test-args        their flags, one a line
@@ -55,6 +57,15 @@ func packInitramfs(path, kernelDir string, p *payload, args []string) error {
 		}
 	}
 	w.file("kpr/kpr", p.kpr, 0o755)
+	if len(p.kubeTools) > 0 {
+		w.dir("kpr/kube")
+		// envtest and etcd name the loopback "localhost", and the VM has
+		// no resolver to ask.
+		w.data("etc/hosts", []byte("127.0.0.1 localhost\n::1 localhost\n"), 0o644)
+	}
+	for _, t := range p.kubeTools {
+		w.file("kpr/kube/"+filepath.Base(t), t, 0o755)
+	}
 	for _, t := range p.tests {
 		w.file("kpr/tests/"+filepath.Base(t), t, 0o755)
 	}

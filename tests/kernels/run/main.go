@@ -1,8 +1,10 @@
 // Command run is the kernel matrix (`make test-kernels`): it builds the
 // privileged test binaries static, fetches Debian's packaged kernels
 // (hack/kernels.sh), boots each in qemu with an initramfs holding
-// tests/kernels/init, busybox, kpr and the tests, and writes what came
-// back on the serial console as a per-kernel summary (docs/kernel-matrix.md).
+// tests/kernels/init, busybox, kpr and the tests (and, for tests/e2e,
+// kube-apiserver and etcd, which its tests start inside the VM), and writes
+// what came back on the serial console as a per-kernel summary
+// (docs/kernel-matrix.md).
 //
 // The VMs have no network device (-nic none): nothing they do can reach the
 // host's interfaces, routes or firewall.
@@ -104,6 +106,25 @@ type payload struct {
 	// tools are host executables the tests exec (bpftool, ip, iptables),
 	// when present, and the iptables extensions those load.
 	tools []string
+	// kubeTools are kube-apiserver and etcd, packed when a suite of
+	// clusterSuites runs: its tests start them inside the VM.
+	kubeTools []string
+}
+
+// clusterSuites are the suites whose API-server tests run inside the VM
+// (tests/cluster.StartForTest starts the servers there when the VM carries
+// them). The other suites' API-server tests run on the host (make test)
+// and skip in the VM, which then needs neither the tools nor the memory.
+var clusterSuites = map[string]bool{"e2e": true}
+
+// vmMemoryMB is the VM's memory: the initramfs lives in it, and with the
+// kube tools (~140 MB, unpacked from a copy of the archive) so do etcd,
+// the API server and kpr.
+func (p *payload) vmMemoryMB() int {
+	if len(p.kubeTools) > 0 {
+		return 6144
+	}
+	return 2048
 }
 
 // build compiles the init, kpr and the test binaries static into work:
@@ -132,6 +153,12 @@ func build(work string, packages []string) (*payload, error) {
 			return nil, err
 		}
 		p.tests = append(p.tests, bin)
+		if clusterSuites[filepath.Base(pkg)] && p.kubeTools == nil {
+			var err error
+			if p.kubeTools, err = kubeTools(); err != nil {
+				return nil, err
+			}
+		}
 		if dir := filepath.Join(pkg, "testdata"); isDir(dir) {
 			if p.testdata == nil {
 				p.testdata = map[string]string{}
@@ -179,6 +206,29 @@ func hostTools() []string {
 		tools = append(tools, plugins...)
 	}
 	return tools
+}
+
+// kubeTools are the kube-apiserver and etcd that tests/cluster runs,
+// where hack/tools.sh keeps them ($KPR_TOOLS_DIR or its cache; it builds
+// them once if they are missing).
+func kubeTools() ([]string, error) {
+	cmd := exec.Command("hack/tools.sh")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("hack/tools.sh (the kube-apiserver and etcd the cluster suites start in the VM): %w", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	dir := lines[len(lines)-1]
+	var tools []string
+	for _, name := range []string{"kube-apiserver", "etcd"} {
+		path := filepath.Join(dir, name)
+		if !isStatic(path) {
+			return nil, fmt.Errorf("%s is missing or not a static executable (the initramfs has no libc); run `make tools`", path)
+		}
+		tools = append(tools, path)
+	}
+	return tools, nil
 }
 
 func isDir(path string) bool {
@@ -292,7 +342,7 @@ func (r *result) boot(work string, p *payload, args []string, accel string, time
 	for i, accel := range accels {
 		r.accel = accel
 		started := time.Now()
-		console, qerr := qemu(filepath.Join(kdir, "vmlinuz"), initrd, accel, timeout, logPath)
+		console, qerr := qemu(filepath.Join(kdir, "vmlinuz"), initrd, accel, p.vmMemoryMB(), timeout, logPath)
 		r.total = time.Since(started)
 		if i+1 < len(accels) && (errors.Is(qerr, errNoInit) || (qerr != nil && !bytes.Contains(console, []byte("@@kpr ")))) {
 			// KVM did not get as far as the init (nested virtualization
@@ -327,7 +377,7 @@ var errNoInit = errors.New("no output from the init")
 
 // qemu boots kernel with initrd and returns the serial console's output,
 // also written to logPath. The VM powers itself off when the init is done.
-func qemu(kernel, initrd, accel string, timeout time.Duration, logPath string) ([]byte, error) {
+func qemu(kernel, initrd, accel string, memoryMB int, timeout time.Duration, logPath string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cpu := "max"
@@ -340,7 +390,7 @@ func qemu(kernel, initrd, accel string, timeout time.Duration, logPath string) (
 	// timer check can miss its ticks and panic the boot. lsm=bpf makes the
 	// BPF LSM the active one, so that a test can withhold a hook from kpr.
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
-		"-accel", accel, "-cpu", cpu, "-smp", "2", "-m", "2048",
+		"-accel", accel, "-cpu", cpu, "-smp", "2", "-m", strconv.Itoa(memoryMB),
 		"-kernel", kernel, "-initrd", initrd,
 		"-append", "console=ttyS0 quiet loglevel=4 panic=-1 no_timer_check rdinit=/init lsm=bpf",
 		"-nic", "none", "-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio")
