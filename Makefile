@@ -72,6 +72,7 @@ test: deps generate-check lint tools
 	cd tests/bench/plot && $(GO) test $(GOFLAGS_TEST) ./...
 	cd hack/image && $(GO) test $(GOFLAGS_TEST) ./...
 	$(MAKE) test-kernel-oldest
+	$(MAKE) test-kernels-e2e
 
 ## KERNEL_PACKAGES: the kernel-facing suites that run inside the VMs (the
 ## API-server suites stay on the host: they skip inside)
@@ -92,8 +93,8 @@ test-kernel-oldest: deps
 
 ## test-kernels-e2e: tests/e2e's IPVS-mode scenarios (TestServices/ipvs), which
 ## need ip_vs and dummy links the host may lack, in a 6.1 (bookworm) VM that
-## carries kube-apiserver and etcd (about 3 minutes under TCG; not part of
-## make test; docs/kernel-matrix.md)
+## carries kube-apiserver and etcd (about 3 minutes under TCG; part of make
+## test, so CI runs the e2e suite in every mode; docs/kernel-matrix.md)
 KERNEL_E2E_RUN ?= ^TestServices$$/^ipvs$$
 test-kernels-e2e: deps tools
 	$(GO) run ./tests/kernels/run -kernels bookworm -packages ./tests/e2e -run '$(KERNEL_E2E_RUN)' -timeout 60m $(KERNEL_MATRIX_FLAGS)

@@ -56,6 +56,7 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 	if err := sysctls(); err != nil {
 		log.Warn("IPVS may not masquerade or move drained UDP flows on", zap.Error(err))
 	}
+	warnWithoutBridgeNetfilter(f.hostNetNS, log)
 	// Recorded before the first virtual server is written, so that a kpr
 	// in another mode or `kpr cleanup` later removes it even if this one
 	// crashes.

@@ -181,6 +181,7 @@ func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log 
 	if err := localhost(); err != nil {
 		log.Warn("NodePorts on 127.0.0.1 will not be served", zap.Error(err))
 	}
+	warnWithoutBridgeNetfilter(f.hostNetNS, log)
 	// Recorded before the first rule is written, so that an eBPF-mode kpr
 	// or `kpr cleanup` later removes the chains even if this one crashes.
 	if err := recordIPTablesState(g.bpfRoot, f.hostNetNS); err != nil {
@@ -211,4 +212,19 @@ func logChoice(log *zap.Logger, mode string, c choice) {
 // exportChoice sets kpr_proxy_mode for the chosen backend.
 func exportChoice(m *metrics.Metrics, c choice) {
 	m.ProxyMode.WithLabelValues(string(c.backend), c.cause).Set(1)
+}
+
+// warnWithoutBridgeNetfilter logs, as kube-proxy does, when the node's
+// bridged traffic skips iptables (br_netfilter), which the iptables and
+// IPVS modes need where pods share a bridge. The sysctl is per network
+// namespace, so it is read in --host-netns.
+func warnWithoutBridgeNetfilter(hostNetNS string, log *zap.Logger) {
+	check := func() error { return iptables.CheckBridgeNetfilter(iptables.BridgeNetfilterPath) }
+	if hostNetNS != "" {
+		inner := check
+		check = func() error { return netnsexec.InPath(hostNetNS, inner) }
+	}
+	if err := check(); err != nil {
+		log.Warn("Bridged traffic does not pass through iptables: where pods share a bridge, a pod's connection to a ClusterIP served by another pod on it fails", zap.Error(err))
+	}
 }

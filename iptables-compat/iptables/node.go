@@ -1,8 +1,10 @@
 package iptables
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"go.uber.org/zap"
 )
@@ -36,6 +38,29 @@ func EnableLocalhostNodePorts() error {
 	const path = "/proc/sys/net/ipv4/conf/all/route_localnet"
 	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("set %s to 1 (NodePorts on 127.0.0.1 need it; --nodeport-addresses without localhost avoids them): %w", path, err)
+	}
+	return nil
+}
+
+// BridgeNetfilterPath is the sysctl of the br_netfilter module that sends
+// bridged traffic through iptables.
+const BridgeNetfilterPath = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+
+// CheckBridgeNetfilter reports why bridged traffic would not pass through
+// iptables, nil if it does; path is BridgeNetfilterPath but in tests. The
+// iptables and IPVS modes need it where pods share a bridge: a pod's reply
+// to another pod on its bridge is switched, not routed, and without the
+// module it skips the reverse NAT of the connection the client made to a
+// ClusterIP. kube-proxy warns about the same; kubeadm requires it.
+func CheckBridgeNetfilter(path string) error {
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("%s does not exist: load the br_netfilter module (modprobe br_netfilter), or pods on one bridge cannot reach each other through a ClusterIP", path)
+	case err != nil:
+		return fmt.Errorf("read %s: %w", path, err)
+	case strings.TrimSpace(string(b)) != "1":
+		return fmt.Errorf("%s is %s: set it to 1 (sysctl net.bridge.bridge-nf-call-iptables=1), or pods on one bridge cannot reach each other through a ClusterIP", path, strings.TrimSpace(string(b)))
 	}
 	return nil
 }
