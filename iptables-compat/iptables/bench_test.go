@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 )
 
 // The cost of one partial sync: one Service of many changes its endpoints,
@@ -144,4 +145,38 @@ func (r *countingRunner) totals() (int, time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.calls, r.in
+}
+
+// The memory and time a drift check takes over the tables of many
+// Services: each step reads one table with iptables-save (here the
+// in-memory stand-in's, in the same format) and compares what every rule
+// does with what the Plane wrote.
+//
+//	go test ./iptables-compat/iptables -run '^$' -bench DriftCheck -benchmem
+func BenchmarkDriftCheck(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			fake := newFake()
+			p, err := New(Options{Runner: fake, Families: map[Family]Tools{IPv4: ToolsFor(Legacy, IPv4)}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+			for i := range n {
+				sp := benchService(i, 0)
+				all[sp.Name] = sp
+			}
+			if err := p.Reconcile(all); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				held, err := dataplanetest.RunDriftCheck(p)
+				if err != nil || !held {
+					b.Fatalf("drift check over untouched tables: held %v, err %v", held, err)
+				}
+			}
+		})
+	}
 }

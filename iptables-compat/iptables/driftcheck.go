@@ -75,15 +75,20 @@ func (p *Plane) holds(ref tableRef, saved *savedTable) bool {
 		return false
 	}
 	expected := map[string][]string{}
-	for _, l := range strings.Split(string(want.render()), "\n") {
+	malformed := false
+	want.eachLine(func(l string) {
 		if !strings.HasPrefix(l, "-A ") {
-			continue
+			return
 		}
 		words, err := splitWords(l)
 		if err != nil {
-			return false
+			malformed = true
+			return
 		}
 		expected[words[1]] = append(expected[words[1]], fingerprint(words))
+	})
+	if malformed {
+		return false
 	}
 	got := map[string][]string{}
 	for _, r := range saved.rules {

@@ -55,29 +55,50 @@ func parseSave(out []byte) (map[string]*savedTable, error) {
 }
 
 // splitWords splits a rule line as iptables-restore does: on blanks,
-// with double quotes grouping and backslash escaping.
+// with double quotes grouping and backslash escaping. A word without a
+// backslash is a substring of l (its quotes cut off), so the words of a
+// large table's rules share the memory of its lines.
 func splitWords(l string) ([]string, error) {
-	var out []string
+	out := make([]string, 0, strings.Count(l, " ")+1) // at most one word a blank
 	var w strings.Builder
 	inWord, quoted, escaped := false, false, false
-	for _, r := range l {
+	// start is where the word began in l; plain says it is still a
+	// substring of l, from start to the end minus its quotes.
+	start, plain := 0, true
+	end := func(i int) {
+		if plain {
+			out = append(out, strings.ReplaceAll(l[start:i], `"`, ""))
+		} else {
+			out = append(out, w.String())
+		}
+		w.Reset()
+		inWord, plain = false, true
+	}
+	for i, r := range l {
+		if !inWord && r != ' ' && r != '\t' {
+			start = i // outside a word nothing is quoted
+		}
 		switch {
 		case escaped:
 			w.WriteRune(r)
 			escaped = false
 		case r == '\\':
+			if plain {
+				w.WriteString(strings.ReplaceAll(l[start:i], `"`, ""))
+				plain = false
+			}
 			escaped, inWord = true, true
 		case r == '"':
 			quoted = !quoted
 			inWord = true
 		case (r == ' ' || r == '\t') && !quoted:
 			if inWord {
-				out = append(out, w.String())
-				w.Reset()
-				inWord = false
+				end(i)
 			}
 		default:
-			w.WriteRune(r)
+			if !plain {
+				w.WriteRune(r)
+			}
 			inWord = true
 		}
 	}
@@ -85,7 +106,7 @@ func splitWords(l string) ([]string, error) {
 		return nil, fmt.Errorf("unterminated quote in %q", l)
 	}
 	if inWord {
-		out = append(out, w.String())
+		end(len(l))
 	}
 	return out, nil
 }

@@ -234,14 +234,20 @@ func (in tableInput) split(max int) []tableInput {
 // first, deletions last, when nothing jumps to them any more.
 func (in tableInput) render() []byte {
 	var b bytes.Buffer
-	ln := func(s string) { b.WriteString(s); b.WriteByte('\n') }
+	in.eachLine(func(l string) { b.WriteString(l); b.WriteByte('\n') })
+	return b.Bytes()
+}
+
+// eachLine calls fn with each line of the input, in order, without the
+// input in memory at once (at 10,000 Services it is 40 MB).
+func (in tableInput) eachLine(fn func(string)) {
 	lns := func(s []string) {
 		for _, l := range s {
-			ln(l)
+			fn(l)
 		}
 	}
-	declare := func(name string) { ln(":" + name + " - [0:0]") }
-	ln("*" + in.table)
+	declare := func(name string) { fn(":" + name + " - [0:0]") }
+	fn("*" + in.table)
 	for _, c := range in.shared {
 		declare(c.name)
 	}
@@ -254,7 +260,7 @@ func (in tableInput) render() []byte {
 		declare(c)
 	}
 	for _, j := range in.jumps {
-		ln("-I " + j.chain + " " + j.args)
+		fn("-I " + j.chain + " " + j.args)
 	}
 	for _, c := range in.shared {
 		if c.head != nil {
@@ -275,10 +281,9 @@ func (in tableInput) render() []byte {
 		}
 	}
 	for _, c := range in.remove {
-		ln("-X " + c)
+		fn("-X " + c)
 	}
-	ln("COMMIT")
-	return b.Bytes()
+	fn("COMMIT")
 }
 
 // staleChains are the chains of saved that look like the backend's
