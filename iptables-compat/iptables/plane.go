@@ -68,6 +68,9 @@ type Plane struct {
 	// dirty is set by a failed call and cleared by a successful
 	// Reconcile: until then no drift check vouches for the tables.
 	dirty bool
+	// writes counts the calls that wrote (or tried to), so that a drift
+	// check knows a table it read while one ran shows neither state.
+	writes uint64
 }
 
 type renderedPort struct {
@@ -170,6 +173,7 @@ type tableWrite struct {
 // table written in parts too: its undo rewrites every changed
 // ServicePort's old chains, then the old shared chains.
 func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort, changed []dataplane.ServicePortName, full bool) error {
+	p.writes++
 	slices.SortFunc(changed, compareNames)
 	nextRendered := map[dataplane.ServicePortName]*renderedPort{}
 	for n, sp := range next {
@@ -194,7 +198,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		whole := saved != nil
 		splitLines := p.tools[fam].SplitLines
 		for _, table := range tables {
-			fwd := p.input(fam, table, nextRendered, p.rendered, changed, whole)
+			fwd := tableInputOf(fam, table, nextRendered, p.rendered, changed, whole)
 			if whole {
 				fwd.jumps = missingJumps(table, saved[table])
 				if full && table == tableNAT {
@@ -207,7 +211,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 			prev := p.rendered
 			w := tableWrite{fam: fam, table: table, parts: renderAll(fwd.split(splitLines)),
 				back: func() [][]byte {
-					return renderAll(p.input(fam, table, prev, nextRendered, changed, whole).split(splitLines))
+					return renderAll(tableInputOf(fam, table, prev, nextRendered, changed, whole).split(splitLines))
 				}}
 			if len(w.parts) > 1 {
 				p.log.Debug("Writing a large table in parts", zap.Stringer("family", fam), zap.String("table", table),
@@ -263,12 +267,12 @@ func render(sp *dataplane.ServicePort, families []Family, masq Masquerade) *rend
 	return r
 }
 
-// input is the transaction that writes state for fam and table, rewriting
+// tableInputOf is the transaction that writes state for fam and table, rewriting
 // the chains of changed and deleting those of their chains that other (the
 // state being left) had and state does not. A whole input writes every
 // shared chain and every changed ServicePort's chains; otherwise only what
 // differs from other is written.
-func (p *Plane) input(fam Family, table string, state, other map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName, whole bool) tableInput {
+func tableInputOf(fam Family, table string, state, other map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName, whole bool) tableInput {
 	in := tableInput{fam: fam, table: table}
 	names := make([]dataplane.ServicePortName, 0, len(state))
 	for n := range state {

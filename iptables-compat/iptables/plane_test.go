@@ -5,7 +5,9 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 
@@ -404,3 +406,68 @@ func TestLargeWriteGoesInParts(t *testing.T) {
 		t.Fatalf("after a write in parts the tables serve\n%v\nwant\n%v", s, want)
 	}
 }
+
+// A drift check reads a table beside the sync loop: a Step returns while
+// a slow iptables-save runs, an Apply meanwhile goes through, and the read
+// it spoiled is read again rather than taken for drift.
+func TestDriftCheckDoesNotHoldUpApply(t *testing.T) {
+	fake := newFake()
+	gate := &heldSaves{Runner: fake, release: make(chan struct{})}
+	p, err := New(Options{Runner: gate, Families: map[Family]Tools{IPv4: ToolsFor(NFT, IPv4)}, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := benchService(1, 0), benchService(2, 0)
+	if err := p.Reconcile(changes(a)); err != nil {
+		t.Fatal(err)
+	}
+	gate.hold.Store(true)
+	c := p.StartDriftCheck()
+	stepped := make(chan bool)
+	go func() {
+		done, _, _ := c.Step()
+		stepped <- done
+	}()
+	select {
+	case done := <-stepped:
+		if done {
+			t.Fatal("the check ended while its table was still being read")
+		}
+	case <-time.After(5 * time.Second):
+		close(gate.release)
+		t.Fatal("a Step waited for a slow iptables-save: the sync loop would be held up with it")
+	}
+	if err := p.Apply(changes(b)); err != nil {
+		t.Fatalf("Apply while a table is read: %v", err)
+	}
+	close(gate.release)
+	held, err := dataplanetest.RunDriftCheck(driftCheckOnly{c})
+	if err != nil || !held {
+		t.Fatalf("the check over tables only the Plane wrote: held %v, err %v (a read spoiled by the Apply taken for drift?)", held, err)
+	}
+	if gate.saves.Load() < 2 {
+		t.Errorf("the table the Apply changed while it was read was not read again (%d saves)", gate.saves.Load())
+	}
+}
+
+// heldSaves holds every iptables-save while hold is set, until release is
+// closed; restores pass at once.
+type heldSaves struct {
+	Runner
+	hold    atomic.Bool
+	release chan struct{}
+	saves   atomic.Int32
+}
+
+func (r *heldSaves) Run(name string, args []string, stdin []byte) ([]byte, error) {
+	if strings.HasSuffix(name, "-save") && r.hold.Load() {
+		r.saves.Add(1)
+		<-r.release
+	}
+	return r.Runner.Run(name, args, stdin)
+}
+
+// driftCheckOnly continues a check already begun.
+type driftCheckOnly struct{ c dataplane.DriftCheck }
+
+func (d driftCheckOnly) StartDriftCheck() dataplane.DriftCheck { return d.c }

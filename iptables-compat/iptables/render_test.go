@@ -111,10 +111,9 @@ func fullSyncInput(sps []*dataplane.ServicePort, masq Masquerade) []byte {
 		rendered[sp.Name] = render(sp, []Family{IPv4, IPv6}, masq)
 		names = append(names, sp.Name)
 	}
-	p := &Plane{}
 	for _, fam := range []Family{IPv4, IPv6} {
 		for _, table := range tables {
-			in := p.input(fam, table, rendered, nil, names, true)
+			in := tableInputOf(fam, table, rendered, nil, names, true)
 			in.jumps = missingJumps(table, nil)
 			out.WriteString("# " + fam.String() + "\n")
 			out.Write(in.render())
