@@ -27,18 +27,7 @@ func BenchmarkApplyOneService(b *testing.B) {
 		for _, n := range []int{100, 1000} {
 			b.Run(fmt.Sprintf("%s/services=%d", v, n), func(b *testing.B) {
 				run := &countingRunner{Runner: newNetNS(b)}
-				p, err := New(Options{Runner: run, Families: map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}})
-				if err != nil {
-					b.Fatal(err)
-				}
-				all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
-				for i := range n {
-					sp := benchService(i, 0)
-					all[sp.Name] = sp
-				}
-				if err := p.Reconcile(all); err != nil {
-					b.Fatal(err)
-				}
+				p := reconciledPlane(b, run, map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}, n)
 				run.reset()
 				b.ResetTimer()
 				for i := range b.N {
@@ -76,11 +65,7 @@ func BenchmarkReconcileFromEmpty(b *testing.B) {
 			how = "one-transaction"
 		}
 		b.Run(fmt.Sprintf("nft/%s/services=%d", how, c.n), func(b *testing.B) {
-			all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
-			for i := range c.n {
-				sp := benchService(i, 0)
-				all[sp.Name] = sp
-			}
+			all := benchServices(c.n)
 			for range b.N {
 				b.StopTimer()
 				run := &countingRunner{Runner: newNetNS(b)}
@@ -100,6 +85,29 @@ func BenchmarkReconcileFromEmpty(b *testing.B) {
 			}
 		})
 	}
+}
+
+// reconciledPlane is a Plane over run that has written n benchServices.
+func reconciledPlane(b *testing.B, run Runner, tools map[Family]Tools, n int) *Plane {
+	b.Helper()
+	p, err := New(Options{Runner: run, Families: tools})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := p.Reconcile(benchServices(n)); err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// benchServices are Services 0 to n-1 of benchService.
+func benchServices(n int) map[dataplane.ServicePortName]*dataplane.ServicePort {
+	all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+	for i := range n {
+		sp := benchService(i, 0)
+		all[sp.Name] = sp
+	}
+	return all
 }
 
 // benchService is Service i with 10 endpoints; generation picks one of
@@ -156,19 +164,7 @@ func (r *countingRunner) totals() (int, time.Duration) {
 func BenchmarkDriftCheck(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			fake := newFake()
-			p, err := New(Options{Runner: fake, Families: map[Family]Tools{IPv4: ToolsFor(Legacy, IPv4)}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
-			for i := range n {
-				sp := benchService(i, 0)
-				all[sp.Name] = sp
-			}
-			if err := p.Reconcile(all); err != nil {
-				b.Fatal(err)
-			}
+			p := reconciledPlane(b, newFake(), map[Family]Tools{IPv4: ToolsFor(Legacy, IPv4)}, n)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
