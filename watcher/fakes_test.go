@@ -117,10 +117,12 @@ type dpCall struct {
 	err       error
 }
 
-// recordingDataplane records every call and fails the next failNext calls.
+// recordingDataplane records every call and fails the next failNext calls,
+// calling onFail, if set, as each fails.
 type recordingDataplane struct {
 	mu       sync.Mutex
 	failNext int
+	onFail   func()
 	calls    chan dpCall
 }
 
@@ -130,6 +132,9 @@ func (d *recordingDataplane) call(reconcile bool, ports servicePorts) error {
 	if d.failNext > 0 {
 		d.failNext--
 		err = errors.New("injected dataplane failure")
+		if d.onFail != nil {
+			d.onFail()
+		}
 	}
 	d.mu.Unlock()
 	d.calls <- dpCall{reconcile: reconcile, ports: maps.Clone(ports), err: err}

@@ -112,6 +112,13 @@ func (r *runner) run(ctx context.Context) {
 		if mustSync && !due.After(now) {
 			res := r.syncOnce(needFull)
 			lastStart, lastEnd = res.Start, res.End
+			if res.Err != nil && ctx.Err() != nil {
+				// SIGTERM ended the dataplane's commands (the iptables
+				// modes kill a running restore): not a failure to retry.
+				r.log.Info("Stopped in the middle of a sync: the dataplane holds what its last completed write left, which the next kpr's first full sync completes",
+					append(res.pending, zap.Bool("full", res.Full), zap.Error(res.Err))...)
+				return
+			}
 			if res.Err != nil {
 				backoff = r.nextBackoff(backoff)
 				r.log.Error("Syncing the dataplane failed; the changes stay queued and will be retried (kpr status shows recent failures)",

@@ -1,6 +1,7 @@
 package watcher
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpr-io/kpr/desired"
@@ -290,4 +292,30 @@ func histogram(t *testing.T, h prometheus.Histogram) *dto.Histogram {
 		t.Fatal(err)
 	}
 	return m.GetHistogram()
+}
+
+// A sync cut short because kpr is stopping (SIGTERM kills a running
+// iptables-restore) is no failure to report or retry: the loop ends and
+// says so at info level.
+func TestStopDuringASyncIsNoFailure(t *testing.T) {
+	h := newHarness(t, harnessOptions{failFirstCalls: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	h.dp.onFail = cancel // the startup reconcile fails as kpr stops
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.runner.run(ctx)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop did not end after its context did")
+	}
+	if errs := h.logs.FilterLevelExact(zap.ErrorLevel).All(); len(errs) != 0 {
+		t.Errorf("a sync cut short by the stop was logged as an error: %q", errs[0].Message)
+	}
+	if h.logs.FilterMessageSnippet("Stopped in the middle of a sync").Len() != 1 {
+		t.Error("the stop in the middle of a sync was not logged")
+	}
 }

@@ -46,6 +46,9 @@ func (r ExecRunner) Run(name string, args []string, stdin []byte) ([]byte, error
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return stdout.Bytes(), fmt.Errorf("%s: ended, kpr is stopping (%w): %w", strings.Join(argv, " "), err, ctxErr)
+		}
 		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.Bytes(), nil
