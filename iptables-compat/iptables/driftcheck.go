@@ -38,8 +38,9 @@ type tableRef struct {
 // calls that are due; the next Step waits again.
 const readWait = 20 * time.Millisecond
 
-// maxSpoiledReads is how many reads in a row a write may spoil (landing
-// while the table was read, so that the read shows neither state) before
+// maxSpoiledReads is how many reads in a row writes may spoil (landing
+// while the table was read, so that it matches neither the state before
+// nor the one after) before
 // the next read is waited for to its end, the loop held up once, so that a
 // steady stream of changes cannot keep a check from ending.
 const maxSpoiledReads = 2
@@ -56,11 +57,14 @@ type driftCheck struct {
 // tableRead is one table read and compared in the background with what
 // the Plane had written when it began.
 type tableRead struct {
-	writes uint64 // the Plane's write count at the start
+	writes uint64 // the Plane's write count when the comparison began
 	done   chan struct{}
-	// held and err are set before done is closed.
-	held bool
-	err  error
+	// saved, held and err are set before done is closed.
+	saved *savedTable
+	held  bool
+	err   error
+	// rejudged says saved was read for an earlier comparison.
+	rejudged bool
 }
 
 func (c *driftCheck) Step() (done, held bool, err error) {
@@ -84,9 +88,18 @@ func (c *driftCheck) Step() (done, held bool, err error) {
 	}
 	r := c.read
 	c.read = nil
-	if r.writes != c.p.writes {
+	if r.err == nil && !r.held && r.writes != c.p.writes {
+		// A write landed while the table was read: the table may show
+		// the state after it. Compare it once with the Plane's state now
+		// (cheaper than reading it again); if that fails too, read it
+		// again. A table that matches either state is not drift: what
+		// the Plane wrote since went on top of what it holds.
+		if !r.rejudged {
+			c.read = c.p.compareAgain(c.todo[0], r.saved)
+			return false, true, nil
+		}
 		c.spoiled++
-		return false, true, nil // read it again
+		return false, true, nil
 	}
 	c.spoiled = 0
 	ref := c.todo[0]
@@ -119,7 +132,20 @@ func (p *Plane) startRead(ref tableRef) *tableRead {
 			r.err = err
 			return
 		}
-		r.held = holds(ref, parsed[ref.table], rendered)
+		r.saved = parsed[ref.table]
+		r.held = holds(ref, r.saved, rendered)
+	}()
+	return r
+}
+
+// compareAgain compares a table already read with what the Plane holds
+// now, in the background as startRead does.
+func (p *Plane) compareAgain(ref tableRef, saved *savedTable) *tableRead {
+	r := &tableRead{writes: p.writes, done: make(chan struct{}), saved: saved, rejudged: true}
+	rendered := p.rendered
+	go func() {
+		defer close(r.done)
+		r.held = holds(ref, saved, rendered)
 	}()
 	return r
 }
@@ -157,7 +183,9 @@ func holds(ref tableRef, saved *savedTable, rendered map[dataplane.ServicePortNa
 	}
 	got := map[string][]string{}
 	for _, r := range saved.rules {
-		if _, ours := expected[r[1]]; ours {
+		// A shared chain is the Plane's even when it writes no rule
+		// into it: a rule another program put there is drift.
+		if _, ours := expected[r[1]]; ours || slices.Contains(sharedChains(ref.table), r[1]) {
 			got[r[1]] = append(got[r[1]], fingerprint(r))
 		}
 	}

@@ -408,8 +408,9 @@ func TestLargeWriteGoesInParts(t *testing.T) {
 }
 
 // A drift check reads a table beside the sync loop: a Step returns while
-// a slow iptables-save runs, an Apply meanwhile goes through, and the read
-// it spoiled is read again rather than taken for drift.
+// a slow iptables-save runs, and an Apply meanwhile goes through. The read
+// then shows the state after the Apply: it is compared again with that
+// state (no second iptables-save), not taken for drift.
 func TestDriftCheckDoesNotHoldUpApply(t *testing.T) {
 	fake := newFake()
 	gate := &heldSaves{Runner: fake, release: make(chan struct{})}
@@ -417,12 +418,11 @@ func TestDriftCheckDoesNotHoldUpApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := benchService(1, 0), benchService(2, 0)
-	if err := p.Reconcile(changes(a)); err != nil {
+	if err := p.Reconcile(changes(benchService(1, 0))); err != nil {
 		t.Fatal(err)
 	}
 	gate.hold.Store(true)
-	c := p.StartDriftCheck()
+	c := p.StartDriftCheck() // the filter table first
 	stepped := make(chan bool)
 	go func() {
 		done, _, _ := c.Step()
@@ -437,16 +437,19 @@ func TestDriftCheckDoesNotHoldUpApply(t *testing.T) {
 		close(gate.release)
 		t.Fatal("a Step waited for a slow iptables-save: the sync loop would be held up with it")
 	}
-	if err := p.Apply(changes(b)); err != nil {
+	// A Service without endpoints: a reject rule in the filter table.
+	empty := &dataplane.ServicePort{Name: spn("ns", "empty", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.9.9:80", dataplane.TCP, nil, nil)}}
+	if err := p.Apply(changes(empty)); err != nil {
 		t.Fatalf("Apply while a table is read: %v", err)
 	}
 	close(gate.release)
 	held, err := dataplanetest.RunDriftCheck(driftCheckOnly{c})
 	if err != nil || !held {
-		t.Fatalf("the check over tables only the Plane wrote: held %v, err %v (a read spoiled by the Apply taken for drift?)", held, err)
+		t.Fatalf("the check over tables only the Plane wrote: held %v, err %v (a read overlapped by the Apply taken for drift?)", held, err)
 	}
-	if gate.saves.Load() < 2 {
-		t.Errorf("the table the Apply changed while it was read was not read again (%d saves)", gate.saves.Load())
+	if n := gate.saves.Load(); n != 2 {
+		t.Errorf("the check ran iptables-save %d times, want 2 (filter, nat): the read the Apply overlapped should be compared again, not read again", n)
 	}
 }
 
@@ -471,3 +474,22 @@ func (r *heldSaves) Run(name string, args []string, stdin []byte) ([]byte, error
 type driftCheckOnly struct{ c dataplane.DriftCheck }
 
 func (d driftCheckOnly) StartDriftCheck() dataplane.DriftCheck { return d.c }
+
+// A rule another program adds to a shared chain the Plane keeps empty
+// (filter KUBE-SERVICES when every Service has endpoints) is drift.
+func TestDriftCheckSeesARuleInAnEmptySharedChain(t *testing.T) {
+	tp := newTestPlane(t)
+	if err := tp.Reconcile(changes(benchService(1, 0))); err != nil {
+		t.Fatal(err)
+	}
+	if !runDriftCheck(t, tp.Plane) {
+		t.Fatal("drift right after a Reconcile")
+	}
+	if _, err := tp.fake.Run("iptables-nft-restore", []string{"--noflush"},
+		[]byte("*filter\n-A KUBE-SERVICES -d 10.96.1.1/32 -p tcp -m tcp --dport 80 -j REJECT\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	if runDriftCheck(t, tp.Plane) {
+		t.Fatal("the drift check holds with a foreign rule in filter KUBE-SERVICES")
+	}
+}
