@@ -69,7 +69,8 @@ type Plane struct {
 	// Reconcile: until then no drift check vouches for the tables.
 	dirty bool
 	// writes counts the calls that wrote (or tried to), so that a drift
-	// check knows a table it read while one ran shows neither state.
+	// check knows when a table it read may show a later state than the
+	// one it compares it with.
 	writes uint64
 }
 
@@ -274,19 +275,24 @@ func render(sp *dataplane.ServicePort, families []Family, masq Masquerade) *rend
 // differs from other is written.
 func tableInputOf(fam Family, table string, state, other map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName, whole bool) tableInput {
 	in := tableInput{fam: fam, table: table}
-	names := make([]dataplane.ServicePortName, 0, len(state))
-	for n := range state {
-		names = append(names, n)
-	}
-	slices.SortFunc(names, compareNames)
-	for _, n := range names {
-		in.ports = append(in.ports, state[n].rules[fam])
-	}
 	for _, c := range sharedChainsOf(table) {
 		if whole || slices.ContainsFunc(changed, func(n dataplane.ServicePortName) bool {
 			return c.changedIn(state[n].rulesOf(fam), other[n].rulesOf(fam))
 		}) {
 			in.shared = append(in.shared, c)
+		}
+	}
+	// Every ServicePort's rules, in name order, are needed only to write
+	// a shared chain whole (or, whole, to find stale chains): most
+	// partial syncs write none, and sorting 10,000 names is not free.
+	if whole || slices.ContainsFunc(in.shared, func(c sharedChain) bool { return c.lines != nil }) {
+		names := make([]dataplane.ServicePortName, 0, len(state))
+		for n := range state {
+			names = append(names, n)
+		}
+		slices.SortFunc(names, compareNames)
+		for _, n := range names {
+			in.ports = append(in.ports, state[n].rules[fam])
 		}
 	}
 	if table != tableNAT {
