@@ -10,6 +10,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // The cost of one partial sync: one Service of many changes its endpoints,
@@ -23,11 +24,11 @@ func BenchmarkApplyOneService(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("skipping: runs iptables inside a network namespace of its own; run as root")
 	}
-	for _, v := range []Variant{NFT, Legacy} {
+	for _, v := range []netfilter.Variant{netfilter.NFT, netfilter.Legacy} {
 		for _, n := range []int{100, 1000} {
 			b.Run(fmt.Sprintf("%s/services=%d", v, n), func(b *testing.B) {
 				run := &countingRunner{Runner: newNetNS(b)}
-				p := reconciledPlane(b, run, map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}, n)
+				p := reconciledPlane(b, run, map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)}, n)
 				run.reset()
 				b.ResetTimer()
 				for i := range b.N {
@@ -55,6 +56,7 @@ func BenchmarkReconcileFromEmpty(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("skipping: runs iptables inside a network namespace of its own; run as root")
 	}
+	nftSplitLines := netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4).SplitLines
 	cases := []struct {
 		n          int
 		splitLines int
@@ -69,9 +71,9 @@ func BenchmarkReconcileFromEmpty(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
 				run := &countingRunner{Runner: newNetNS(b)}
-				tools := ToolsFor(NFT, IPv4)
+				tools := netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)
 				tools.SplitLines = c.splitLines
-				p, err := New(Options{Runner: run, Families: map[Family]Tools{IPv4: tools}})
+				p, err := New(Options{Runner: run, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: tools}})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -88,7 +90,7 @@ func BenchmarkReconcileFromEmpty(b *testing.B) {
 }
 
 // reconciledPlane is a Plane over run that has written n benchServices.
-func reconciledPlane(b *testing.B, run Runner, tools map[Family]Tools, n int) *Plane {
+func reconciledPlane(b *testing.B, run netfilter.Runner, tools map[netfilter.Family]netfilter.Tools, n int) *Plane {
 	b.Helper()
 	p, err := New(Options{Runner: run, Families: tools})
 	if err != nil {
@@ -127,7 +129,7 @@ func benchService(i, generation int) *dataplane.ServicePort {
 
 // countingRunner counts the binaries a Plane runs and the time they take.
 type countingRunner struct {
-	Runner
+	netfilter.Runner
 	mu    sync.Mutex
 	calls int
 	in    time.Duration
@@ -164,7 +166,7 @@ func (r *countingRunner) totals() (int, time.Duration) {
 func BenchmarkDriftCheck(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			p := reconciledPlane(b, newFake(), map[Family]Tools{IPv4: ToolsFor(Legacy, IPv4)}, n)
+			p := reconciledPlane(b, newFake(), map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.Legacy, netfilter.IPv4)}, n)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {

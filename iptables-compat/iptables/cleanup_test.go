@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // allGolden is every golden case's ServicePorts at once: every shape of
@@ -45,20 +46,20 @@ func kprChains(save string) []string {
 // writeAndClean programs every golden ServicePort in both families of v,
 // adds the foreign rules, runs Cleanup and returns what each family's
 // tables hold afterwards.
-func writeAndClean(t *testing.T, r Runner, v Variant) map[Family]string {
+func writeAndClean(t *testing.T, r netfilter.Runner, v netfilter.Variant) map[netfilter.Family]string {
 	t.Helper()
-	p, err := New(Options{Runner: r, Families: map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}})
+	p, err := New(Options{Runner: r, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Reconcile(allGolden()); err != nil {
 		t.Fatal(err)
 	}
-	for _, fam := range []Family{IPv4, IPv6} {
-		if _, err := r.Run(ToolsFor(v, fam).Restore, []string{"--noflush"}, []byte(foreign)); err != nil {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		if _, err := r.Run(netfilter.ToolsFor(v, fam).Restore, []string{"--noflush"}, []byte(foreign)); err != nil {
 			t.Fatal(err)
 		}
-		out, err := r.Run(ToolsFor(v, fam).Save, nil, nil)
+		out, err := r.Run(netfilter.ToolsFor(v, fam).Save, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,9 +74,9 @@ func writeAndClean(t *testing.T, r Runner, v Variant) map[Family]string {
 	if n == 0 {
 		t.Error("Cleanup says it deleted no chain")
 	}
-	after := map[Family]string{}
-	for _, fam := range []Family{IPv4, IPv6} {
-		out, err := r.Run(ToolsFor(v, fam).Save, nil, nil)
+	after := map[netfilter.Family]string{}
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		out, err := r.Run(netfilter.ToolsFor(v, fam).Save, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +88,7 @@ func writeAndClean(t *testing.T, r Runner, v Variant) map[Family]string {
 	return after
 }
 
-func checkCleaned(t *testing.T, after map[Family]string) {
+func checkCleaned(t *testing.T, after map[netfilter.Family]string) {
 	t.Helper()
 	for fam, save := range after {
 		if left := kprChains(save); len(left) > 0 {
@@ -107,16 +108,16 @@ func checkCleaned(t *testing.T, after map[Family]string) {
 func TestCleanupRemovesEveryChainItWrites(t *testing.T) {
 	fake := newFake()
 	// Only the nft binaries are installed: legacy is skipped.
-	for _, fam := range []Family{IPv4, IPv6} {
-		tools := ToolsFor(Legacy, fam)
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		tools := netfilter.ToolsFor(netfilter.Legacy, fam)
 		fake.missing[tools.Save], fake.missing[tools.Restore] = true, true
 	}
-	checkCleaned(t, writeAndClean(t, fake, NFT))
+	checkCleaned(t, writeAndClean(t, fake, netfilter.NFT))
 }
 
 func TestCleanupInANetNS(t *testing.T) {
 	requireRoot(t)
-	for _, v := range []Variant{NFT, Legacy} {
+	for _, v := range []netfilter.Variant{netfilter.NFT, netfilter.Legacy} {
 		t.Run(string(v), func(t *testing.T) {
 			checkCleaned(t, writeAndClean(t, newNetNS(t), v))
 		})

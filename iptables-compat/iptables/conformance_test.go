@@ -11,6 +11,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // The iptables backend over the in-memory iptables passes the dataplane
@@ -18,7 +19,7 @@ import (
 // walks the chains (observe_test.go), so it sees what the rules do.
 func TestConformance(t *testing.T) {
 	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-		return conformanceBackend(t, newFake(), NFT, 0)
+		return conformanceBackend(t, newFake(), netfilter.NFT, 0)
 	})
 }
 
@@ -27,7 +28,7 @@ func TestConformance(t *testing.T) {
 // iptables-nft: every scenario must come out the same.
 func TestConformanceWithSplitWrites(t *testing.T) {
 	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-		return conformanceBackend(t, newFake(), NFT, 1)
+		return conformanceBackend(t, newFake(), netfilter.NFT, 1)
 	})
 }
 
@@ -35,9 +36,9 @@ func TestConformanceWithSplitWrites(t *testing.T) {
 // failure injector between them; Restart builds a second Plane over the
 // same tables. splitLines, when not 0, replaces the variant's
 // Tools.SplitLines.
-func conformanceBackend(t *testing.T, run Runner, v Variant, splitLines int) dataplanetest.Backend {
+func conformanceBackend(t *testing.T, run netfilter.Runner, v netfilter.Variant, splitLines int) dataplanetest.Backend {
 	failing := &failingRunner{Runner: run}
-	tools := map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}
+	tools := map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)}
 	if splitLines != 0 {
 		for fam, t := range tools {
 			t.SplitLines = splitLines
@@ -64,35 +65,35 @@ func conformanceBackend(t *testing.T, run Runner, v Variant, splitLines int) dat
 // tamperer changes the tables with iptables-restore of its own, as
 // another program on the node would.
 type tamperer struct {
-	run Runner
-	v   Variant
+	run netfilter.Runner
+	v   netfilter.Variant
 }
 
 func (tp tamperer) restore(k dataplanetest.Key, input string) error {
-	_, err := tp.run.Run(ToolsFor(tp.v, familyOf(k.Addr)).Restore, []string{"--noflush"}, []byte(input))
+	_, err := tp.run.Run(netfilter.ToolsFor(tp.v, netfilter.FamilyOf(k.Addr)).Restore, []string{"--noflush"}, []byte(input))
 	return err
 }
 
 // Remove deletes every rule that names k's destination from the shared
 // chains of both tables.
 func (tp tamperer) Remove(k dataplanetest.Key) error {
-	fam := familyOf(k.Addr)
+	fam := netfilter.FamilyOf(k.Addr)
 	for _, table := range []string{tableNAT, tableFilter} {
-		text, err := tp.run.Run(ToolsFor(tp.v, fam).Save, []string{"-t", table}, nil)
+		text, err := tp.run.Run(netfilter.ToolsFor(tp.v, fam).Save, []string{"-t", table}, nil)
 		if err != nil {
 			return err
 		}
-		parsed, err := parseSave(text)
+		parsed, err := netfilter.ParseSave(text)
 		if err != nil {
 			return err
 		}
 		var in bytes.Buffer
 		in.WriteString("*" + table + "\n")
-		for _, r := range parsed[table].rules {
-			d, err := parseAddr(ruleArg(r, "-d"))
-			if err == nil && d == k.Addr && ruleArg(r, "--dport") == strconv.Itoa(int(k.Port)) &&
-				parseProto(ruleArg(r, "-p")) == k.Protocol {
-				in.WriteString("-D " + r[1] + " " + joinWords(r[2:]) + "\n")
+		for _, r := range parsed[table].Rules {
+			d, err := parseAddr(netfilter.RuleArg(r, "-d"))
+			if err == nil && d == k.Addr && netfilter.RuleArg(r, "--dport") == strconv.Itoa(int(k.Port)) &&
+				netfilter.ParseProto(netfilter.RuleArg(r, "-p")) == k.Protocol {
+				in.WriteString("-D " + r[1] + " " + netfilter.JoinWords(r[2:]) + "\n")
 			}
 		}
 		in.WriteString("COMMIT\n")
@@ -107,7 +108,7 @@ func (tp tamperer) Remove(k dataplanetest.Key) error {
 // sends k to backends, named like a ServicePort's chains so that only a
 // full sync knows to delete it.
 func (tp tamperer) Redirect(k dataplanetest.Key, backends []dataplane.Backend) error {
-	proto := protoName(k.Protocol)
+	proto := netfilter.ProtoName(k.Protocol)
 	svc := prefixClusterPolicy + hash16("tamper "+k.String())
 	var in bytes.Buffer
 	in.WriteString("*nat\n:" + svc + " - [0:0]\n")

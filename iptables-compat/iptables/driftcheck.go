@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 var _ dataplane.DriftChecker = (*Plane)(nil)
@@ -27,7 +28,7 @@ func (p *Plane) StartDriftCheck() dataplane.DriftCheck {
 }
 
 type tableRef struct {
-	fam   Family
+	fam   netfilter.Family
 	table string
 }
 
@@ -60,7 +61,7 @@ type tableRead struct {
 	writes uint64 // the Plane's write count when the comparison began
 	done   chan struct{}
 	// saved, held and err are set before done is closed.
-	saved *savedTable
+	saved *netfilter.SavedTable
 	held  bool
 	err   error
 	// rejudged says saved was read for an earlier comparison.
@@ -127,7 +128,7 @@ func (p *Plane) startRead(ref tableRef) *tableRead {
 			r.err = err
 			return
 		}
-		parsed, err := parseSave(text)
+		parsed, err := netfilter.ParseSave(text)
 		if err != nil {
 			r.err = err
 			return
@@ -140,7 +141,7 @@ func (p *Plane) startRead(ref tableRef) *tableRead {
 
 // compareAgain compares a table already read with what the Plane holds
 // now, in the background as startRead does.
-func (p *Plane) compareAgain(ref tableRef, saved *savedTable) *tableRead {
+func (p *Plane) compareAgain(ref tableRef, saved *netfilter.SavedTable) *tableRead {
 	r := &tableRead{writes: p.writes, done: make(chan struct{}), saved: saved, rejudged: true}
 	rendered := p.rendered
 	go func() {
@@ -154,8 +155,8 @@ func (p *Plane) compareAgain(ref tableRef, saved *savedTable) *tableRead {
 // the base jumps, no per-ServicePort chain nobody owns, and every chain
 // the Plane writes with the same rules, compared by what each rule does,
 // since iptables-save reorders and respells matches.
-func holds(ref tableRef, saved *savedTable, rendered map[dataplane.ServicePortName]*renderedPort) bool {
-	if saved == nil || len(missingJumps(ref.table, saved)) > 0 {
+func holds(ref tableRef, saved *netfilter.SavedTable, rendered map[dataplane.ServicePortName]*renderedPort) bool {
+	if saved == nil || len(netfilter.MissingJumps(ref.table, baseJumps, saved)) > 0 {
 		return false
 	}
 	want := tableInputOf(ref.fam, ref.table, rendered, nil, nil, true)
@@ -171,7 +172,7 @@ func holds(ref tableRef, saved *savedTable, rendered map[dataplane.ServicePortNa
 		if !strings.HasPrefix(l, "-A ") {
 			return
 		}
-		words, err := splitWords(l)
+		words, err := netfilter.SplitWords(l)
 		if err != nil {
 			malformed = true
 			return
@@ -182,7 +183,7 @@ func holds(ref tableRef, saved *savedTable, rendered map[dataplane.ServicePortNa
 		return false
 	}
 	got := map[string][]string{}
-	for _, r := range saved.rules {
+	for _, r := range saved.Rules {
 		// A shared chain is the Plane's even when it writes no rule
 		// into it: a rule another program put there is drift.
 		if _, ours := expected[r[1]]; ours || slices.Contains(sharedChains(ref.table), r[1]) {
@@ -190,13 +191,13 @@ func holds(ref tableRef, saved *savedTable, rendered map[dataplane.ServicePortNa
 		}
 	}
 	for chain, rules := range expected {
-		if !saved.hasChain(chain) || !slices.Equal(got[chain], rules) {
+		if !saved.HasChain(chain) || !slices.Equal(got[chain], rules) {
 			return false
 		}
 	}
 	// A chain the Plane declares empty must be there and stay empty.
 	for _, c := range sharedChains(ref.table) {
-		if !saved.hasChain(c) || (expected[c] == nil && len(got[c]) > 0) {
+		if !saved.HasChain(c) || (expected[c] == nil && len(got[c]) > 0) {
 			return false
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // fakeIPTables stands in for iptables-save and iptables-restore (both
@@ -126,7 +128,7 @@ func (f *fakeIPTables) save(fam, only string) []byte {
 		}
 		for _, c := range t.order {
 			for _, r := range t.rules[c] {
-				b.WriteString("-A " + c + " " + joinWords(r) + "\n")
+				b.WriteString("-A " + c + " " + netfilter.JoinWords(r) + "\n")
 			}
 		}
 		b.WriteString("COMMIT\n")
@@ -179,7 +181,7 @@ func (f *fakeIPTables) restore(fam string, noflush bool, input []byte) error {
 			}
 			continue
 		}
-		words, err := splitWords(l)
+		words, err := netfilter.SplitWords(l)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -233,7 +235,7 @@ func (f *fakeIPTables) restore(fam string, noflush bool, input []byte) error {
 func (t *fakeTable) check(table string) error {
 	for _, c := range t.order {
 		for _, r := range t.rules[c] {
-			target := ruleArg(append([]string{"-A", c}, r...), "-j")
+			target := netfilter.RuleArg(append([]string{"-A", c}, r...), "-j")
 			if target == "" || standardTargets[target] {
 				continue
 			}
@@ -248,7 +250,7 @@ func (t *fakeTable) check(table string) error {
 // failingRunner fails the n-th restore (of any family) from the last
 // failAt call, counting restores only: they are the backend's writes.
 type failingRunner struct {
-	Runner
+	netfilter.Runner
 	mu       sync.Mutex
 	n, count int
 	err      error

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // Reading the tables back for `kpr explain`: what the kernel's rules do
@@ -18,9 +19,9 @@ import (
 
 // Tables is one reading of the nat and filter tables of every family.
 type Tables struct {
-	families []Family
-	masq     Masquerade
-	saved    map[Family]map[string]*savedTable
+	families []netfilter.Family
+	masq     netfilter.Masquerade
+	saved    map[netfilter.Family]map[string]*netfilter.SavedTable
 }
 
 // ReadTables reads the tables of o's families with iptables-save, through
@@ -30,7 +31,7 @@ func ReadTables(o Options) (*Tables, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tables{families: p.families, masq: p.masq, saved: map[Family]map[string]*savedTable{}}
+	t := &Tables{families: p.families, masq: p.masq, saved: map[netfilter.Family]map[string]*netfilter.SavedTable{}}
 	for _, fam := range p.families {
 		if t.saved[fam], err = p.save(fam); err != nil {
 			return nil, err
@@ -73,7 +74,7 @@ func (t *Tables) Inspect(sp *dataplane.ServicePort) PortRules {
 		nat, filter := t.saved[fam][tableNAT], t.saved[fam][tableFilter]
 		want := renderPort(sp, fam, t.masq)
 		for _, fe := range sp.Frontends {
-			if familyOf(fe.Addr) == fam && servable(fe) {
+			if netfilter.FamilyOf(fe.Addr) == fam && servable(fe) {
 				out.Frontends = append(out.Frontends, frontendRules(nat, filter, fe))
 			}
 		}
@@ -82,7 +83,7 @@ func (t *Tables) Inspect(sp *dataplane.ServicePort) PortRules {
 		}
 		shared := []struct {
 			table, chain string
-			saved        *savedTable
+			saved        *netfilter.SavedTable
 			want         []string
 		}{
 			{tableNAT, chainServices, nat, want.natServices},
@@ -93,25 +94,25 @@ func (t *Tables) Inspect(sp *dataplane.ServicePort) PortRules {
 		for _, s := range shared {
 			// Other ServicePorts share these chains: only the rules
 			// whose comment names this one are its.
-			compareRules(s.saved.rulesOf(s.chain, name), s.want, func(what, rule string) {
+			compareRules(rulesOf(s.saved, s.chain, name), s.want, func(what, rule string) {
 				diverge("%s %s %s: %s", s.table, s.chain, what, rule)
 			})
 		}
 		wantChains := map[string]bool{}
 		for _, c := range want.chains {
 			wantChains[c.name] = true
-			if !nat.hasChain(c.name) {
+			if !nat.HasChain(c.name) {
 				diverge("nat chain %s is missing (%s)", c.name, chainRole(c))
 				continue
 			}
-			compareRules(nat.rulesOf(c.name, ""), c.rules, func(what, rule string) {
+			compareRules(rulesOf(nat, c.name, ""), c.rules, func(what, rule string) {
 				diverge("nat %s %s: %s", c.name, what, rule)
 			})
 		}
 		// A chain of the ServicePort kpr does not write (an endpoint that
 		// left, added by hand) still catches traffic if something jumps
 		// to it.
-		for _, c := range nat.chainsOf(name) {
+		for _, c := range chainsOf(nat, name) {
 			if !wantChains[c] {
 				diverge("nat chain %s belongs to %s but kpr does not write it", c, name)
 			}
@@ -130,7 +131,7 @@ func compareRules(have [][]string, want []string, report func(what, rule string)
 	}
 	used := make([]bool, len(have))
 	for _, l := range want {
-		words, err := splitWords(l)
+		words, err := netfilter.SplitWords(l)
 		if err != nil {
 			report("cannot read kpr's own rule", l) // renderPort's output always splits
 			continue
@@ -163,8 +164,8 @@ func chainRole(c chain) string {
 	switch {
 	case strings.HasPrefix(c.name, prefixEndpoint):
 		for _, r := range c.rules {
-			if words, err := splitWords(r); err == nil && ruleArg(words, "--to-destination") != "" {
-				return "the endpoint " + ruleArg(words, "--to-destination")
+			if words, err := netfilter.SplitWords(r); err == nil && netfilter.RuleArg(words, "--to-destination") != "" {
+				return "the endpoint " + netfilter.RuleArg(words, "--to-destination")
 			}
 		}
 		return "an endpoint"
@@ -177,7 +178,7 @@ func chainRole(c chain) string {
 }
 
 // frontendRules follows fe through the saved tables.
-func frontendRules(nat, filter *savedTable, fe dataplane.Frontend) FrontendRules {
+func frontendRules(nat, filter *netfilter.SavedTable, fe dataplane.Frontend) FrontendRules {
 	fr := FrontendRules{
 		Frontend: netip.AddrPortFrom(fe.Addr.Unmap(), fe.Port).String() + "/" + fe.Protocol.String(),
 		Backends: []string{},
@@ -186,20 +187,20 @@ func frontendRules(nat, filter *savedTable, fe dataplane.Frontend) FrontendRules
 	if fe.Kind == dataplane.NodePort {
 		entry = chainNodePorts
 	}
-	for _, r := range nat.rulesOf(entry, "") {
+	for _, r := range rulesOf(nat, entry, "") {
 		if matchesFrontend(r, fe) {
-			fr.Jump = ruleArg(r, "-j")
+			fr.Jump = netfilter.RuleArg(r, "-j")
 			break
 		}
 	}
 	if fr.Jump != "" {
-		fr.Backends = nat.destinations(fr.Jump, map[string]bool{})
+		fr.Backends = destinations(nat, fr.Jump, map[string]bool{})
 		slices.Sort(fr.Backends)
 		fr.Backends = slices.Compact(fr.Backends)
 	}
 	for _, c := range []string{chainServices, chainExternalServices} {
-		for _, r := range filter.rulesOf(c, "") {
-			if matchesFrontend(r, fe) && (ruleArg(r, "-j") == "REJECT" || ruleArg(r, "-j") == "DROP") {
+		for _, r := range rulesOf(filter, c, "") {
+			if matchesFrontend(r, fe) && (netfilter.RuleArg(r, "-j") == "REJECT" || netfilter.RuleArg(r, "-j") == "DROP") {
 				fr.Rejected = true
 			}
 		}
@@ -209,25 +210,25 @@ func frontendRules(nat, filter *savedTable, fe dataplane.Frontend) FrontendRules
 
 // matchesFrontend reports whether rule r matches traffic to fe.
 func matchesFrontend(r []string, fe dataplane.Frontend) bool {
-	return normalAddr(ruleArg(r, "-d")) == fe.Addr.Unmap().String() &&
-		ruleArg(r, "--dport") == strconv.Itoa(int(fe.Port)) &&
-		ruleArg(r, "-p") == protoName(fe.Protocol)
+	return normalAddr(netfilter.RuleArg(r, "-d")) == fe.Addr.Unmap().String() &&
+		netfilter.RuleArg(r, "--dport") == strconv.Itoa(int(fe.Port)) &&
+		netfilter.RuleArg(r, "-p") == netfilter.ProtoName(fe.Protocol)
 }
 
 // destinations are the DNAT targets reachable from chain through the
 // backend's chains.
-func (t *savedTable) destinations(chain string, seen map[string]bool) []string {
+func destinations(t *netfilter.SavedTable, chain string, seen map[string]bool) []string {
 	if seen[chain] || !ownedChain(chain) {
 		return nil
 	}
 	seen[chain] = true
 	var out []string
-	for _, r := range t.rulesOf(chain, "") {
-		switch target := ruleArg(r, "-j"); {
+	for _, r := range rulesOf(t, chain, "") {
+		switch target := netfilter.RuleArg(r, "-j"); {
 		case target == "DNAT":
-			out = append(out, ruleArg(r, "--to-destination"))
+			out = append(out, netfilter.RuleArg(r, "--to-destination"))
 		case ownedChain(target):
-			out = append(out, t.destinations(target, seen)...)
+			out = append(out, destinations(t, target, seen)...)
 		}
 	}
 	return out
@@ -236,12 +237,12 @@ func (t *savedTable) destinations(chain string, seen map[string]bool) []string {
 // rulesOf returns the rules of chain; with a name, only those whose
 // comment is the ServicePort's name or starts with it and a blank, as
 // every comment kpr puts on a ServicePort's rules does.
-func (t *savedTable) rulesOf(chain, name string) [][]string {
+func rulesOf(t *netfilter.SavedTable, chain, name string) [][]string {
 	if t == nil {
 		return nil
 	}
 	var out [][]string
-	for _, r := range t.rules {
+	for _, r := range t.Rules {
 		if r[1] == chain && (name == "" || commentNames(r, name)) {
 			out = append(out, r)
 		}
@@ -251,12 +252,12 @@ func (t *savedTable) rulesOf(chain, name string) [][]string {
 
 // chainsOf returns the per-ServicePort chains with a rule commented with
 // name.
-func (t *savedTable) chainsOf(name string) []string {
+func chainsOf(t *netfilter.SavedTable, name string) []string {
 	if t == nil {
 		return nil
 	}
 	var out []string
-	for _, r := range t.rules {
+	for _, r := range t.Rules {
 		if ownedChain(r[1]) && commentNames(r, name) && !slices.Contains(out, r[1]) {
 			out = append(out, r[1])
 		}
@@ -265,7 +266,7 @@ func (t *savedTable) chainsOf(name string) []string {
 }
 
 func commentNames(r []string, name string) bool {
-	c := ruleArg(r, "--comment")
+	c := netfilter.RuleArg(r, "--comment")
 	return c == name || strings.HasPrefix(c, name+" ")
 }
 
@@ -301,12 +302,12 @@ func (t *Tables) Sizes() []Size {
 			if saved == nil {
 				continue
 			}
-			for _, c := range saved.chains {
+			for _, c := range saved.Chains {
 				if strings.HasPrefix(c, "KUBE-") {
 					s.Chains++
 				}
 			}
-			for _, r := range saved.rules {
+			for _, r := range saved.Rules {
 				if strings.HasPrefix(r[1], "KUBE-") {
 					s.Rules++
 				}

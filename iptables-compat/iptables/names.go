@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // Chains every sync writes in full. The names are kube-proxy's, so that a
@@ -61,9 +62,6 @@ func portName(n dataplane.ServicePortName) string {
 	return s
 }
 
-// protoName is the protocol as iptables and kube-proxy's hashes spell it.
-func protoName(p dataplane.Protocol) string { return strings.ToLower(p.String()) }
-
 // hash16 is kube-proxy's chain-name hash: the first 16 characters of the
 // base32 of the SHA-256 of s. Chain names must stay within 28 characters.
 func hash16(s string) string {
@@ -72,7 +70,7 @@ func hash16(s string) string {
 }
 
 func portProtoHash(n dataplane.ServicePortName) string {
-	return hash16(portName(n) + protoName(n.Protocol))
+	return hash16(portName(n) + netfilter.ProtoName(n.Protocol))
 }
 
 // clusterChain is KUBE-SVC-<hash>: every endpoint the ServicePort has.
@@ -94,5 +92,5 @@ func firewallChain(n dataplane.ServicePortName) string { return prefixFirewall +
 // endpointChain is KUBE-SEP-<hash> of one endpoint of the ServicePort.
 func endpointChain(n dataplane.ServicePortName, b dataplane.Backend) string {
 	ep := netip.AddrPortFrom(b.Addr.Unmap(), b.Port).String()
-	return prefixEndpoint + hash16(portName(n)+protoName(n.Protocol)+ep)
+	return prefixEndpoint + hash16(portName(n)+netfilter.ProtoName(n.Protocol)+ep)
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/tests/namedns"
 )
 
@@ -23,10 +24,10 @@ func requireRoot(t *testing.T) {
 // newNetNS creates an empty network namespace for the test and returns a
 // Runner whose every command runs inside it (ip netns exec), never in the
 // test's own namespace.
-func newNetNS(t testing.TB) Runner {
+func newNetNS(t testing.TB) netfilter.Runner {
 	t.Helper()
 	name := namedns.ForTest(t, "kpr-ipt-")
-	return ExecRunner{Prefix: []string{"ip", "netns", "exec", name}}
+	return netfilter.ExecRunner{Prefix: []string{"ip", "netns", "exec", name}}
 }
 
 // The conformance suite against the real binaries and kernel tables, of
@@ -35,7 +36,7 @@ func newNetNS(t testing.TB) Runner {
 // kernel took every rule as rendered.
 func TestConformanceInANetNS(t *testing.T) {
 	requireRoot(t)
-	for _, v := range []Variant{NFT, Legacy} {
+	for _, v := range []netfilter.Variant{netfilter.NFT, netfilter.Legacy} {
 		t.Run(string(v), func(t *testing.T) {
 			dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
 				return conformanceBackend(t, newNetNS(t), v, 0)
@@ -47,7 +48,7 @@ func TestConformanceInANetNS(t *testing.T) {
 	// jump to it, the deletions after the shared chains).
 	t.Run("nft-split", func(t *testing.T) {
 		dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-			return conformanceBackend(t, newNetNS(t), NFT, 1)
+			return conformanceBackend(t, newNetNS(t), netfilter.NFT, 1)
 		})
 	})
 }
@@ -57,11 +58,11 @@ func TestConformanceInANetNS(t *testing.T) {
 // rule, or every periodic sync would be a needless full rewrite.
 func TestDriftCheckHoldsOverRealTables(t *testing.T) {
 	requireRoot(t)
-	for _, v := range []Variant{NFT, Legacy} {
+	for _, v := range []netfilter.Variant{netfilter.NFT, netfilter.Legacy} {
 		for name, sps := range goldenCases() {
 			t.Run(string(v)+"/"+name, func(t *testing.T) {
 				run := newNetNS(t)
-				p, err := New(Options{Runner: run, Families: map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)}})
+				p, err := New(Options{Runner: run, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)}})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // The observer reads the tables back (iptables-save, of the fake or of a
@@ -22,16 +23,16 @@ import (
 // taken both ways, so every endpoint a connection can reach is found.
 
 // observed reads what the tables of both families serve.
-func observed(r Runner, v Variant) (dataplanetest.State, error) {
+func observed(r netfilter.Runner, v netfilter.Variant) (dataplanetest.State, error) {
 	out := dataplanetest.State{}
-	for _, fam := range []Family{IPv4, IPv6} {
-		tables := map[string]*savedTable{}
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		tables := map[string]*netfilter.SavedTable{}
 		for _, table := range []string{tableNAT, tableFilter} {
-			text, err := r.Run(ToolsFor(v, fam).Save, []string{"-t", table}, nil)
+			text, err := r.Run(netfilter.ToolsFor(v, fam).Save, []string{"-t", table}, nil)
 			if err != nil {
 				return nil, err
 			}
-			parsed, err := parseSave(text)
+			parsed, err := netfilter.ParseSave(text)
 			if err != nil {
 				return nil, err
 			}
@@ -51,10 +52,10 @@ type probe struct {
 	srcLocal bool
 }
 
-func observeFamily(tables map[string]*savedTable, out dataplanetest.State) error {
+func observeFamily(tables map[string]*netfilter.SavedTable, out dataplanetest.State) error {
 	for _, k := range candidates(tables) {
 		for _, tr := range []dataplanetest.Traffic{dataplanetest.Internal, dataplanetest.External} {
-			pr := probe{dst: k.Addr, port: k.Port, proto: protoName(k.Protocol), srcLocal: tr == dataplanetest.Internal}
+			pr := probe{dst: k.Addr, port: k.Port, proto: netfilter.ProtoName(k.Protocol), srcLocal: tr == dataplanetest.Internal}
 			start := "PREROUTING"
 			filterChains := []string{"INPUT", "FORWARD"}
 			if tr == dataplanetest.Internal {
@@ -106,15 +107,15 @@ func observeFamily(tables map[string]*savedTable, out dataplanetest.State) error
 
 // candidates are the destinations any rule names with an address, a
 // protocol and a port.
-func candidates(tables map[string]*savedTable) []dataplanetest.Key {
+func candidates(tables map[string]*netfilter.SavedTable) []dataplanetest.Key {
 	seen := map[dataplanetest.Key]bool{}
 	var out []dataplanetest.Key
 	for _, t := range tables {
 		if t == nil {
 			continue
 		}
-		for _, r := range t.rules {
-			d, port, proto := ruleArg(r, "-d"), ruleArg(r, "--dport"), ruleArg(r, "-p")
+		for _, r := range t.Rules {
+			d, port, proto := netfilter.RuleArg(r, "-d"), netfilter.RuleArg(r, "--dport"), netfilter.RuleArg(r, "-p")
 			if d == "" || port == "" || proto == "" || negated(r, "-d") {
 				continue
 			}
@@ -123,7 +124,7 @@ func candidates(tables map[string]*savedTable) []dataplanetest.Key {
 				continue
 			}
 			n, _ := strconv.Atoi(port)
-			k := dataplanetest.Key{Addr: a, Port: uint16(n), Protocol: parseProto(proto)}
+			k := dataplanetest.Key{Addr: a, Port: uint16(n), Protocol: netfilter.ParseProto(proto)}
 			if !seen[k] {
 				seen[k] = true
 				out = append(out, k)
@@ -148,16 +149,6 @@ func parseAddr(s string) (netip.Addr, error) {
 	return netip.ParseAddr(s)
 }
 
-func parseProto(s string) dataplane.Protocol {
-	switch s {
-	case "udp":
-		return dataplane.UDP
-	case "sctp":
-		return dataplane.SCTP
-	}
-	return dataplane.TCP
-}
-
 type outcome struct {
 	verdict  string
 	backend  dataplane.Backend
@@ -177,7 +168,7 @@ const (
 
 // walk follows chain for pr. It returns the verdicts reachable and whether
 // the walk can fall off the chain's end (or RETURN).
-func walk(t *savedTable, chainName string, pr probe, depth, affinity int) ([]outcome, bool, error) {
+func walk(t *netfilter.SavedTable, chainName string, pr probe, depth, affinity int) ([]outcome, bool, error) {
 	if t == nil {
 		return nil, true, nil
 	}
@@ -185,7 +176,7 @@ func walk(t *savedTable, chainName string, pr probe, depth, affinity int) ([]out
 		return nil, false, fmt.Errorf("jumps nest deeper than 16 at %s: a loop?", chainName)
 	}
 	var outs []outcome
-	for _, r := range t.rules {
+	for _, r := range t.Rules {
 		if r[1] != chainName {
 			continue
 		}
@@ -195,15 +186,15 @@ func walk(t *savedTable, chainName string, pr probe, depth, affinity int) ([]out
 		}
 		aff := affinity
 		if slices.Contains(r, "--rcheck") {
-			if s, err := strconv.Atoi(ruleArg(r, "--seconds")); err == nil {
+			if s, err := strconv.Atoi(netfilter.RuleArg(r, "--seconds")); err == nil {
 				aff = s
 			}
 		}
-		target := ruleArg(r, "-j")
+		target := netfilter.RuleArg(r, "-j")
 		terminal := false
 		switch target {
 		case "DNAT":
-			ap, err := netip.ParseAddrPort(ruleArg(r, "--to-destination"))
+			ap, err := netip.ParseAddrPort(netfilter.RuleArg(r, "--to-destination"))
 			if err != nil {
 				return nil, false, fmt.Errorf("DNAT in %s: %w", chainName, err)
 			}
@@ -218,7 +209,7 @@ func walk(t *savedTable, chainName string, pr probe, depth, affinity int) ([]out
 			}
 		case "MARK", "MASQUERADE", "SNAT", "":
 		default:
-			if !t.hasChain(target) {
+			if !t.HasChain(target) {
 				return nil, false, fmt.Errorf("%s jumps to %s, which does not exist", chainName, target)
 			}
 			sub, falls, err := walk(t, target, pr, depth+1, aff)
@@ -246,13 +237,13 @@ func walk(t *savedTable, chainName string, pr probe, depth, affinity int) ([]out
 
 // firewallRanges are the source addresses chain (a KUBE-FW-* chain) sends
 // on to be DNATed.
-func firewallRanges(t *savedTable, chain string) ([]netip.Prefix, error) {
+func firewallRanges(t *netfilter.SavedTable, chain string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
-	for _, r := range t.rules {
-		if r[1] != chain || ruleArg(r, "-j") == "" {
+	for _, r := range t.Rules {
+		if r[1] != chain || netfilter.RuleArg(r, "-j") == "" {
 			continue
 		}
-		s := ruleArg(r, "-s")
+		s := netfilter.RuleArg(r, "-s")
 		if s == "" || negated(r, "-s") {
 			return nil, fmt.Errorf("%s lets traffic through without a source match: %v", chain, r)
 		}

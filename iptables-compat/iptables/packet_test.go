@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/tests/harness"
 )
 
@@ -23,7 +24,7 @@ type inNetNS struct{ ns *harness.NetNS }
 
 func (c inNetNS) DeleteUDP(removed []dataplane.RemovedBackend) (n int, err error) {
 	doErr := harness.Do(c.ns, func() error {
-		n, err = NetlinkConntrack{}.DeleteUDP(removed)
+		n, err = netfilter.NetlinkConntrack{}.DeleteUDP(removed)
 		return nil
 	})
 	return n, errors.Join(doErr, err)
@@ -33,12 +34,12 @@ func (c inNetNS) DeleteUDP(removed []dataplane.RemovedBackend) (n int, err error
 // programming iptables inside it, and clients on the node and in a pod.
 func TestPacketsReachBackends(t *testing.T) {
 	requireRoot(t)
-	for _, v := range []Variant{NFT, Legacy} {
+	for _, v := range []netfilter.Variant{netfilter.NFT, netfilter.Legacy} {
 		t.Run(string(v), func(t *testing.T) { packetsReachBackends(t, v) })
 	}
 }
 
-func packetsReachBackends(t *testing.T, v Variant) {
+func packetsReachBackends(t *testing.T, v netfilter.Variant) {
 	node, err := harness.NewNode(t, harness.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -69,8 +70,8 @@ func packetsReachBackends(t *testing.T, v Variant) {
 		t.Fatal(err)
 	}
 	plane, err := New(Options{
-		Runner:    ExecRunner{Prefix: []string{"ip", "netns", "exec", node.NetNS.Name}},
-		Families:  map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)},
+		Runner:    netfilter.ExecRunner{Prefix: []string{"ip", "netns", "exec", node.NetNS.Name}},
+		Families:  map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)},
 		Conntrack: inNetNS{node.NetNS},
 		Log:       zaptest.NewLogger(t),
 	})

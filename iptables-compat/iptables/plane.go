@@ -3,58 +3,36 @@ package iptables
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 
 	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // Options configure a Plane.
 type Options struct {
 	// Runner runs the binaries; required.
-	Runner Runner
+	Runner netfilter.Runner
 	// Families maps each family the Plane programs to its binaries. A
 	// family left out is not programmed (its frontends are not served).
-	Families map[Family]Tools
+	Families map[netfilter.Family]netfilter.Tools
 	// Conntrack removes the entries of UDP backends that left; nil
 	// skips it.
-	Conntrack ConntrackCleaner
+	Conntrack netfilter.ConntrackCleaner
 	// Masquerade is kube-proxy's --masquerade-all and --cluster-cidr.
-	Masquerade Masquerade
+	Masquerade netfilter.Masquerade
 	Log        *zap.Logger
-}
-
-// Masquerade says which ClusterIP traffic kube-proxy's KUBE-SVC-* chains
-// mark for masquerading: all of it (--masquerade-all), or what does not
-// come from the pods (--cluster-cidr), so that a node reached through a
-// static route to the Service range answers through itself. Neither marks
-// none, as kube-proxy without a local-traffic detector.
-type Masquerade struct {
-	All bool
-	// ClusterCIDRs are the pod ranges, at most one per family (kube-proxy's
-	// limit); traffic from outside them is masqueraded.
-	ClusterCIDRs []netip.Prefix
-}
-
-// clusterCIDR is the pod range of fam, if one was given.
-func (m Masquerade) clusterCIDR(fam Family) (netip.Prefix, bool) {
-	for _, c := range m.ClusterCIDRs {
-		if familyOf(c.Addr()) == fam {
-			return c, true
-		}
-	}
-	return netip.Prefix{}, false
 }
 
 // Plane is the iptables dataplane.Dataplane.
 type Plane struct {
-	run       Runner
-	families  []Family
-	tools     map[Family]Tools
-	conntrack ConntrackCleaner
-	masq      Masquerade
+	run       netfilter.Runner
+	families  []netfilter.Family
+	tools     map[netfilter.Family]netfilter.Tools
+	conntrack netfilter.ConntrackCleaner
+	masq      netfilter.Masquerade
 	log       *zap.Logger
 
 	// programmed is what the tables hold as far as this Plane wrote them.
@@ -64,7 +42,7 @@ type Plane struct {
 	rendered map[dataplane.ServicePortName]*renderedPort
 	// checked is set once the Plane has read a family's tables and put
 	// the base jumps in place; every Reconcile checks again.
-	checked map[Family]bool
+	checked map[netfilter.Family]bool
 	// dirty is set by a failed call and cleared by a successful
 	// Reconcile: until then no drift check vouches for the tables.
 	dirty bool
@@ -76,7 +54,7 @@ type Plane struct {
 
 type renderedPort struct {
 	sp    *dataplane.ServicePort
-	rules map[Family]*portRules
+	rules map[netfilter.Family]*portRules
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -90,12 +68,12 @@ func New(o Options) (*Plane, error) {
 		run: o.Runner, tools: o.Families, conntrack: o.Conntrack, masq: o.Masquerade, log: o.Log,
 		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		rendered:   map[dataplane.ServicePortName]*renderedPort{},
-		checked:    map[Family]bool{},
+		checked:    map[netfilter.Family]bool{},
 	}
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		if _, ok := o.Families[f]; ok {
 			p.families = append(p.families, f)
 		}
@@ -159,7 +137,7 @@ func clone(m map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane
 // (Tools.SplitLines), and how to undo it should a later write of the same
 // call fail.
 type tableWrite struct {
-	fam   Family
+	fam   netfilter.Family
 	table string
 	parts [][]byte
 	// back renders the undo, split as the write was, only when needed.
@@ -187,7 +165,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 
 	var writes []tableWrite
 	for _, fam := range p.families {
-		var saved map[string]*savedTable
+		var saved map[string]*netfilter.SavedTable
 		if full || !p.checked[fam] {
 			var err error
 			if saved, err = p.save(fam); err != nil {
@@ -201,7 +179,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		for _, table := range tables {
 			fwd := tableInputOf(fam, table, nextRendered, p.rendered, changed, whole)
 			if whole {
-				fwd.jumps = missingJumps(table, saved[table])
+				fwd.jumps = netfilter.MissingJumps(table, baseJumps, saved[table])
 				if full && table == tableNAT {
 					fwd.remove = mergeNames(fwd.remove, staleChains(saved[table], fwd.ports))
 				}
@@ -255,12 +233,12 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 	for _, fam := range p.families {
 		p.checked[fam] = true
 	}
-	DeleteRemovedUDP(p.conntrack, removed, p.log)
+	netfilter.DeleteRemovedUDP(p.conntrack, removed, p.log)
 	return nil
 }
 
-func render(sp *dataplane.ServicePort, families []Family, masq Masquerade) *renderedPort {
-	r := &renderedPort{sp: sp, rules: map[Family]*portRules{}}
+func render(sp *dataplane.ServicePort, families []netfilter.Family, masq netfilter.Masquerade) *renderedPort {
+	r := &renderedPort{sp: sp, rules: map[netfilter.Family]*portRules{}}
 	for _, fam := range families {
 		pr := renderPort(sp, fam, masq)
 		r.rules[fam] = &pr
@@ -273,7 +251,7 @@ func render(sp *dataplane.ServicePort, families []Family, masq Masquerade) *rend
 // state being left) had and state does not. A whole input writes every
 // shared chain and every changed ServicePort's chains; otherwise only what
 // differs from other is written.
-func tableInputOf(fam Family, table string, state, other map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName, whole bool) tableInput {
+func tableInputOf(fam netfilter.Family, table string, state, other map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName, whole bool) tableInput {
 	in := tableInput{fam: fam, table: table}
 	for _, c := range sharedChainsOf(table) {
 		if whole || slices.ContainsFunc(changed, func(n dataplane.ServicePortName) bool {
@@ -321,7 +299,7 @@ func tableInputOf(fam Family, table string, state, other map[dataplane.ServicePo
 
 // rulesOf is the ServicePort's rules in fam, nil for a ServicePort not
 // rendered.
-func (r *renderedPort) rulesOf(fam Family) *portRules {
+func (r *renderedPort) rulesOf(fam netfilter.Family) *portRules {
 	if r == nil {
 		return nil
 	}
@@ -357,14 +335,14 @@ func compareNames(a, b dataplane.ServicePortName) int {
 	return 0
 }
 
-func (p *Plane) save(fam Family) (map[string]*savedTable, error) {
-	out := map[string]*savedTable{}
+func (p *Plane) save(fam netfilter.Family) (map[string]*netfilter.SavedTable, error) {
+	out := map[string]*netfilter.SavedTable{}
 	for _, table := range tables {
 		text, err := p.run.Run(p.tools[fam].Save, []string{"-t", table}, nil)
 		if err != nil {
 			return nil, fmt.Errorf("read the %s %s table: %w", fam, table, err)
 		}
-		parsed, err := parseSave(text)
+		parsed, err := netfilter.ParseSave(text)
 		if err != nil {
 			return nil, fmt.Errorf("read the %s %s table: %w", fam, table, err)
 		}
@@ -376,7 +354,7 @@ func (p *Plane) save(fam Family) (map[string]*savedTable, error) {
 
 // restoreAll runs the transactions in order, stopping at the first that
 // fails.
-func (p *Plane) restoreAll(fam Family, inputs [][]byte) error {
+func (p *Plane) restoreAll(fam netfilter.Family, inputs [][]byte) error {
 	for _, in := range inputs {
 		if err := p.restore(fam, in); err != nil {
 			return err
@@ -393,7 +371,7 @@ func renderAll(ins []tableInput) [][]byte {
 	return out
 }
 
-func (p *Plane) restore(fam Family, input []byte) error {
+func (p *Plane) restore(fam netfilter.Family, input []byte) error {
 	_, err := p.run.Run(p.tools[fam].Restore, []string{"--noflush"}, input)
 	return err
 }

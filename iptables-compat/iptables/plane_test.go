@@ -13,6 +13,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 type testPlane struct {
@@ -26,7 +27,7 @@ func newTestPlane(t *testing.T) testPlane {
 	fake := newFake()
 	failing := &failingRunner{Runner: fake}
 	ct := &recordingCleaner{}
-	p, err := New(Options{Runner: failing, Families: map[Family]Tools{IPv4: ToolsFor(NFT, IPv4), IPv6: ToolsFor(NFT, IPv6)},
+	p, err := New(Options{Runner: failing, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6)},
 		Conntrack: ct, Log: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +37,7 @@ func newTestPlane(t *testing.T) testPlane {
 
 func (tp testPlane) served(t *testing.T) dataplanetest.State {
 	t.Helper()
-	s, err := observed(tp.fake, NFT)
+	s, err := observed(tp.fake, netfilter.NFT)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,52 +257,6 @@ func TestConntrackOfRemovedUDPBackends(t *testing.T) {
 	}
 }
 
-func TestDetectVariant(t *testing.T) {
-	rule := []byte("*filter\n-A INPUT -j ACCEPT\nCOMMIT\n")
-	for _, tc := range []struct {
-		name    string
-		setup   func(v *variantFake)
-		want    Variant
-		wantErr bool
-	}{
-		{"rules only in legacy", func(v *variantFake) { v.legacy.Run("iptables-legacy-restore", nil, rule) }, Legacy, false},
-		{"rules only in nft", func(v *variantFake) { v.nft.Run("iptables-nft-restore", nil, rule) }, NFT, false},
-		{"nothing anywhere, iptables says legacy", func(v *variantFake) { v.nft.versionOut = "iptables v1.8.7 (legacy)" }, Legacy, false},
-		{"nothing anywhere, iptables says nf_tables", func(v *variantFake) {}, NFT, false},
-		{"no legacy binary", func(v *variantFake) { v.legacy.missing["iptables-legacy-save"] = true }, NFT, false},
-		{"no nft binary", func(v *variantFake) { v.nft.missing["iptables-nft-save"] = true }, Legacy, false},
-		{"no binary", func(v *variantFake) {
-			v.nft.missing["iptables-nft-save"], v.legacy.missing["iptables-legacy-save"] = true, true
-		}, "", true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			// The two variants are two sets of tables in the kernel.
-			v := &variantFake{nft: newFake(), legacy: newFake()}
-			tc.setup(v)
-			got, why, err := DetectVariant(v)
-			if tc.wantErr {
-				if err == nil || !strings.Contains(err.Error(), "install") {
-					t.Fatalf("DetectVariant = %s, %v; want an error saying what to install", got, err)
-				}
-				return
-			}
-			if err != nil || got != tc.want || why == "" {
-				t.Fatalf("DetectVariant = %s (%q), %v; want %s with a reason", got, why, err, tc.want)
-			}
-		})
-	}
-}
-
-// variantFake routes each variant's binaries to tables of their own.
-type variantFake struct{ nft, legacy *fakeIPTables }
-
-func (v *variantFake) Run(name string, args []string, stdin []byte) ([]byte, error) {
-	if strings.Contains(name, "legacy") {
-		return v.legacy.Run(name, args, stdin)
-	}
-	return v.nft.Run(name, args, stdin)
-}
-
 func runDriftCheck(t *testing.T, p *Plane) bool {
 	t.Helper()
 	held, err := dataplanetest.RunDriftCheck(p)
@@ -344,9 +299,9 @@ func TestDriftCheckAfterAFailedCall(t *testing.T) {
 // shared chains last, and the tables serve every Service.
 func TestLargeWriteGoesInParts(t *testing.T) {
 	fake := newFake()
-	tools := ToolsFor(NFT, IPv4)
+	tools := netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)
 	tools.SplitLines = 100
-	p, err := New(Options{Runner: fake, Families: map[Family]Tools{IPv4: tools}, Log: zaptest.NewLogger(t)})
+	p, err := New(Options{Runner: fake, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: tools}, Log: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +353,7 @@ func TestLargeWriteGoesInParts(t *testing.T) {
 			t.Errorf("chain %s declared in %d transactions, want 1", c, n)
 		}
 	}
-	s, err := observed(fake, NFT)
+	s, err := observed(fake, netfilter.NFT)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +369,7 @@ func TestLargeWriteGoesInParts(t *testing.T) {
 func TestDriftCheckDoesNotHoldUpApply(t *testing.T) {
 	fake := newFake()
 	gate := &heldSaves{Runner: fake, release: make(chan struct{})}
-	p, err := New(Options{Runner: gate, Families: map[Family]Tools{IPv4: ToolsFor(NFT, IPv4)}, Log: zaptest.NewLogger(t)})
+	p, err := New(Options{Runner: gate, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}, Log: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +411,7 @@ func TestDriftCheckDoesNotHoldUpApply(t *testing.T) {
 // heldSaves holds every iptables-save while hold is set, until release is
 // closed; restores pass at once.
 type heldSaves struct {
-	Runner
+	netfilter.Runner
 	hold    atomic.Bool
 	release chan struct{}
 	saves   atomic.Int32

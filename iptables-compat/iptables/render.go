@@ -9,30 +9,8 @@ import (
 	"strings"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
-
-// Family is an IP family; iptables programs IPv4, ip6tables IPv6, each in
-// tables of its own with the same chain names.
-type Family uint8
-
-const (
-	IPv4 Family = iota
-	IPv6
-)
-
-func (f Family) String() string {
-	if f == IPv6 {
-		return "IPv6"
-	}
-	return "IPv4"
-}
-
-func familyOf(a netip.Addr) Family {
-	if a.Unmap().Is4() {
-		return IPv4
-	}
-	return IPv6
-}
 
 // chain is one per-ServicePort nat chain: its name and its rules, each a
 // complete "-A <name> ..." line of iptables-restore input.
@@ -76,8 +54,6 @@ func line(words ...string) string { return strings.Join(words, " ") }
 
 // comment is the comment match kube-proxy puts on its rules; quoted, as
 // iptables-restore reads it.
-func comment(text string) string { return `-m comment --comment "` + text + `"` }
-
 // renderPort renders the frontends of sp that belong to fam. It is pure:
 // the same ServicePort always renders to the same lines.
 //
@@ -104,14 +80,14 @@ func comment(text string) string { return `-m comment --comment "` + text + `"` 
 // kpr's frontends carry their addresses, NodePorts too, so every rule
 // matches its destination address (kube-proxy matches NodePorts by port
 // on every local address).
-func renderPort(sp *dataplane.ServicePort, fam Family, masq Masquerade) portRules {
+func renderPort(sp *dataplane.ServicePort, fam netfilter.Family, masq netfilter.Masquerade) portRules {
 	var out portRules
 	name := portName(sp.Name)
-	proto := protoName(sp.Name.Protocol)
+	proto := netfilter.ProtoName(sp.Name.Protocol)
 
 	var fes []dataplane.Frontend
 	for _, fe := range sp.Frontends {
-		if familyOf(fe.Addr) == fam && servable(fe) {
+		if netfilter.FamilyOf(fe.Addr) == fam && servable(fe) {
 			fes = append(fes, fe)
 		}
 	}
@@ -145,19 +121,19 @@ func renderPort(sp *dataplane.ServicePort, fam Family, masq Masquerade) portRule
 				fw := pol.firewall(target, ranges)
 				target = fw.name
 				out.filterFirewall = append(out.filterFirewall,
-					line("-A", chainProxyFirewall, comment(name+" traffic not accepted by "+fw.name), line(dest...), "-j", "DROP"))
+					line("-A", chainProxyFirewall, netfilter.Comment(name+" traffic not accepted by "+fw.name), line(dest...), "-j", "DROP"))
 			}
 			switch fe.Kind {
 			case dataplane.NodePort:
-				out.natNodePorts = append(out.natNodePorts, line("-A", chainNodePorts, comment(name), line(dest...), "-j", target))
+				out.natNodePorts = append(out.natNodePorts, line("-A", chainNodePorts, netfilter.Comment(name), line(dest...), "-j", target))
 			default:
 				out.natServices = append(out.natServices,
-					line("-A", chainServices, comment(name+" "+kindComment(fe.Kind)), line(dest...), "-j", target))
+					line("-A", chainServices, netfilter.Comment(name+" "+kindComment(fe.Kind)), line(dest...), "-j", target))
 			}
 		}
 		if internal.empty() {
 			out.filterServices = append(out.filterServices,
-				line("-A", chainServices, comment(name+" has no endpoints"), line(dest...), "-j", "REJECT"))
+				line("-A", chainServices, netfilter.Comment(name+" has no endpoints"), line(dest...), "-j", "REJECT"))
 		}
 		if external.empty() && !direct {
 			target, why := "DROP", " has no local endpoints"
@@ -165,7 +141,7 @@ func renderPort(sp *dataplane.ServicePort, fam Family, masq Masquerade) portRule
 				target, why = "REJECT", " has no endpoints"
 			}
 			out.filterExternal = append(out.filterExternal,
-				line("-A", chainExternalServices, comment(name+why), line(dest...), "-j", target))
+				line("-A", chainExternalServices, netfilter.Comment(name+why), line(dest...), "-j", target))
 		}
 	}
 
@@ -223,12 +199,12 @@ func (s *backendSet) markMasq(words []string) {
 // clusterIPMasquerade is the rule that marks traffic to a ClusterIP for
 // masquerading, as kube-proxy writes it at the head of the Service's
 // internal chain; nil when masq marks nothing.
-func clusterIPMasquerade(masq Masquerade, fam Family, name string, dest []string) []string {
-	words := append([]string{comment(name + " cluster IP")}, dest...)
+func clusterIPMasquerade(masq netfilter.Masquerade, fam netfilter.Family, name string, dest []string) []string {
+	words := append([]string{netfilter.Comment(name + " cluster IP")}, dest...)
 	if masq.All {
 		return append(words, "-j", chainMarkMasq)
 	}
-	if cidr, ok := masq.clusterCIDR(fam); ok {
+	if cidr, ok := masq.ClusterCIDR(fam); ok {
 		return append(words, "!", "-s", cidr.String(), "-j", chainMarkMasq)
 	}
 	return nil
@@ -245,7 +221,7 @@ func (s *backendSet) empty() bool { return s == nil || len(s.backends) == 0 }
 // served, by a KUBE-SVL-* chain whose hash also covers its rank.
 type policies struct {
 	name dataplane.ServicePortName
-	fam  Family
+	fam  netfilter.Family
 	sets []*backendSet
 	exts []*extChain
 	fws  []*fwChain
@@ -270,7 +246,7 @@ func (p *policies) firewall(next string, ranges []netip.Prefix) *fwChain {
 	}
 	f := &fwChain{name: firewallChain(p.name), next: next, ranges: ranges}
 	if rank := len(p.fws); rank > 0 {
-		f.name = prefixFirewall + hash16(portName(p.name)+protoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
+		f.name = prefixFirewall + hash16(portName(p.name)+netfilter.ProtoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
 	}
 	p.fws = append(p.fws, f)
 	return f
@@ -282,9 +258,9 @@ func (p *policies) firewall(next string, ranges []netip.Prefix) *fwChain {
 func (f *fwChain) render(name string) chain {
 	c := chain{name: f.name}
 	for _, r := range f.ranges {
-		c.rules = append(c.rules, line("-A", c.name, comment(name+" loadbalancer IP"), "-s", r.String(), "-j", f.next))
+		c.rules = append(c.rules, line("-A", c.name, netfilter.Comment(name+" loadbalancer IP"), "-s", r.String(), "-j", f.next))
 	}
-	c.rules = append(c.rules, line("-A", c.name, comment("other traffic to "+name+" will be dropped by "+chainProxyFirewall)))
+	c.rules = append(c.rules, line("-A", c.name, netfilter.Comment("other traffic to "+name+" will be dropped by "+chainProxyFirewall)))
 	return c
 }
 
@@ -309,13 +285,13 @@ func (p *policies) external(internal, external *backendSet, local bool) *extChai
 	}
 	e := &extChain{name: externalChain(p.name), internal: internal, external: external, local: local}
 	if rank := len(p.exts); rank > 0 {
-		e.name = prefixExternal + hash16(portName(p.name)+protoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
+		e.name = prefixExternal + hash16(portName(p.name)+netfilter.ProtoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
 	}
 	p.exts = append(p.exts, e)
 	return e
 }
 
-func newPolicies(n dataplane.ServicePortName, fes []dataplane.Frontend, fam Family) *policies {
+func newPolicies(n dataplane.ServicePortName, fes []dataplane.Frontend, fam netfilter.Family) *policies {
 	p := &policies{name: n, fam: fam}
 	first := fes[0].Backends
 	for _, fe := range fes {
@@ -332,7 +308,7 @@ func newPolicies(n dataplane.ServicePortName, fes []dataplane.Frontend, fam Fami
 func (p *policies) set(backends []dataplane.Backend) *backendSet {
 	var bs []dataplane.Backend
 	for _, b := range backends {
-		if familyOf(b.Addr) == p.fam {
+		if netfilter.FamilyOf(b.Addr) == p.fam {
 			bs = append(bs, dataplane.Backend{Addr: b.Addr.Unmap(), Port: b.Port})
 		}
 	}
@@ -358,7 +334,7 @@ func (p *policies) chainName(rank int) string {
 	case 1:
 		return localChain(p.name)
 	}
-	return prefixLocalPolicy + hash16(portName(p.name)+protoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
+	return prefixLocalPolicy + hash16(portName(p.name)+netfilter.ProtoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
 }
 
 func compareBackends(a, b dataplane.Backend) int {
@@ -375,7 +351,7 @@ func (e *extChain) render(name string) chain {
 	if !e.local {
 		// Cluster policy: masquerade, since the endpoint may be on
 		// another node and must answer through this one.
-		add(comment("masquerade traffic for "+name+" external destinations"), "-j", chainMarkMasq)
+		add(netfilter.Comment("masquerade traffic for "+name+" external destinations"), "-j", chainMarkMasq)
 		add("-j", e.internal.chain)
 		return c
 	}
@@ -383,11 +359,11 @@ func (e *extChain) render(name string) chain {
 	// stays on this node. Traffic of the node itself still goes to its
 	// own set (every endpoint), masqueraded because its source is a node
 	// address.
-	add(comment("masquerade LOCAL traffic for "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq)
+	add(netfilter.Comment("masquerade LOCAL traffic for "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq)
 	if e.internal.empty() {
-		add(comment("no endpoints for LOCAL traffic to "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", "RETURN")
+		add(netfilter.Comment("no endpoints for LOCAL traffic to "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", "RETURN")
 	} else {
-		add(comment("route LOCAL traffic for "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", e.internal.chain)
+		add(netfilter.Comment("route LOCAL traffic for "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", e.internal.chain)
 	}
 	if !e.external.empty() {
 		add("-j", e.external.chain)
@@ -414,11 +390,11 @@ func (p *policies) chains(sp *dataplane.ServicePort, name, proto string) []chain
 		if affinity > 0 {
 			for _, b := range s.backends {
 				sep := endpointChain(sp.Name, b)
-				add(comment(name+" -> "+b.String()), "-m", "recent", "--name", sep, "--rcheck", "--seconds", strconv.Itoa(affinity), "--reap", "-j", sep)
+				add(netfilter.Comment(name+" -> "+b.String()), "-m", "recent", "--name", sep, "--rcheck", "--seconds", strconv.Itoa(affinity), "--reap", "-j", sep)
 			}
 		}
 		for i, b := range s.backends {
-			words := []string{comment(name + " -> " + b.String())}
+			words := []string{netfilter.Comment(name + " -> " + b.String())}
 			if left := len(s.backends) - i; left > 1 {
 				words = append(words, "-m", "statistic", "--mode", "random", "--probability", probability(left))
 			}
@@ -435,8 +411,8 @@ func (p *policies) chains(sp *dataplane.ServicePort, name, proto string) []chain
 		add := func(words ...string) { c.rules = append(c.rules, line(append([]string{"-A", c.name}, words...)...)) }
 		// Hairpin: an endpoint reaching itself through the Service must
 		// be masqueraded, or it answers itself directly.
-		add(comment(name), "-s", b.Addr.String(), "-j", chainMarkMasq)
-		dnat := []string{comment(name)}
+		add(netfilter.Comment(name), "-s", b.Addr.String(), "-j", chainMarkMasq)
+		dnat := []string{netfilter.Comment(name)}
 		if affinity > 0 {
 			dnat = append(dnat, "-m", "recent", "--name", c.name, "--set")
 		}

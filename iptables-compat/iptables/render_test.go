@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the renderer's output")
@@ -103,18 +104,18 @@ func goldenCases() map[string][]*dataplane.ServicePort {
 
 // fullSyncInput is what a full sync of sps writes into tables that hold
 // nothing yet, per family and table.
-func fullSyncInput(sps []*dataplane.ServicePort, masq Masquerade) []byte {
+func fullSyncInput(sps []*dataplane.ServicePort, masq netfilter.Masquerade) []byte {
 	var out bytes.Buffer
 	rendered := map[dataplane.ServicePortName]*renderedPort{}
 	var names []dataplane.ServicePortName
 	for _, sp := range sps {
-		rendered[sp.Name] = render(sp, []Family{IPv4, IPv6}, masq)
+		rendered[sp.Name] = render(sp, []netfilter.Family{netfilter.IPv4, netfilter.IPv6}, masq)
 		names = append(names, sp.Name)
 	}
-	for _, fam := range []Family{IPv4, IPv6} {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		for _, table := range tables {
 			in := tableInputOf(fam, table, rendered, nil, names, true)
-			in.jumps = missingJumps(table, nil)
+			in.jumps = netfilter.MissingJumps(table, baseJumps, nil)
 			out.WriteString("# " + fam.String() + "\n")
 			out.Write(in.render())
 		}
@@ -125,8 +126,8 @@ func fullSyncInput(sps []*dataplane.ServicePort, masq Masquerade) []byte {
 // masqueradeCases render a Cluster and a Local internal policy Service, a
 // NodePort and a dual-stack one under kube-proxy's --masquerade-all and
 // --cluster-cidr, one golden file each.
-func masqueradeCases() map[string]Masquerade {
-	return map[string]Masquerade{
+func masqueradeCases() map[string]netfilter.Masquerade {
+	return map[string]netfilter.Masquerade{
 		"masquerade-all": {All: true},
 		"cluster-cidr":   {ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}},
 	}
@@ -146,7 +147,7 @@ func masqueradeServices() []*dataplane.ServicePort {
 func TestRenderGolden(t *testing.T) {
 	inputs := map[string]func() []byte{}
 	for name, sps := range goldenCases() {
-		inputs[name] = func() []byte { return fullSyncInput(sps, Masquerade{}) }
+		inputs[name] = func() []byte { return fullSyncInput(sps, netfilter.Masquerade{}) }
 	}
 	for name, masq := range masqueradeCases() {
 		inputs[name] = func() []byte { return fullSyncInput(masqueradeServices(), masq) }

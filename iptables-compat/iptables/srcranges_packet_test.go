@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/tests/harness"
 )
 
@@ -18,12 +19,12 @@ import (
 // the ranges go, both are served.
 func TestLoadBalancerSourceRangesPackets(t *testing.T) {
 	requireRoot(t)
-	for _, v := range []Variant{NFT, Legacy} {
+	for _, v := range []netfilter.Variant{netfilter.NFT, netfilter.Legacy} {
 		t.Run(string(v), func(t *testing.T) { sourceRangesPackets(t, v) })
 	}
 }
 
-func sourceRangesPackets(t *testing.T, v Variant) {
+func sourceRangesPackets(t *testing.T, v netfilter.Variant) {
 	node, err := harness.NewNode(t, harness.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -52,8 +53,8 @@ func sourceRangesPackets(t *testing.T, v Variant) {
 		t.Fatal(err)
 	}
 	plane, err := New(Options{
-		Runner:   ExecRunner{Prefix: []string{"ip", "netns", "exec", node.NetNS.Name}},
-		Families: map[Family]Tools{IPv4: ToolsFor(v, IPv4), IPv6: ToolsFor(v, IPv6)},
+		Runner:   netfilter.ExecRunner{Prefix: []string{"ip", "netns", "exec", node.NetNS.Name}},
+		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)},
 		Log:      zaptest.NewLogger(t),
 	})
 	if err != nil {

@@ -1,8 +1,9 @@
 package iptables
 
 import (
-	"bytes"
 	"slices"
+
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // The two tables the backend writes, each in a transaction of its own: an
@@ -16,29 +17,15 @@ const (
 // tables is the order of the transactions of one family.
 var tables = []string{tableFilter, tableNAT}
 
-// baseJump is a rule in a built-in chain that sends traffic to one of the
-// backend's chains; kube-proxy's, with its comments, so that either finds
-// the other's.
-type baseJump struct {
-	table, chain string
-	// args follow "-A <chain>", as restore input.
-	args string
-	// target and comment identify the rule in iptables-save output, which
-	// reorders and respells matches.
-	target, comment string
-}
-
-func jumpRule(table, builtin, match, text, target string) baseJump {
-	args := comment(text) + " -j " + target
-	if match != "" {
-		args = match + " " + args
-	}
-	return baseJump{table: table, chain: builtin, args: args, target: target, comment: text}
+// jumpRule is a base jump with kube-proxy's comment, so that either
+// finds the other's.
+func jumpRule(table, builtin, match, text, target string) netfilter.BaseJump {
+	return netfilter.BaseJump{Table: table, Chain: builtin, Match: match, Comment: text, Target: target}
 }
 
 const newConn = "-m conntrack --ctstate NEW"
 
-var baseJumps = []baseJump{
+var baseJumps = []netfilter.BaseJump{
 	jumpRule(tableNAT, "PREROUTING", "", "kubernetes service portals", chainServices),
 	jumpRule(tableNAT, "OUTPUT", "", "kubernetes service portals", chainServices),
 	jumpRule(tableNAT, "POSTROUTING", "", "kubernetes postrouting rules", chainPostrouting),
@@ -52,17 +39,6 @@ var baseJumps = []baseJump{
 	jumpRule(tableFilter, "FORWARD", newConn, "kubernetes load balancer firewall", chainProxyFirewall),
 }
 
-// missingJumps returns the base jumps of table that saved lacks.
-func missingJumps(table string, saved *savedTable) []baseJump {
-	var out []baseJump
-	for _, j := range baseJumps {
-		if j.table == table && !saved.hasJump(j) {
-			out = append(out, j)
-		}
-	}
-	return out
-}
-
 // sharedChain is a chain the rules of many ServicePorts go into. A sync
 // that reads the tables first (the first one, and every full one) writes
 // each shared chain whole; a partial sync writes one only when a changed
@@ -73,7 +49,7 @@ type sharedChain struct {
 	table, name string
 	// head and tail are the chain's fixed rules, before and after the
 	// ServicePorts' lines; nil for none.
-	head, tail func(fam Family) []string
+	head, tail func(fam netfilter.Family) []string
 	// lines are one ServicePort's rules in the chain; nil for a chain
 	// that has only fixed rules.
 	lines func(r *portRules) []string
@@ -89,24 +65,26 @@ var sharedChainList = []sharedChain{
 		// The mark is cleared so a packet masqueraded here is not
 		// masqueraded again if it re-enters netfilter.
 		"-A "+chainPostrouting+" -j MARK --xor-mark "+masqMark,
-		"-A "+chainPostrouting+" "+comment("kubernetes service traffic requiring SNAT")+" -j MASQUERADE --random-fully")},
+		"-A "+chainPostrouting+" "+netfilter.Comment("kubernetes service traffic requiring SNAT")+" -j MASQUERADE --random-fully")},
 	{table: tableNAT, name: chainMarkMasq, head: fixed("-A " + chainMarkMasq + " -j MARK --or-mark " + masqMark)},
 	{table: tableFilter, name: chainServices, lines: func(r *portRules) []string { return r.filterServices }},
 	{table: tableFilter, name: chainExternalServices, lines: func(r *portRules) []string { return r.filterExternal }},
 	{table: tableFilter, name: chainForward, head: fixed(
-		"-A "+chainForward+" "+comment("kubernetes forwarding rules")+" -m mark --mark "+masqMark+"/"+masqMark+" -j ACCEPT",
-		"-A "+chainForward+" "+comment("kubernetes forwarding conntrack rule")+" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")},
+		"-A "+chainForward+" "+netfilter.Comment("kubernetes forwarding rules")+" -m mark --mark "+masqMark+"/"+masqMark+" -j ACCEPT",
+		"-A "+chainForward+" "+netfilter.Comment("kubernetes forwarding conntrack rule")+" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")},
 	{table: tableFilter, name: chainProxyFirewall, lines: func(r *portRules) []string { return r.filterFirewall }},
 }
 
-func fixed(rules ...string) func(Family) []string { return func(Family) []string { return rules } }
+func fixed(rules ...string) func(netfilter.Family) []string {
+	return func(netfilter.Family) []string { return rules }
+}
 
 // nodePortsJump ends nat KUBE-SERVICES: traffic to a local address that no
 // Service rule took may be for a NodePort.
-func nodePortsJump(fam Family) []string {
-	tail := "-A " + chainServices + " " + comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain") +
+func nodePortsJump(fam netfilter.Family) []string {
+	tail := "-A " + chainServices + " " + netfilter.Comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain") +
 		" -m addrtype --dst-type LOCAL"
-	if fam == IPv6 {
+	if fam == netfilter.IPv6 {
 		tail += " ! -d ::1/128"
 	}
 	return []string{tail + " -j " + chainNodePorts}
@@ -150,7 +128,7 @@ func linesOf(c sharedChain, r *portRules) []string {
 
 // tableInput is what one transaction writes.
 type tableInput struct {
-	fam   Family
+	fam   netfilter.Family
 	table string
 	// ports are every ServicePort's rules, in name order: a shared chain
 	// that is written is written whole.
@@ -163,7 +141,7 @@ type tableInput struct {
 	// before and not now, or, in a full sync, by none.
 	remove []string
 	// jumps are base jumps to insert because the table lacks them.
-	jumps []baseJump
+	jumps []netfilter.BaseJump
 }
 
 // writesNothing reports whether the transaction would leave the table as
@@ -233,62 +211,56 @@ func (in tableInput) split(max int) []tableInput {
 // partial sync leaves unchanged chains alone. The shared chains come
 // first, deletions last, when nothing jumps to them any more.
 func (in tableInput) render() []byte {
-	var b bytes.Buffer
-	in.eachLine(func(l string) { b.WriteString(l); b.WriteByte('\n') })
-	return b.Bytes()
+	return netfilter.Restore(in.table, in.write)
 }
 
 // eachLine calls fn with each line of the input, in order, without the
 // input in memory at once (at 10,000 Services it is 40 MB).
 func (in tableInput) eachLine(fn func(string)) {
-	lns := func(s []string) {
-		for _, l := range s {
-			fn(l)
-		}
-	}
-	declare := func(name string) { fn(":" + name + " - [0:0]") }
-	fn("*" + in.table)
+	netfilter.WriteRestore(in.table, fn, in.write)
+}
+
+func (in tableInput) write(w netfilter.RestoreInput) {
 	for _, c := range in.shared {
-		declare(c.name)
+		w.Declare(c.name)
 	}
 	for _, p := range in.rewrite {
 		for _, c := range p.chains {
-			declare(c.name)
+			w.Declare(c.name)
 		}
 	}
 	for _, c := range in.remove {
-		declare(c)
+		w.Declare(c)
 	}
 	for _, j := range in.jumps {
-		fn("-I " + j.chain + " " + j.args)
+		w.InsertJump(j)
 	}
 	for _, c := range in.shared {
 		if c.head != nil {
-			lns(c.head(in.fam))
+			w.Rules(c.head(in.fam))
 		}
 		if c.lines != nil {
 			for _, p := range in.ports {
-				lns(c.lines(p))
+				w.Rules(c.lines(p))
 			}
 		}
 		if c.tail != nil {
-			lns(c.tail(in.fam))
+			w.Rules(c.tail(in.fam))
 		}
 	}
 	for _, p := range in.rewrite {
 		for _, c := range p.chains {
-			lns(c.rules)
+			w.Rules(c.rules)
 		}
 	}
 	for _, c := range in.remove {
-		fn("-X " + c)
+		w.DeleteChain(c)
 	}
-	fn("COMMIT")
 }
 
 // staleChains are the chains of saved that look like the backend's
 // per-ServicePort chains and that none of ports owns.
-func staleChains(saved *savedTable, ports []*portRules) []string {
+func staleChains(saved *netfilter.SavedTable, ports []*portRules) []string {
 	if saved == nil {
 		return nil
 	}
@@ -299,7 +271,7 @@ func staleChains(saved *savedTable, ports []*portRules) []string {
 		}
 	}
 	var out []string
-	for _, c := range saved.chains {
+	for _, c := range saved.Chains {
 		if ownedChain(c) && !owned[c] {
 			out = append(out, c)
 		}

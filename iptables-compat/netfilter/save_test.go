@@ -1,4 +1,4 @@
-package iptables
+package netfilter
 
 import (
 	"slices"
@@ -17,12 +17,12 @@ func TestSplitWords(t *testing.T) {
 		`-A C --comment a\ b`:                {"-A", "C", "--comment", "a b"},
 		"-A C\t-j\tDROP":                     {"-A", "C", "-j", "DROP"},
 	} {
-		got, err := splitWords(line)
+		got, err := SplitWords(line)
 		if err != nil || !slices.Equal(got, want) {
-			t.Errorf("splitWords(%q) = %q, %v; want %q", line, got, err, want)
+			t.Errorf("SplitWords(%q) = %q, %v; want %q", line, got, err, want)
 		}
 	}
-	if _, err := splitWords(`-A C --comment "open`); err == nil {
+	if _, err := SplitWords(`-A C --comment "open`); err == nil {
 		t.Error("an unterminated quote split without an error")
 	}
 }

@@ -1,65 +1,46 @@
-package iptables
+package netfilter
 
 import (
-	"bytes"
-	"context"
 	"fmt"
-	"os/exec"
+	"net/netip"
 	"strings"
+
+	"go.uber.org/zap"
 )
 
-// Runner runs the iptables binaries. The Plane reaches the kernel only
-// through it, so tests can give it an in-memory stand-in, or run the real
-// binaries inside a network namespace of their own.
-type Runner interface {
-	// Run runs name with args and stdin, and returns its standard output.
-	// A failure's error carries the command's standard error.
-	Run(name string, args []string, stdin []byte) ([]byte, error)
+// Family is an IP family; iptables programs IPv4, ip6tables IPv6, each in
+// tables of its own with the same chain names.
+type Family uint8
+
+const (
+	IPv4 Family = iota
+	IPv6
+)
+
+// Families are both families, in the order the backends write them.
+var Families = []Family{IPv4, IPv6}
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
 }
 
-// ExecRunner runs the binaries as processes. Prefix, when set, comes
-// before every command (for example "ip netns exec NAME").
-type ExecRunner struct {
-	Prefix []string
-	// Context, when set, ends the commands: once it is done a running
-	// command is killed and no new one starts. A killed iptables-restore
-	// has committed nothing, so its table is left as it was; kpr run
-	// passes the context that SIGTERM cancels, so that it exits at once
-	// rather than after the restore (which can take seconds on a large
-	// table).
-	Context context.Context
-}
-
-func (r ExecRunner) Run(name string, args []string, stdin []byte) ([]byte, error) {
-	argv := append(append(append([]string{}, r.Prefix...), name), args...)
-	ctx := r.Context
-	if ctx == nil {
-		ctx = context.Background()
+// FamilyOf is the family of a (an IPv4-mapped IPv6 address is IPv4).
+func FamilyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("%s: not run, kpr is stopping: %w", strings.Join(argv, " "), err)
-	}
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			return stdout.Bytes(), fmt.Errorf("%s: ended, kpr is stopping (%w): %w", strings.Join(argv, " "), err, ctxErr)
-		}
-		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.Bytes(), nil
+	return IPv6
 }
 
 // Tools are the binaries of one family.
 type Tools struct {
 	Save, Restore string
 	// SplitLines is the most lines of per-ServicePort chains one restore
-	// writes: a larger write goes in several transactions (see
-	// tableInput.split). 0 never splits.
+	// should write: a larger write goes in several transactions. 0 never
+	// splits.
 	SplitLines int
 }
 
@@ -80,6 +61,10 @@ const (
 	Legacy Variant = "legacy"
 )
 
+// Variants are both variants. Removal goes over both, since the node may
+// have changed variant since the rules were written.
+var Variants = []Variant{NFT, Legacy}
+
 // ToolsFor returns the binaries of variant for fam.
 func ToolsFor(v Variant, fam Family) Tools {
 	base := "iptables"
@@ -99,7 +84,7 @@ func ToolsFor(v Variant, fam Family) Tools {
 // plugin) use, and kpr must write beside them, not in the other set that
 // the kernel also runs. When both are equally empty it asks
 // `iptables --version`, which prints "(nf_tables)" or "(legacy)", and
-// prefers nft if that does not say.
+// prefers nft if that does not say. It returns the variant and why.
 func DetectVariant(r Runner) (Variant, string, error) {
 	nft, nftErr := countRules(r, "iptables-nft-save")
 	legacy, legacyErr := countRules(r, "iptables-legacy-save")
@@ -134,4 +119,46 @@ func countRules(r Runner, save string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// NodeFamilies are the binaries to program the tables of the network
+// namespace r runs in: of the variant DetectVariant picks, for IPv4, and
+// for IPv6 too when ip6tables runs (a node without IPv6 serves only IPv4
+// frontends, with a warning).
+func NodeFamilies(r Runner, log *zap.Logger) (map[Family]Tools, error) {
+	v, why, err := DetectVariant(r)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("iptables variant selected", zap.String("variant", string(v)), zap.String("reason", why))
+	fams := map[Family]Tools{IPv4: ToolsFor(v, IPv4)}
+	v6 := ToolsFor(v, IPv6)
+	if _, err := r.Run(v6.Save, []string{"-t", "nat"}, nil); err != nil {
+		log.Warn("ip6tables does not run: IPv6 frontends are not served", zap.Error(err))
+	} else {
+		fams[IPv6] = v6
+	}
+	return fams, nil
+}
+
+// Masquerade says which ClusterIP traffic a backend marks for
+// masquerading: all of it (kube-proxy's --masquerade-all), or what does not
+// come from the pods (--cluster-cidr), so that a node reached through a
+// static route to the Service range answers through itself. Neither marks
+// none, as kube-proxy without a local-traffic detector.
+type Masquerade struct {
+	All bool
+	// ClusterCIDRs are the pod ranges, at most one per family (kube-proxy's
+	// limit); traffic from outside them is masqueraded.
+	ClusterCIDRs []netip.Prefix
+}
+
+// ClusterCIDR is the pod range of fam, if one was given.
+func (m Masquerade) ClusterCIDR(fam Family) (netip.Prefix, bool) {
+	for _, c := range m.ClusterCIDRs {
+		if FamilyOf(c.Addr()) == fam {
+			return c, true
+		}
+	}
+	return netip.Prefix{}, false
 }

@@ -1,28 +1,30 @@
-package iptables
+package netfilter
 
 import (
 	"bufio"
 	"bytes"
 	"fmt"
 	"strings"
+
+	"github.com/kpr-io/kpr/dataplane"
 )
 
-// savedTable is one table of iptables-save output.
-type savedTable struct {
-	name string
-	// chains are every chain, built-in ones included, in the order saved;
-	// chainSet the same as a set.
-	chains   []string
+// SavedTable is one table of iptables-save output.
+type SavedTable struct {
+	Name string
+	// Chains are every chain, built-in ones included, in the order saved.
+	Chains   []string
 	chainSet map[string]bool
-	// rules are the "-A" rules, each split into words with the quoting
+	// Rules are the "-A" rules, each split into words with the quoting
 	// removed ("-A", chain, matches..., "-j", target, ...).
-	rules [][]string
+	Rules [][]string
 }
 
-// parseSave reads iptables-save output (of one table or several).
-func parseSave(out []byte) (map[string]*savedTable, error) {
-	tables := map[string]*savedTable{}
-	var cur *savedTable
+// ParseSave reads iptables-save output (of one table or several), with
+// the quoting iptables-restore reads: a comment with blanks is one word.
+func ParseSave(out []byte) (map[string]*SavedTable, error) {
+	tables := map[string]*SavedTable{}
+	var cur *SavedTable
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 0, 64*1024), 16*1024*1024)
 	for n := 1; sc.Scan(); n++ {
@@ -30,35 +32,35 @@ func parseSave(out []byte) (map[string]*savedTable, error) {
 		switch {
 		case l == "" || strings.HasPrefix(l, "#"):
 		case strings.HasPrefix(l, "*"):
-			cur = &savedTable{name: l[1:], chainSet: map[string]bool{}}
-			tables[cur.name] = cur
+			cur = &SavedTable{Name: l[1:], chainSet: map[string]bool{}}
+			tables[cur.Name] = cur
 		case cur == nil:
 			return nil, fmt.Errorf("iptables-save line %d (%q) comes before any table", n, l)
 		case l == "COMMIT":
 			cur = nil
 		case strings.HasPrefix(l, ":"):
 			name, _, _ := strings.Cut(l[1:], " ")
-			cur.chains = append(cur.chains, name)
+			cur.Chains = append(cur.Chains, name)
 			cur.chainSet[name] = true
 		default:
-			words, err := splitWords(l)
+			words, err := SplitWords(l)
 			if err != nil {
 				return nil, fmt.Errorf("iptables-save line %d: %w", n, err)
 			}
 			if len(words) < 2 || words[0] != "-A" {
 				return nil, fmt.Errorf("iptables-save line %d (%q) is no rule", n, l)
 			}
-			cur.rules = append(cur.rules, words)
+			cur.Rules = append(cur.Rules, words)
 		}
 	}
 	return tables, sc.Err()
 }
 
-// splitWords splits a rule line as iptables-restore does: on blanks,
+// SplitWords splits a rule line as iptables-restore does: on blanks,
 // with double quotes grouping and backslash escaping. A word without a
 // backslash is a substring of l (its quotes cut off), so the words of a
 // large table's rules share the memory of its lines.
-func splitWords(l string) ([]string, error) {
+func SplitWords(l string) ([]string, error) {
 	out := make([]string, 0, strings.Count(l, " ")+1) // at most one word a blank
 	var w strings.Builder
 	inWord, quoted, escaped := false, false, false
@@ -111,32 +113,59 @@ func splitWords(l string) ([]string, error) {
 	return out, nil
 }
 
-// hasJump reports whether the table holds the base jump j: a rule in its
-// built-in chain with its target and comment, however iptables-save
-// orders the matches.
-func (t *savedTable) hasJump(j baseJump) bool {
-	if t == nil {
-		return false
-	}
-	for _, r := range t.rules {
-		if r[1] == j.chain && ruleArg(r, "-j") == j.target && ruleArg(r, "--comment") == j.comment {
-			return true
+// JoinWords is the inverse of SplitWords: words joined with blanks, those
+// that need it quoted, for restore input.
+func JoinWords(words []string) string {
+	out := make([]string, len(words))
+	for i, w := range words {
+		if strings.ContainsAny(w, " \t\"\\") || w == "" {
+			w = `"` + strings.ReplaceAll(strings.ReplaceAll(w, `\`, `\\`), `"`, `\"`) + `"`
 		}
+		out[i] = w
 	}
-	return false
+	return strings.Join(out, " ")
 }
 
-// hasChain reports whether the table has the chain.
-func (t *savedTable) hasChain(name string) bool {
+// HasChain reports whether the table has the chain; a nil table has none.
+func (t *SavedTable) HasChain(name string) bool {
 	return t != nil && t.chainSet[name]
 }
 
-// ruleArg is the word after the first flag in r, "" without one.
-func ruleArg(r []string, flag string) string {
+// ChainRules are the rules of chain, in order; none of a nil table.
+func (t *SavedTable) ChainRules(chain string) [][]string {
+	if t == nil {
+		return nil
+	}
+	var out [][]string
+	for _, r := range t.Rules {
+		if r[1] == chain {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// RuleArg is the word after the first flag in r, "" without one.
+func RuleArg(r []string, flag string) string {
 	for i := 0; i+1 < len(r); i++ {
 		if r[i] == flag {
 			return r[i+1]
 		}
 	}
 	return ""
+}
+
+// ProtoName is the protocol as iptables (and kube-proxy's chain-name
+// hashes) spell it.
+func ProtoName(p dataplane.Protocol) string { return strings.ToLower(p.String()) }
+
+// ParseProto reads ProtoName's spelling back; anything else is TCP.
+func ParseProto(s string) dataplane.Protocol {
+	switch s {
+	case "udp":
+		return dataplane.UDP
+	case "sctp":
+		return dataplane.SCTP
+	}
+	return dataplane.TCP
 }

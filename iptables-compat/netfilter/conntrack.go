@@ -1,4 +1,4 @@
-package iptables
+package netfilter
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // ConntrackCleaner removes the conntrack entries that still send UDP from
@@ -49,6 +50,28 @@ func (NetlinkConntrack) DeleteUDP(removed []dataplane.RemovedBackend) (int, erro
 	return total, errors.Join(errs...)
 }
 
+// ConntrackIn returns a ConntrackCleaner that deletes entries in the
+// network namespace at netnsPath, the calling thread's if empty.
+func ConntrackIn(netnsPath string) ConntrackCleaner {
+	if netnsPath == "" {
+		return NetlinkConntrack{}
+	}
+	return netnsConntrack{path: netnsPath}
+}
+
+type netnsConntrack struct{ path string }
+
+func (c netnsConntrack) DeleteUDP(removed []dataplane.RemovedBackend) (n int, err error) {
+	nsErr := netnsexec.InPath(c.path, func() error {
+		n, err = NetlinkConntrack{}.DeleteUDP(removed)
+		return nil
+	})
+	if nsErr != nil {
+		return 0, nsErr
+	}
+	return n, err
+}
+
 // udpFlowFilter matches the entries of UDP flows sent to the frontend and
 // translated to the backend: the original direction's destination is the
 // frontend, the reply comes from the backend.
@@ -69,7 +92,7 @@ func sameAddr(ip net.IP, a netip.Addr) bool {
 // that left, once a sync no longer sends to them: the entries that still
 // do are what would keep a client's flow on a dead backend. A failure is
 // logged, never returned: the sync itself is right, and idle entries time
-// out. Both netfilter-based backends call it after a successful sync.
+// out. The netfilter backends call it after a successful sync.
 func DeleteRemovedUDP(c ConntrackCleaner, removed []dataplane.RemovedBackend, log *zap.Logger) {
 	if len(removed) == 0 || c == nil {
 		return
