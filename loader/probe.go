@@ -43,9 +43,6 @@ const (
 	FeatureFibLookupSrc  = "BPF_FIB_LOOKUP_SRC flag of bpf_fib_lookup"
 	FeatureRedirect      = "bpf_redirect helper"
 	FeatureRedirectNeigh = "bpf_redirect_neigh helper"
-
-	// FeatureIPVS is what --mode ipvs needs, not the eBPF dataplane.
-	FeatureIPVS = "IPVS (ip_vs module)"
 )
 
 // Feature is one probed kernel capability.
@@ -61,6 +58,18 @@ type Feature struct {
 type Report struct {
 	Kernel   string    `json:"kernel"`
 	Features []Feature `json:"features"`
+}
+
+// Add records a probed feature: err is why it is missing, nil if it is
+// there; impact says what kpr does without it. The netfilter modes add
+// their own features (IPVS) to the eBPF ones Probe finds.
+func (r *Report) Add(name, impact string, err error) {
+	f := Feature{Name: name, Supported: err == nil}
+	if err != nil {
+		f.Impact = impact
+		f.Error = err.Error()
+	}
+	r.Features = append(r.Features, f)
 }
 
 // set records a feature's result after the fact, e.g. when loading the
@@ -144,14 +153,7 @@ func Probe() Report {
 	var uts unix.Utsname
 	_ = unix.Uname(&uts)
 	r := Report{Kernel: unix.ByteSliceToString(uts.Release[:])}
-	add := func(name, impact string, err error) {
-		f := Feature{Name: name, Supported: err == nil}
-		if err != nil {
-			f.Impact = impact
-			f.Error = err.Error()
-		}
-		r.Features = append(r.Features, f)
-	}
+	add := r.Add
 
 	add(FeatureConnect, "required: no socket-level load balancing",
 		probeHooks(ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect))
@@ -194,21 +196,7 @@ func Probe() Report {
 		features.HaveProgramHelper(ebpf.SchedCLS, asm.FnRedirect))
 	add(FeatureRedirectNeigh, "the tc programs cannot load: NodePorts are not served to other machines (Linux 5.10+)",
 		features.HaveProgramHelper(ebpf.SchedCLS, asm.FnRedirectNeigh))
-	add(FeatureIPVS, "--mode ipvs and --fallback-mode ipvs cannot run", probeIPVS())
 	return r
-}
-
-// probeIPVS looks for IPVS's generic netlink family, which the ip_vs
-// module registers, or its /proc/net/ip_vs. A module that is available but
-// not loaded counts as missing: kpr does not load modules.
-func probeIPVS() error {
-	if _, err := netlink.GenlFamilyGet("IPVS"); err == nil {
-		return nil
-	}
-	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
-		return nil
-	}
-	return errors.New("no IPVS generic netlink family and no /proc/net/ip_vs: load the ip_vs module (modprobe ip_vs)")
 }
 
 // minimalProgram returns a program that allows every call.

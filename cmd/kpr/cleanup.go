@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/netnsexec"
 )
@@ -149,7 +149,7 @@ func removeIPTablesState(bpfRoot, netnsPath string) (deleted int, found bool, er
 		return 0, false, err
 	}
 	return removeRecordedState(marker, "the chains kpr's iptables mode wrote", func() (int, error) {
-		return iptables.Cleanup(netfilterRunner(netnsPath))
+		return iptables.Cleanup(netfilter.RunnerIn(context.Background(), netnsPath))
 	})
 }
 
@@ -205,51 +205,4 @@ func removePreviousModeState(firstSync <-chan struct{}, done <-chan struct{}, b 
 			log.Info("Removed any pinned programs and maps of an earlier eBPF-mode kpr", zap.String("bpfRoot", bpfRoot))
 		}
 	}
-}
-
-// netfilterRunner runs the iptables binaries in the network namespace at
-// netnsPath, kpr's own if empty. The child process inherits the namespace
-// of the thread that starts it, so no nsenter is needed.
-func netfilterRunner(netnsPath string) iptables.Runner {
-	return netfilterRunnerUntil(context.Background(), netnsPath)
-}
-
-// netfilterRunnerUntil is netfilterRunner whose commands end with ctx.
-func netfilterRunnerUntil(ctx context.Context, netnsPath string) iptables.Runner {
-	run := iptables.ExecRunner{Context: ctx}
-	if netnsPath == "" {
-		return run
-	}
-	return netnsRunner{path: netnsPath, run: run}
-}
-
-type netnsRunner struct {
-	path string
-	run  iptables.ExecRunner
-}
-
-func (r netnsRunner) Run(name string, args []string, stdin []byte) (out []byte, err error) {
-	nsErr := netnsexec.InPath(r.path, func() error {
-		out, err = r.run.Run(name, args, stdin)
-		return nil
-	})
-	if nsErr != nil {
-		return nil, nsErr
-	}
-	return out, err
-}
-
-// netnsConntrack deletes conntrack entries in the network namespace at
-// path.
-type netnsConntrack struct{ path string }
-
-func (c netnsConntrack) DeleteUDP(removed []dataplane.RemovedBackend) (n int, err error) {
-	nsErr := netnsexec.InPath(c.path, func() error {
-		n, err = iptables.NetlinkConntrack{}.DeleteUDP(removed)
-		return nil
-	})
-	if nsErr != nil {
-		return 0, nsErr
-	}
-	return n, err
 }

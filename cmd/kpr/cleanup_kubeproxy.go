@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
 
 	"github.com/kpr-io/kpr/iptables-compat/kubeproxy"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/netnsexec"
 )
 
@@ -15,7 +17,7 @@ import (
 // the migration in docs/migration.md).
 func cleanupKubeProxy(out io.Writer, hostNetNS string) error {
 	node := kubeproxy.Node{
-		Runner: netfilterRunner(hostNetNS),
+		Runner: netfilter.RunnerIn(context.Background(), hostNetNS),
 		Do: func(fn func() error) error {
 			if hostNetNS == "" {
 				return fn()
@@ -54,7 +56,7 @@ func cleanupKubeProxy(out io.Writer, hostNetNS string) error {
 // the table translates nothing, and the rest of kpr's dataplane must still
 // go.
 func removeKeepNAT(out io.Writer, hostNetNS string) {
-	removed, err := kubeproxy.RemoveKeepNAT(netfilterRunner(hostNetNS))
+	removed, err := kubeproxy.RemoveKeepNAT(netfilter.RunnerIn(context.Background(), hostNetNS))
 	if len(removed) > 0 {
 		fmt.Fprintf(out, "removed the nftables tables %s\n", strings.Join(removed, ", "))
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 )
@@ -68,7 +69,7 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 				return err
 			}
 			at := dataplaneAt{bpfRoot: g.bpfRoot, hostNetNS: f.run.hostNetNS,
-				masquerade: iptables.Masquerade{All: f.run.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}}
+				masquerade: netfilter.Masquerade{All: f.run.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}}
 			res, err := explain(cmd.Context(), client, at, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
 			if err != nil {
 				return err
@@ -120,7 +121,7 @@ type dataplaneAt struct {
 	bpfRoot, hostNetNS string
 	// masquerade is the daemon's --masquerade-all and --cluster-cidr,
 	// which the iptables mode's rules follow.
-	masquerade iptables.Masquerade
+	masquerade netfilter.Masquerade
 }
 
 // mapEntryCheck is one frontend and scope: what kpr wants in the maps
@@ -229,7 +230,7 @@ func compareDataplane(out *explainOutput, at dataplaneAt, ports []dataplane.Serv
 // compareRules reads the iptables rules through the iptables backend's
 // own reader, which compares them with what that backend writes.
 func compareRules(out *explainOutput, at dataplaneAt, ports []dataplane.ServicePort) error {
-	opts, err := iptables.NodeOptions(netfilterRunner(at.hostNetNS), zap.NewNop())
+	opts, err := iptables.NodeOptions(netfilter.RunnerIn(context.Background(), at.hostNetNS), zap.NewNop())
 	if err != nil {
 		return err
 	}

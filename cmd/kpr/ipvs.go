@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/iptables-compat/ipvs"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/netnsexec"
 )
 
@@ -34,29 +34,27 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 	if err != nil {
 		return builtDataplane{}, fmt.Errorf("--mode ipvs: %w", err)
 	}
-	run := netfilterRunnerUntil(ctx, f.hostNetNS)
+	run := netfilter.RunnerIn(ctx, f.hostNetNS)
 	// The same variant detection and families as the iptables mode.
-	node, err := iptables.NodeOptions(run, log)
+	fams, err := netfilter.NodeFamilies(run, log)
 	if err != nil {
 		k.Close()
 		return builtDataplane{}, fmt.Errorf("--mode ipvs needs iptables for masquerade and source ranges: %w", err)
 	}
-	fams := node.Families
 	cidrs, err := f.clusterCIDRs()
 	if err != nil {
 		k.Close()
 		return builtDataplane{}, err
 	}
-	var conntrack iptables.ConntrackCleaner = iptables.NetlinkConntrack{}
+	conntrack := netfilter.ConntrackIn(f.hostNetNS)
 	sysctls := ipvs.SetSysctls
 	if f.hostNetNS != "" {
-		conntrack = netnsConntrack{path: f.hostNetNS}
 		sysctls = func() error { return netnsexec.InPath(f.hostNetNS, ipvs.SetSysctls) }
 	}
 	if err := sysctls(); err != nil {
 		log.Warn("IPVS may not masquerade or move drained UDP flows on", zap.Error(err))
 	}
-	warnWithoutBridgeNetfilter(f.hostNetNS, log)
+	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)
 	// Recorded before the first virtual server is written, so that a kpr
 	// in another mode or `kpr cleanup` later removes it even if this one
 	// crashes.
@@ -64,7 +62,7 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 		log.Warn("Switching this node to another mode later will leave kpr's IPVS state", zap.Error(err))
 	}
 	plane, err := ipvs.New(ipvs.Options{Kernel: k, Runner: run, Families: fams, Scheduler: f.ipvs.scheduler,
-		Masquerade: iptables.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}, Conntrack: conntrack, Log: log})
+		Masquerade: netfilter.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}, Conntrack: conntrack, Log: log})
 	if err != nil {
 		k.Close()
 		return builtDataplane{}, err
@@ -119,7 +117,7 @@ func removeIPVSState(bpfRoot, netnsPath string) (deleted int, found bool, err er
 			return 0, err
 		}
 		defer k.Close()
-		return ipvs.Cleanup(k, netfilterRunner(netnsPath))
+		return ipvs.Cleanup(k, netfilter.RunnerIn(context.Background(), netnsPath))
 	})
 }
 

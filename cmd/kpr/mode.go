@@ -8,6 +8,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/netnsexec"
@@ -100,14 +101,22 @@ func chooseDataplane(mode, fallback string, report loader.Report) (choice, error
 	return choice{}, fmt.Errorf("--mode %q: want auto, ebpf, iptables or ipvs", mode)
 }
 
+// probeFeatures is what the kernel supports of what any mode needs: the
+// eBPF dataplane's features, which loader probes, and IPVS.
+func probeFeatures() loader.Report {
+	r := loader.Probe()
+	r.Add(netfilter.IPVSFeature, "--mode ipvs and --fallback-mode ipvs cannot run", netfilter.IPVSAvailable(""))
+	return r
+}
+
 // requireIPVS says what the IPVS dataplane lacks on the probed kernel.
 func requireIPVS(report loader.Report) error {
-	if report.Has(loader.FeatureIPVS) {
+	if report.Has(netfilter.IPVSFeature) {
 		return nil
 	}
 	why := "not probed"
 	for _, f := range report.Features {
-		if f.Name == loader.FeatureIPVS {
+		if f.Name == netfilter.IPVSFeature {
 			why = f.Error
 		}
 	}
@@ -161,19 +170,19 @@ func newDataplane(ctx context.Context, c choice, g *globalFlags, f *runFlags, m 
 // hostNetwork: true).
 func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
 	log = log.Named("dataplane")
-	run := netfilterRunnerUntil(ctx, f.hostNetNS)
+	run := netfilter.RunnerIn(ctx, f.hostNetNS)
 	opts, err := iptables.NodeOptions(run, log)
 	if err != nil {
 		return builtDataplane{}, err
 	}
 	if f.hostNetNS != "" {
-		opts.Conntrack = netnsConntrack{path: f.hostNetNS}
+		opts.Conntrack = netfilter.ConntrackIn(f.hostNetNS)
 	}
 	cidrs, err := f.clusterCIDRs()
 	if err != nil {
 		return builtDataplane{}, err
 	}
-	opts.Masquerade = iptables.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}
+	opts.Masquerade = netfilter.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}
 	localhost := iptables.EnableLocalhostNodePorts
 	if f.hostNetNS != "" {
 		localhost = func() error { return netnsexec.InPath(f.hostNetNS, iptables.EnableLocalhostNodePorts) }
@@ -181,7 +190,7 @@ func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log 
 	if err := localhost(); err != nil {
 		log.Warn("NodePorts on 127.0.0.1 will not be served", zap.Error(err))
 	}
-	warnWithoutBridgeNetfilter(f.hostNetNS, log)
+	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)
 	// Recorded before the first rule is written, so that an eBPF-mode kpr
 	// or `kpr cleanup` later removes the chains even if this one crashes.
 	if err := recordIPTablesState(g.bpfRoot, f.hostNetNS); err != nil {
@@ -212,19 +221,4 @@ func logChoice(log *zap.Logger, mode string, c choice) {
 // exportChoice sets kpr_proxy_mode for the chosen backend.
 func exportChoice(m *metrics.Metrics, c choice) {
 	m.ProxyMode.WithLabelValues(string(c.backend), c.cause).Set(1)
-}
-
-// warnWithoutBridgeNetfilter logs, as kube-proxy does, when the node's
-// bridged traffic skips iptables (br_netfilter), which the iptables and
-// IPVS modes need where pods share a bridge. The sysctl is per network
-// namespace, so it is read in --host-netns.
-func warnWithoutBridgeNetfilter(hostNetNS string, log *zap.Logger) {
-	check := func() error { return iptables.CheckBridgeNetfilter(iptables.BridgeNetfilterPath) }
-	if hostNetNS != "" {
-		inner := check
-		check = func() error { return netnsexec.InPath(hostNetNS, inner) }
-	}
-	if err := check(); err != nil {
-		log.Warn("Bridged traffic does not pass through iptables: where pods share a bridge, a pod's connection to a ClusterIP served by another pod on it fails", zap.Error(err))
-	}
 }

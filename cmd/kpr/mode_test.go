@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/metrics"
 )
@@ -25,7 +26,7 @@ var optionalFeatures = []string{loader.FeatureGetpeername, loader.FeatureSockRel
 // lacking, whose probes failed with probeErr. IPVS is a feature too.
 func report(probeErr string, lacking ...string) loader.Report {
 	r := loader.Report{Kernel: "5.4.0-test"}
-	for _, name := range append(append([]string{loader.FeatureIPVS}, socketLBFeatures...), optionalFeatures...) {
+	for _, name := range append(append([]string{netfilter.IPVSFeature}, socketLBFeatures...), optionalFeatures...) {
 		f := loader.Feature{Name: name, Supported: true}
 		if slices.Contains(lacking, name) {
 			f = loader.Feature{Name: name, Error: probeErr}
@@ -110,8 +111,8 @@ func TestChooseDataplane(t *testing.T) {
 	noRecvmsg := report(noSuchAttach, loader.FeatureRecvmsg)
 	denied := report("load program: operation not permitted", socketLBFeatures...)
 	const noIPVSErr = "no IPVS generic netlink family and no /proc/net/ip_vs: load the ip_vs module (modprobe ip_vs)"
-	noIPVS := report(noIPVSErr, loader.FeatureIPVS)
-	noRecvmsgNoIPVS := report(noIPVSErr, loader.FeatureRecvmsg, loader.FeatureIPVS)
+	noIPVS := report(noIPVSErr, netfilter.IPVSFeature)
+	noRecvmsgNoIPVS := report(noIPVSErr, loader.FeatureRecvmsg, netfilter.IPVSFeature)
 	for _, tc := range []struct {
 		name      string
 		mode      string
@@ -184,7 +185,7 @@ func TestProbeSaysWhatAutoRuns(t *testing.T) {
 	if got.Backend != "ipvs" || got.Cause != causeEBPFUnavailable {
 		t.Errorf("auto mode with --fallback-mode ipvs without recvmsg hooks = %+v, want the ipvs fallback", got)
 	}
-	got = autoModeOf(report("no IPVS", loader.FeatureRecvmsg, loader.FeatureIPVS), "ipvs")
+	got = autoModeOf(report("no IPVS", loader.FeatureRecvmsg, netfilter.IPVSFeature), "ipvs")
 	if got.Backend != "" || !strings.Contains(got.Error, "--fallback-mode ipvs") {
 		t.Errorf("auto mode with --fallback-mode ipvs on a kernel without eBPF hooks and IPVS = %+v, want the refusal", got)
 	}

@@ -17,7 +17,7 @@ func newProbeCommand() *cobra.Command {
 		Use:   "probe",
 		Short: "Report which kernel features kpr's eBPF dataplane can use, and which dataplane --mode auto runs",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			report := loader.Probe()
+			report := probeFeatures()
 			auto := autoModeOf(report, fallback)
 			out := cmd.OutOrStdout()
 			if output == "json" {

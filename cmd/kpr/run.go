@@ -366,7 +366,7 @@ func probeKernel(cgroupRoot string) (loader.Report, error) {
 			return loader.Report{}, err
 		}
 	}
-	return loader.Probe(), nil
+	return probeFeatures(), nil
 }
 
 // metricsHandler serves /metrics and /proxyMode, which names the backend

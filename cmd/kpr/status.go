@@ -23,6 +23,7 @@ import (
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/netnsexec"
@@ -138,7 +139,7 @@ func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusO
 	d, err := fetchDaemonStatus(ctx, addr)
 	if err != nil {
 		st.DaemonError = err.Error()
-		r := loader.Probe()
+		r := probeFeatures()
 		st.Kernel = &r
 	} else {
 		st.Daemon = d
@@ -169,7 +170,7 @@ func iptablesSizes(bpfRoot, hostNetNS string) ([]iptables.Size, error) {
 	if _, err := os.Stat(marker); err != nil {
 		return nil, nil
 	}
-	opts, err := iptables.NodeOptions(netfilterRunner(hostNetNS), zap.NewNop())
+	opts, err := iptables.NodeOptions(netfilter.RunnerIn(context.Background(), hostNetNS), zap.NewNop())
 	if err != nil {
 		return nil, err
 	}

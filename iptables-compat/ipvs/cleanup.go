@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // Cleanup removes everything the backend writes from the namespace k and
@@ -14,7 +14,7 @@ import (
 // chains, and then the sets, which the rules reference. It covers both
 // iptables variants and families wherever their binaries run. It returns
 // how many virtual servers it deleted.
-func Cleanup(k Kernel, r iptables.Runner) (int, error) {
+func Cleanup(k Kernel, r netfilter.Runner) (int, error) {
 	var errs []error
 	t := newKState()
 	addrs, err := k.DeviceAddrs()
@@ -51,21 +51,10 @@ func Cleanup(k Kernel, r iptables.Runner) (int, error) {
 	if err := k.DelDevice(); err != nil {
 		errs = append(errs, fmt.Errorf("delete %s: %w", DeviceName, err))
 	}
-	for _, v := range []iptables.Variant{iptables.NFT, iptables.Legacy} {
-		for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-			tools := iptables.ToolsFor(v, fam)
-			for _, table := range tables {
-				out, err := r.Run(tools.Save, []string{"-t", table}, nil)
-				if err != nil {
-					continue // this variant or family does not run: nothing kpr wrote
-				}
-				if in := cleanupInput(table, parseSave(out)); in != nil {
-					if _, err := r.Run(tools.Restore, []string{"--noflush"}, in); err != nil {
-						errs = append(errs, fmt.Errorf("remove the KPR-IPVS chains from the %s %s %s table: %w", v, fam, table, err))
-					}
-				}
-			}
-		}
+	// Every KPR-IPVS-* chain is this backend's (see doc.go): each goes,
+	// with the rules that jump to it.
+	if _, err := netfilter.RemoveChains(r, tables, func(_, chain string) bool { return strings.HasPrefix(chain, chainPrefix) }); err != nil {
+		errs = append(errs, fmt.Errorf("remove the KPR-IPVS chains: %w", err))
 	}
 	for _, s := range setSpecs() {
 		if err := k.DestroySet(s.Name); err != nil {
@@ -73,38 +62,4 @@ func Cleanup(k Kernel, r iptables.Runner) (int, error) {
 		}
 	}
 	return deleted, errors.Join(errs...)
-}
-
-// cleanupInput deletes the rules that jump to the Plane's chains, then
-// flushes and deletes the chains; nil when the table has none of them.
-func cleanupInput(table string, t *savedTable) []byte {
-	var chains []string
-	for _, c := range chainsOf(table) {
-		if t.chains[c] {
-			chains = append(chains, c)
-		}
-	}
-	var jumps []string
-	for _, r := range t.rules {
-		f := strings.Fields(r)
-		if len(f) > 1 && !strings.HasPrefix(f[1], chainPrefix) && strings.Contains(r, "-j "+chainPrefix) {
-			jumps = append(jumps, "-D"+strings.TrimPrefix(r, "-A"))
-		}
-	}
-	if len(chains) == 0 && len(jumps) == 0 {
-		return nil
-	}
-	var b strings.Builder
-	b.WriteString("*" + table + "\n")
-	for _, j := range jumps {
-		b.WriteString(j + "\n")
-	}
-	for _, c := range chains {
-		b.WriteString(":" + c + " - [0:0]\n")
-	}
-	for _, c := range chains {
-		b.WriteString("-X " + c + "\n")
-	}
-	b.WriteString("COMMIT\n")
-	return []byte(b.String())
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // nodeAddrs are the node's own addresses in the conformance suite's
@@ -20,18 +20,18 @@ var nodeAddrs = map[netip.Addr]bool{netip.MustParseAddr("192.168.1.10"): true}
 // dataplane conformance suite.
 func TestConformance(t *testing.T) {
 	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-		return conformanceBackend(t, newFakeKernel(), newFakeIPTables(), iptables.NFT)
+		return conformanceBackend(t, newFakeKernel(), newFakeIPTables(), netfilter.NFT)
 	})
 }
 
 // conformanceBackend is a Plane over k and run, with a failure injector in
 // front of both; Restart builds a second Plane over the same kernel.
-func conformanceBackend(t *testing.T, k Kernel, run iptables.Runner, v iptables.Variant) dataplanetest.Backend {
+func conformanceBackend(t *testing.T, k Kernel, run netfilter.Runner, v netfilter.Variant) dataplanetest.Backend {
 	f := &failure{}
 	plane, err := New(Options{
 		Kernel:   failingKernel{Kernel: k, f: f},
 		Runner:   failingRunner{Runner: run, f: f},
-		Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(v, iptables.IPv4), iptables.IPv6: iptables.ToolsFor(v, iptables.IPv6)},
+		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)},
 		Log:      zaptest.NewLogger(t),
 	})
 	if err != nil {
@@ -162,7 +162,7 @@ func (k failingKernel) DelEntry(set string, e Entry) error {
 }
 
 type failingRunner struct {
-	iptables.Runner
+	netfilter.Runner
 	f *failure
 }
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -81,15 +81,15 @@ func goldenCases() map[string]*dataplane.ServicePort {
 
 // goldenMasquerade is the --masquerade-all and --cluster-cidr the golden
 // case name is rendered and programmed under.
-func goldenMasquerade(name string) iptables.Masquerade {
-	m := iptables.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+func goldenMasquerade(name string) netfilter.Masquerade {
+	m := netfilter.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
 	m.All = name == "masquerade-all"
 	return m
 }
 
 // renderDesired prints what sp asks of the kernel, one item a line in a
 // stable order, and the nat and filter rules of both families under masq.
-func renderDesired(t *testing.T, sp *dataplane.ServicePort, masq iptables.Masquerade) string {
+func renderDesired(t *testing.T, sp *dataplane.ServicePort, masq netfilter.Masquerade) string {
 	m := newMarks()
 	c, err := desire(sp, "rr", true, m.get)
 	if err != nil {
@@ -111,11 +111,11 @@ func renderDesired(t *testing.T, sp *dataplane.ServicePort, masq iptables.Masque
 	for _, e := range sortedEntries(w.entries) {
 		fmt.Fprintf(&b, "ipset %s %s\n", e.set, e.entry)
 	}
-	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		rs := newRuleSet(fam, masq, w.internal)
 		for _, table := range tables {
 			fmt.Fprintf(&b, "# %s %s\n", fam, table)
-			b.Write(rs.render(table, missingJumps(table, parseSave(nil))))
+			b.Write(rs.render(table, netfilter.MissingJumps(table, baseJumps, nil)))
 		}
 	}
 	return b.String()
@@ -163,8 +163,8 @@ func TestMasqueradeAllMarksEveryClusterIPConnection(t *testing.T) {
 			masq := goldenMasquerade("clusterip")
 			masq.All = masqAll
 			p, err := New(Options{Kernel: k, Runner: run, Masquerade: masq,
-				Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4),
-					iptables.IPv6: iptables.ToolsFor(iptables.NFT, iptables.IPv6)}})
+				Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4),
+					netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6)}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -175,7 +175,11 @@ func TestMasqueradeAllMarksEveryClusterIPConnection(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rules := parseSave(out).chainRules(chainServices)
+			nat, err := parseTable(out, tableNAT)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rules := savedRules(nat, chainServices)
 			if got := slices.Contains(rules, all); got != masqAll {
 				t.Errorf("%s has the rule that marks every connection to a ClusterIP: %v, want %v:\n%s",
 					chainServices, got, masqAll, strings.Join(rules, "\n"))

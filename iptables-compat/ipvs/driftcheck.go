@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 var _ dataplane.DriftChecker = (*Plane)(nil)
@@ -107,17 +107,17 @@ func sameWeights(a, b map[dataplane.Backend]Dest) bool {
 	return true
 }
 
-func (c *driftCheck) rules(fam iptables.Family, table string) (bool, error) {
+func (c *driftCheck) rules(fam netfilter.Family, table string) (bool, error) {
 	saved, err := c.p.save(fam, table)
 	if err != nil {
 		return false, err
 	}
-	if len(missingJumps(table, saved)) > 0 {
+	if len(netfilter.MissingJumps(table, baseJumps, saved)) > 0 {
 		return false, nil
 	}
 	want := c.p.ruleSet(fam, c.p.cur.internal).rules(table)
 	for _, chain := range chainsOf(table) {
-		if !saved.chains[chain] {
+		if !saved.HasChain(chain) {
 			return false, nil
 		}
 		var w []string
@@ -126,7 +126,7 @@ func (c *driftCheck) rules(fam iptables.Family, table string) (bool, error) {
 				w = append(w, r)
 			}
 		}
-		if !slices.Equal(saved.chainRules(chain), w) {
+		if !slices.Equal(savedRules(saved, chain), w) {
 			return false, nil
 		}
 	}

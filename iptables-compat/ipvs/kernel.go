@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // ServiceKey identifies one IPVS virtual server: an address, protocol and
@@ -69,7 +70,7 @@ type Entry struct {
 }
 
 func (e Entry) String() string {
-	s := fmt.Sprintf("%s,%s:%d", e.Addr, protoName(e.Proto), e.Port)
+	s := fmt.Sprintf("%s,%s:%d", e.Addr, netfilter.ProtoName(e.Proto), e.Port)
 	if e.Net.IsValid() {
 		s += "," + e.Net.String()
 	}
@@ -118,24 +119,4 @@ type Kernel interface {
 	DelEntry(set string, e Entry) error
 	// DestroySet destroys a set; a missing one is nothing to do.
 	DestroySet(name string) error
-}
-
-func protoName(p dataplane.Protocol) string {
-	switch p {
-	case dataplane.UDP:
-		return "udp"
-	case dataplane.SCTP:
-		return "sctp"
-	}
-	return "tcp"
-}
-
-func parseProto(s string) dataplane.Protocol {
-	switch s {
-	case "udp":
-		return dataplane.UDP
-	case "sctp":
-		return dataplane.SCTP
-	}
-	return dataplane.TCP
 }

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/netnsexec"
 )
 
@@ -42,8 +43,8 @@ var _ Kernel = (*NetlinkKernel)(nil)
 // namespace at path, the calling thread's if empty. It fails when the
 // kernel has no IPVS.
 func NewNetlinkKernel(path string) (*NetlinkKernel, error) {
-	if err := Available(path); err != nil {
-		return nil, err
+	if err := netfilter.IPVSAvailable(path); err != nil {
+		return nil, fmt.Errorf("the kernel has no IPVS: %w, or run kpr in another --mode", err)
 	}
 	h, err := mobyipvs.New(path)
 	if err != nil {
@@ -70,25 +71,6 @@ func NewNetlinkKernel(path string) (*NetlinkKernel, error) {
 func (k *NetlinkKernel) Close() {
 	k.ipvs.Close()
 	k.nl.Close()
-}
-
-// Available reports whether the kernel of the namespace at path (the
-// caller's if empty) has IPVS: its generic netlink family, which the
-// ip_vs module registers, or /proc/net/ip_vs.
-func Available(path string) error {
-	check := func() error {
-		if _, err := netlink.GenlFamilyGet("IPVS"); err == nil {
-			return nil
-		}
-		if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
-			return nil
-		}
-		return errors.New("the kernel has no IPVS (no IPVS generic netlink family, no /proc/net/ip_vs): load the ip_vs module (modprobe ip_vs), or run kpr in another --mode")
-	}
-	if path == "" {
-		return check()
-	}
-	return netnsexec.InPath(path, check)
 }
 
 func family(v6 bool) uint16 {

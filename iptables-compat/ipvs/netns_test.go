@@ -9,7 +9,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/tests/namedns"
 )
 
@@ -20,14 +20,14 @@ const kernelMatrix = "runs in the kernel-matrix VM, make test-kernel-oldest"
 // suite's node addresses on it, and returns a Kernel and a Runner that
 // reach only it. It skips, naming what is missing, on a kernel without
 // ip_vs or dummy links, and unless root and not -short.
-func newNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner) {
+func newNetNS(t *testing.T) (*NetlinkKernel, netfilter.Runner) {
 	t.Helper()
 	k, run, _ := newNamedNetNS(t)
 	return k, run
 }
 
 // newNamedNetNS is newNetNS, and also returns the namespace's name.
-func newNamedNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner, string) {
+func newNamedNetNS(t *testing.T) (*NetlinkKernel, netfilter.Runner, string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("skipping under -short: programs IPVS inside a network namespace of its own, which needs root")
@@ -36,7 +36,7 @@ func newNamedNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner, string) {
 		t.Skip("skipping: programs IPVS inside a network namespace of its own; run as root")
 	}
 	name := namedns.ForTest(t, "kpr-ipvs-")
-	if err := Available(namedns.Path(name)); err != nil {
+	if err := netfilter.IPVSAvailable(namedns.Path(name)); err != nil {
 		t.Skipf("kernel has no ip_vs: %s (%v)", kernelMatrix, err)
 	}
 	in := func(args ...string) error {
@@ -59,7 +59,7 @@ func newNamedNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(k.Close)
-	return k, iptables.ExecRunner{Prefix: []string{"ip", "netns", "exec", name}}, name
+	return k, netfilter.ExecRunner{Prefix: []string{"ip", "netns", "exec", name}}, name
 }
 
 // The conformance suite against the kernel's IPVS, ipsets, dummy links
@@ -71,7 +71,7 @@ func newNamedNetNS(t *testing.T) (*NetlinkKernel, iptables.Runner, string) {
 // kernel-matrix VMs, emulated without KVM, take longer for them than the
 // VM's time limit. The suite skips them, saying so.
 func TestConformanceInANetNS(t *testing.T) {
-	for _, v := range []iptables.Variant{iptables.NFT, iptables.Legacy} {
+	for _, v := range []netfilter.Variant{netfilter.NFT, netfilter.Legacy} {
 		t.Run(string(v), func(t *testing.T) {
 			dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
 				k, run := newNetNS(t)
@@ -88,12 +88,12 @@ func TestConformanceInANetNS(t *testing.T) {
 // shape of desired state, or every periodic sync would be a needless full
 // rewrite.
 func TestDriftCheckHoldsOverTheKernel(t *testing.T) {
-	for _, v := range []iptables.Variant{iptables.NFT, iptables.Legacy} {
+	for _, v := range []netfilter.Variant{netfilter.NFT, netfilter.Legacy} {
 		for name, sp := range goldenCases() {
 			t.Run(string(v)+"/"+name, func(t *testing.T) {
 				k, run := newNetNS(t)
 				p, err := New(Options{Kernel: k, Runner: run, Masquerade: goldenMasquerade(name),
-					Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(v, iptables.IPv4), iptables.IPv6: iptables.ToolsFor(v, iptables.IPv6)}})
+					Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -112,7 +112,7 @@ func TestDriftCheckHoldsOverTheKernel(t *testing.T) {
 func TestCleanupInANetNS(t *testing.T) {
 	k, run := newNetNS(t)
 	p, err := New(Options{Kernel: k, Runner: run,
-		Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4), iptables.IPv6: iptables.ToolsFor(iptables.NFT, iptables.IPv6)}})
+		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,9 +134,9 @@ func TestCleanupInANetNS(t *testing.T) {
 			t.Errorf("after Cleanup ipset %s is still there (%v)", s.Name, err)
 		}
 	}
-	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		for _, table := range tables {
-			out, err := run.Run(iptables.ToolsFor(iptables.NFT, fam).Save, []string{"-t", table}, nil)
+			out, err := run.Run(netfilter.ToolsFor(netfilter.NFT, fam).Save, []string{"-t", table}, nil)
 			if err != nil || strings.Contains(string(out), chainPrefix) {
 				t.Errorf("after Cleanup the %s %s table holds kpr's chains (%v):\n%s", fam, table, err, out)
 			}

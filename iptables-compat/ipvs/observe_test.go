@@ -7,7 +7,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // observed reads what the kernel serves, as IPVS and netfilter would
@@ -18,7 +18,7 @@ import (
 // the fwmark virtual server its nat rule marks it for, if any, else the
 // same one. Outside traffic to a frontend in the firewall set is dropped
 // by filter unless its source is in the source-range set.
-func observed(k Kernel, run iptables.Runner, v iptables.Variant, localAddrs map[netip.Addr]bool) (dataplanetest.State, error) {
+func observed(k Kernel, run netfilter.Runner, v netfilter.Variant, localAddrs map[netip.Addr]bool) (dataplanetest.State, error) {
 	svcs, err := k.Services()
 	if err != nil {
 		return nil, err
@@ -44,15 +44,18 @@ func observed(k Kernel, run iptables.Runner, v iptables.Variant, localAddrs map[
 	}
 	internal := map[ServiceKey]uint32{}
 	firewall := map[bool]bool{}
-	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		tools := iptables.ToolsFor(v, fam)
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		tools := netfilter.ToolsFor(v, fam)
 		nat, err := run.Run(tools.Save, []string{"-t", "nat"}, nil)
 		if err != nil {
 			return nil, err
 		}
-		natT := parseSave(nat)
+		natT, err := parseTable(nat, tableNAT)
+		if err != nil {
+			return nil, err
+		}
 		// The marks count only where the node's traffic reaches them.
-		if natT.hasJump(baseJump{chain: "OUTPUT", target: chainServices}) {
+		if natT.HasJump(jump(tableNAT, "OUTPUT", "", chainServices)) {
 			for k, m := range parseInternal(natT) {
 				internal[k] = m
 			}
@@ -61,9 +64,13 @@ func observed(k Kernel, run iptables.Runner, v iptables.Variant, localAddrs map[
 		if err != nil {
 			return nil, err
 		}
-		ft := parseSave(filter)
+		ft, err := parseTable(filter, tableFilter)
+		if err != nil {
+			return nil, err
+		}
 		want := ruleSet{fam: fam}.rules(tableFilter)[0]
-		firewall[fam == iptables.IPv6] = ft.hasJump(baseJump{chain: "INPUT", target: chainFirewall}) && slices.Contains(ft.rules, want)
+		firewall[fam == netfilter.IPv6] = ft.HasJump(jump(tableFilter, "INPUT", "-m conntrack --ctstate NEW", chainFirewall)) &&
+			slices.Contains(savedRules(ft, chainFirewall), want)
 	}
 
 	serving := func(s *ServiceState) dataplanetest.Serving {
@@ -112,16 +119,16 @@ func observed(k Kernel, run iptables.Runner, v iptables.Variant, localAddrs map[
 // program writing IPVS would.
 type tamperer struct {
 	k   Kernel
-	run iptables.Runner
-	v   iptables.Variant
+	run netfilter.Runner
+	v   netfilter.Variant
 }
 
 // internalService is the virtual server that serves the node's own
 // traffic to k.
 func (tp tamperer) internalService(k ServiceKey) (ServiceKey, error) {
-	tools := iptables.ToolsFor(tp.v, iptables.IPv4)
+	tools := netfilter.ToolsFor(tp.v, netfilter.IPv4)
 	if k.IPv6 {
-		tools = iptables.ToolsFor(tp.v, iptables.IPv6)
+		tools = netfilter.ToolsFor(tp.v, netfilter.IPv6)
 	}
 	nat, err := tp.run.Run(tools.Save, []string{"-t", "nat"}, nil)
 	if err != nil {
@@ -131,7 +138,11 @@ func (tp tamperer) internalService(k ServiceKey) (ServiceKey, error) {
 	if err != nil {
 		return ServiceKey{}, err
 	}
-	if m, ok := parseInternal(parseSave(nat))[k]; ok {
+	natT, err := parseTable(nat, tableNAT)
+	if err != nil {
+		return ServiceKey{}, err
+	}
+	if m, ok := parseInternal(natT)[k]; ok {
 		if mk := (ServiceKey{IPv6: k.IPv6, FWMark: m}); svcs[mk] != nil {
 			return mk, nil
 		}

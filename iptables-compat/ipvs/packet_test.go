@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/netnsexec"
 	"github.com/kpr-io/kpr/tests/namedns"
 )
@@ -133,7 +133,7 @@ func TestConnectionsThroughIPVS(t *testing.T) {
 	serveName(t, pod1, 8080, "pod1")
 
 	p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
-		Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4)}})
+		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestSourceRangesThroughIPVS(t *testing.T) {
 	client := peerNetNS(t, node, "192.0.2.254/24", "192.0.2.2/24", "192.0.2.254")
 
 	p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
-		Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4)}})
+		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,8 +234,8 @@ func TestMasqueradeAllThroughIPVS(t *testing.T) {
 			client := peerNetNS(t, node, "10.244.1.254/24", "10.244.1.2/24", "10.244.1.254")
 
 			p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
-				Masquerade: iptables.Masquerade{All: c.masqAll, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
-				Families:   map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4)}})
+				Masquerade: netfilter.Masquerade{All: c.masqAll, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
+				Families:   map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}})
 			if err != nil {
 				t.Fatal(err)
 			}

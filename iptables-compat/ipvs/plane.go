@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // DefaultScheduler is kube-proxy's default --ipvs-scheduler.
@@ -19,11 +19,11 @@ type Options struct {
 	// Kernel reaches IPVS, the dummy interface and the ipsets; required.
 	Kernel Kernel
 	// Runner runs the iptables binaries; required.
-	Runner iptables.Runner
+	Runner netfilter.Runner
 	// Families maps each family the Plane programs to its iptables
 	// binaries; IPv4 is required. Without IPv6 the IPv6 frontends are not
 	// served.
-	Families map[iptables.Family]iptables.Tools
+	Families map[netfilter.Family]netfilter.Tools
 	// Scheduler is the IPVS scheduler of every virtual server; empty is
 	// DefaultScheduler.
 	Scheduler string
@@ -31,22 +31,22 @@ type Options struct {
 	// All every connection to a ClusterIP is masqueraded, else those from
 	// outside the ClusterCIDRs, as kube-proxy's IPVS mode does. The node's
 	// own connections are masqueraded either way.
-	Masquerade iptables.Masquerade
+	Masquerade netfilter.Masquerade
 	// Conntrack removes the conntrack entries of UDP backends that left;
 	// nil skips it.
-	Conntrack iptables.ConntrackCleaner
+	Conntrack netfilter.ConntrackCleaner
 	Log       *zap.Logger
 }
 
 // Plane is the IPVS dataplane.Dataplane.
 type Plane struct {
 	k         Kernel
-	run       iptables.Runner
-	tools     map[iptables.Family]iptables.Tools
-	families  []iptables.Family
+	run       netfilter.Runner
+	tools     map[netfilter.Family]netfilter.Tools
+	families  []netfilter.Family
 	scheduler string
-	masq      iptables.Masquerade
-	conntrack iptables.ConntrackCleaner
+	masq      netfilter.Masquerade
+	conntrack netfilter.ConntrackCleaner
 	log       *zap.Logger
 
 	// mu keeps the reaper out of a call in progress.
@@ -70,7 +70,7 @@ func New(o Options) (*Plane, error) {
 	if o.Kernel == nil || o.Runner == nil {
 		return nil, errors.New("ipvs.New: Options need a Kernel and a Runner")
 	}
-	if _, ok := o.Families[iptables.IPv4]; !ok {
+	if _, ok := o.Families[netfilter.IPv4]; !ok {
 		return nil, errors.New("ipvs.New: Options need the IPv4 iptables Tools")
 	}
 	p := &Plane{k: o.Kernel, run: o.Runner, tools: o.Families, scheduler: o.Scheduler, masq: o.Masquerade,
@@ -83,7 +83,7 @@ func New(o Options) (*Plane, error) {
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+	for _, f := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		if _, ok := o.Families[f]; ok {
 			p.families = append(p.families, f)
 		}
@@ -91,7 +91,7 @@ func New(o Options) (*Plane, error) {
 	return p, nil
 }
 
-func (p *Plane) ipv6() bool { _, ok := p.tools[iptables.IPv6]; return ok }
+func (p *Plane) ipv6() bool { _, ok := p.tools[netfilter.IPv6]; return ok }
 
 // Apply writes the virtual servers, addresses and set members of the
 // changed ServicePorts, and the nat rules if their marks changed.
@@ -99,7 +99,7 @@ func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePo
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// saved is set by the first call, which also writes the rules whole.
-	var saved map[iptables.Family]map[string]*savedTable
+	var saved map[netfilter.Family]map[string]*netfilter.SavedTable
 	if p.cur == nil {
 		// A restarted kpr goes on from what the kernel holds.
 		if err := p.setup(); err != nil {
@@ -231,7 +231,7 @@ func (p *Plane) setup() error {
 // whole, inserting the jumps saved lacks. When a write fails, the ones before it are undone, so that
 // every ServicePort is left as it was.
 func (p *Plane) write(next map[dataplane.ServicePortName]*contribution, nextSPs map[dataplane.ServicePortName]*dataplane.ServicePort,
-	changed []dataplane.ServicePortName, tc *touched, saved map[iptables.Family]map[string]*savedTable) error {
+	changed []dataplane.ServicePortName, tc *touched, saved map[netfilter.Family]map[string]*netfilter.SavedTable) error {
 	w := want(next)
 	if tc == nil {
 		tc = everything(p.cur, w)
@@ -255,7 +255,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*contribution, nextSPs 
 	for k, m := range w.internal {
 		p.marks.set(k, m)
 	}
-	iptables.DeleteRemovedUDP(p.conntrack, removed, p.log)
+	netfilter.DeleteRemovedUDP(p.conntrack, removed, p.log)
 	return nil
 }
 

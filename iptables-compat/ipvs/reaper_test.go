@@ -7,14 +7,14 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
-func fakePlane(t *testing.T, k *fakeKernel, run iptables.Runner) *Plane {
+func fakePlane(t *testing.T, k *fakeKernel, run netfilter.Runner) *Plane {
 	t.Helper()
 	p, err := New(Options{Kernel: k, Runner: run,
-		Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4),
-			iptables.IPv6: iptables.ToolsFor(iptables.NFT, iptables.IPv6)},
+		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4),
+			netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6)},
 		Log: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)

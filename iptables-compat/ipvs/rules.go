@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // The chains the Plane writes, every one in full on each write of its
@@ -31,27 +31,21 @@ const (
 
 var tables = []string{tableNAT, tableFilter}
 
-// baseJump is a rule in a built-in chain that sends traffic to one of the
-// Plane's chains.
-type baseJump struct {
-	table, chain, match, target string
-}
-
-var baseJumps = []baseJump{
-	{tableNAT, "PREROUTING", "", chainServices},
-	{tableNAT, "OUTPUT", "", chainServices},
-	{tableNAT, "POSTROUTING", "", chainPostrouting},
+// baseJumps send traffic from the built-in chains to the Plane's chains.
+var baseJumps = []netfilter.BaseJump{
+	jump(tableNAT, "PREROUTING", "", chainServices),
+	jump(tableNAT, "OUTPUT", "", chainServices),
+	jump(tableNAT, "POSTROUTING", "", chainPostrouting),
 	// Before IPVS sees the packet in LOCAL_IN: filter runs first there.
-	{tableFilter, "INPUT", "-m conntrack --ctstate NEW", chainFirewall},
-	{tableFilter, "FORWARD", "", chainForward},
+	jump(tableFilter, "INPUT", "-m conntrack --ctstate NEW", chainFirewall),
+	jump(tableFilter, "FORWARD", "", chainForward),
 }
 
-func (j baseJump) args() string {
-	a := `-m comment --comment "kpr ipvs" -j ` + j.target
-	if j.match != "" {
-		a = j.match + " " + a
-	}
-	return a
+// jumpComment marks the base jumps as the IPVS mode's.
+const jumpComment = "kpr ipvs"
+
+func jump(table, builtin, match, target string) netfilter.BaseJump {
+	return netfilter.BaseJump{Table: table, Chain: builtin, Match: match, Comment: jumpComment, Target: target}
 }
 
 // chainsOf are the chains the Plane owns in table.
@@ -64,7 +58,7 @@ func chainsOf(table string) []string {
 
 // ruleSet is what the Plane writes into one family's tables.
 type ruleSet struct {
-	fam iptables.Family
+	fam netfilter.Family
 	// masqAll is --masquerade-all: every connection to a ClusterIP is
 	// masqueraded, and clusterCIDRs do not matter.
 	masqAll bool
@@ -77,10 +71,10 @@ type ruleSet struct {
 }
 
 // newRuleSet is the ruleSet of fam under masq.
-func newRuleSet(fam iptables.Family, masq iptables.Masquerade, internal map[ServiceKey]uint32) ruleSet {
+func newRuleSet(fam netfilter.Family, masq netfilter.Masquerade, internal map[ServiceKey]uint32) ruleSet {
 	rs := ruleSet{fam: fam, masqAll: masq.All, internal: internal}
 	for _, c := range masq.ClusterCIDRs {
-		if c.Addr().Is4() == (fam == iptables.IPv4) {
+		if c.Addr().Is4() == (fam == netfilter.IPv4) {
 			rs.clusterCIDRs = append(rs.clusterCIDRs, c)
 		}
 	}
@@ -89,24 +83,19 @@ func newRuleSet(fam iptables.Family, masq iptables.Masquerade, internal map[Serv
 
 // render is the iptables-restore --noflush input that writes table,
 // inserting jumps first. Declaring a chain creates or flushes it.
-func (rs ruleSet) render(table string, jumps []baseJump) []byte {
-	var b strings.Builder
-	ln := func(s string) { b.WriteString(s); b.WriteByte('\n') }
-	ln("*" + table)
-	for _, c := range chainsOf(table) {
-		ln(":" + c + " - [0:0]")
-	}
-	for _, j := range jumps {
-		ln("-I " + j.chain + " " + j.args())
-	}
-	for _, r := range rs.rules(table) {
-		ln(r)
-	}
-	ln("COMMIT")
-	return []byte(b.String())
+func (rs ruleSet) render(table string, jumps []netfilter.BaseJump) []byte {
+	return netfilter.Restore(table, func(w netfilter.RestoreInput) {
+		for _, c := range chainsOf(table) {
+			w.Declare(c)
+		}
+		for _, j := range jumps {
+			w.InsertJump(j)
+		}
+		w.Rules(rs.rules(table))
+	})
 }
 
-func (rs ruleSet) set(role string) string { return setName(role, rs.fam == iptables.IPv6) }
+func (rs ruleSet) set(role string) string { return setName(role, rs.fam == netfilter.IPv6) }
 
 // rules are the table's rules, in iptables-save's spelling, so that a
 // drift check compares them as text.
@@ -156,17 +145,17 @@ func (rs ruleSet) rules(table string) []string {
 
 // internalRules mark the node's own new connections to the frontends of
 // the family, in frontend order.
-func internalRules(fam iptables.Family, internal map[ServiceKey]uint32) []string {
+func internalRules(fam netfilter.Family, internal map[ServiceKey]uint32) []string {
 	keys := make([]ServiceKey, 0, len(internal))
 	for k := range internal {
-		if k.IPv6 == (fam == iptables.IPv6) {
+		if k.IPv6 == (fam == netfilter.IPv6) {
 			keys = append(keys, k)
 		}
 	}
 	slices.SortFunc(keys, compareKeys)
 	out := make([]string, 0, len(keys))
 	for _, k := range keys {
-		p := protoName(k.Proto)
+		p := netfilter.ProtoName(k.Proto)
 		out = append(out, fmt.Sprintf("-A %s -d %s -p %s -m %s --dport %d -j MARK --set-xmark 0x%x/0xffffffff",
 			chainInternal, netip.PrefixFrom(k.Addr, k.Addr.BitLen()), p, p, k.Port, internal[k]))
 	}
@@ -192,68 +181,11 @@ func compareKeys(a, b ServiceKey) int {
 	return int(a.Port) - int(b.Port)
 }
 
-// savedTable is one table as iptables-save prints it: its chains and its
-// rules, each an "-A" line.
-type savedTable struct {
-	chains map[string]bool
-	rules  []string
-}
-
-func parseSave(text []byte) *savedTable {
-	t := &savedTable{chains: map[string]bool{}}
-	for _, l := range strings.Split(string(text), "\n") {
-		switch {
-		case strings.HasPrefix(l, ":"):
-			t.chains[strings.Fields(l[1:])[0]] = true
-		case strings.HasPrefix(l, "-A "):
-			t.rules = append(t.rules, strings.TrimSpace(l))
-		}
-	}
-	return t
-}
-
-// chainRules are the rules of chain, in order.
-func (t *savedTable) chainRules(chain string) []string {
-	var out []string
-	for _, r := range t.rules {
-		if strings.HasPrefix(r, "-A "+chain+" ") {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// hasJump reports whether a rule of j's built-in chain jumps to its target.
-func (t *savedTable) hasJump(j baseJump) bool {
-	for _, r := range t.chainRules(j.chain) {
-		if strings.HasSuffix(r, "-j "+j.target) {
-			return true
-		}
-	}
-	return false
-}
-
-func missingJumps(table string, t *savedTable) []baseJump {
-	var out []baseJump
-	for _, j := range baseJumps {
-		if j.table == table && !t.hasJump(j) {
-			out = append(out, j)
-		}
-	}
-	return out
-}
-
 // parseInternal reads the marks back from the rules of chainInternal.
-func parseInternal(t *savedTable) map[ServiceKey]uint32 {
+func parseInternal(t *netfilter.SavedTable) map[ServiceKey]uint32 {
 	out := map[ServiceKey]uint32{}
-	for _, r := range t.chainRules(chainInternal) {
-		f := strings.Fields(r)
-		arg := func(flag string) string {
-			if i := slices.Index(f, flag); i >= 0 && i+1 < len(f) {
-				return f[i+1]
-			}
-			return ""
-		}
+	for _, r := range t.ChainRules(chainInternal) {
+		arg := func(flag string) string { return netfilter.RuleArg(r, flag) }
 		d, err := netip.ParsePrefix(arg("-d"))
 		if err != nil {
 			if a, aerr := netip.ParseAddr(arg("-d")); aerr == nil {
@@ -271,7 +203,7 @@ func parseInternal(t *savedTable) map[ServiceKey]uint32 {
 		if err != nil {
 			continue
 		}
-		out[addrKey(d.Addr(), parseProto(arg("-p")), uint16(port))] = uint32(mark)
+		out[addrKey(d.Addr(), netfilter.ParseProto(arg("-p")), uint16(port))] = uint32(mark)
 	}
 	return out
 }

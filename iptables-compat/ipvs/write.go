@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 func wrap(err error, format string, args ...any) error {
@@ -107,55 +107,77 @@ func (p *Plane) udp(k ServiceKey, w *kstate) bool {
 // planRules plans the iptables writes of fam: in a full write (a
 // Reconcile, with saved the tables as read) both tables, with the jumps
 // saved lacks; otherwise nat alone, and only if the marks changed.
-func (p *Plane) planRules(pl *plan, fam iptables.Family, w *kstate, saved map[string]*savedTable, full bool) {
+func (p *Plane) planRules(pl *plan, fam netfilter.Family, w *kstate, saved map[string]*netfilter.SavedTable, full bool) {
 	next := p.ruleSet(fam, w.internal)
 	prev := p.ruleSet(fam, p.cur.internal)
 	for _, table := range tables {
 		if !full && (table != tableNAT || slices.Equal(internalRules(fam, w.internal), internalRules(fam, p.cur.internal))) {
 			continue
 		}
-		var jumps []baseJump
+		var jumps []netfilter.BaseJump
 		if full {
-			jumps = missingJumps(table, saved[table])
+			jumps = netfilter.MissingJumps(table, baseJumps, saved[table])
 		}
 		fwd, back := next.render(table, jumps), prev.render(table, nil)
 		pl.add(func() error { return wrap(p.restore(fam, fwd), "write the %s %s table", fam, table) },
 			func() error { return p.restore(fam, back) })
 	}
 	for k := range pl.after.internal {
-		if k.IPv6 == (fam == iptables.IPv6) {
+		if k.IPv6 == (fam == netfilter.IPv6) {
 			delete(pl.after.internal, k)
 		}
 	}
 	for k, m := range w.internal {
-		if k.IPv6 == (fam == iptables.IPv6) {
+		if k.IPv6 == (fam == netfilter.IPv6) {
 			pl.after.internal[k] = m
 		}
 	}
 }
 
-func (p *Plane) ruleSet(fam iptables.Family, internal map[ServiceKey]uint32) ruleSet {
+func (p *Plane) ruleSet(fam netfilter.Family, internal map[ServiceKey]uint32) ruleSet {
 	return newRuleSet(fam, p.masq, internal)
 }
 
-func (p *Plane) restore(fam iptables.Family, input []byte) error {
+func (p *Plane) restore(fam netfilter.Family, input []byte) error {
 	_, err := p.run.Run(p.tools[fam].Restore, []string{"--noflush"}, input)
 	return err
 }
 
-func (p *Plane) save(fam iptables.Family, table string) (*savedTable, error) {
+func (p *Plane) save(fam netfilter.Family, table string) (*netfilter.SavedTable, error) {
 	out, err := p.run.Run(p.tools[fam].Save, []string{"-t", table}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("read the %s %s table: %w", fam, table, err)
+	if err == nil {
+		var t *netfilter.SavedTable
+		if t, err = parseTable(out, table); err == nil {
+			return t, nil
+		}
 	}
-	return parseSave(out), nil
+	return nil, fmt.Errorf("read the %s %s table: %w", fam, table, err)
+}
+
+// parseTable is table in the iptables-save output out; nil if out lacks it.
+func parseTable(out []byte, table string) (*netfilter.SavedTable, error) {
+	tables, err := netfilter.ParseSave(out)
+	if err != nil {
+		return nil, err
+	}
+	return tables[table], nil
+}
+
+// savedRules are the rules of chain as iptables-save spells them, to
+// compare with the rules the Plane writes, which are in that spelling.
+func savedRules(t *netfilter.SavedTable, chain string) []string {
+	var out []string
+	for _, r := range t.ChainRules(chain) {
+		out = append(out, netfilter.JoinWords(r))
+	}
+	return out
 }
 
 // read reads the Plane's state from the kernel: the addresses of the
 // dummy interface, the members of kpr's sets, the marks of the nat rules,
 // and the virtual servers that are kpr's (owned), with their real servers.
 // It also returns the tables it saved.
-func (p *Plane) read() (*kstate, map[iptables.Family]map[string]*savedTable, error) {
+func (p *Plane) read() (*kstate, map[netfilter.Family]map[string]*netfilter.SavedTable, error) {
 	t := newKState()
 	addrs, err := p.k.DeviceAddrs()
 	if err != nil {
@@ -176,9 +198,9 @@ func (p *Plane) read() (*kstate, map[iptables.Family]map[string]*savedTable, err
 			t.entries[setEntry{s.Name, e}] = true
 		}
 	}
-	saved := map[iptables.Family]map[string]*savedTable{}
+	saved := map[netfilter.Family]map[string]*netfilter.SavedTable{}
 	for _, fam := range p.families {
-		saved[fam] = map[string]*savedTable{}
+		saved[fam] = map[string]*netfilter.SavedTable{}
 		for _, table := range tables {
 			st, err := p.save(fam, table)
 			if err != nil {

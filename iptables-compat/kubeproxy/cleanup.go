@@ -20,17 +20,16 @@ import (
 	"slices"
 	"strings"
 
+	mobyipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
-	"golang.org/x/sys/unix"
 
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // Node is the node network namespace to clean.
 type Node struct {
 	// Runner runs iptables-save/-restore and nft in the namespace.
-	Runner iptables.Runner
+	Runner netfilter.Runner
 	// Do runs fn on a thread in the namespace, for the netlink calls.
 	Do func(fn func() error) error
 }
@@ -73,7 +72,7 @@ func Cleanup(n Node) (Report, error) {
 	if err := n.Do(func() error { return removeIPVS(&rep) }); err != nil {
 		errs = append(errs, err)
 	}
-	chains, err := iptables.RemoveChains(n.Runner, []string{"nat", "filter", "mangle"}, isKubeProxyChain)
+	chains, err := netfilter.RemoveChains(n.Runner, []string{"nat", "filter", "mangle"}, isKubeProxyChain)
 	rep.Chains = chains
 	if err != nil {
 		errs = append(errs, fmt.Errorf("remove kube-proxy's iptables chains: %w", err))
@@ -123,7 +122,7 @@ const nftTable = "kube-proxy"
 
 // removeNFTables deletes the nftables mode's tables. Without an nft binary
 // there are none: kube-proxy's nftables mode runs nft itself.
-func removeNFTables(r iptables.Runner) ([]string, error) {
+func removeNFTables(r netfilter.Runner) ([]string, error) {
 	families, err := familiesWithTable(r, nftTable)
 	if err != nil || len(families) == 0 {
 		return nil, err
@@ -145,13 +144,6 @@ func removeNFTables(r iptables.Runner) ([]string, error) {
 	return deleted, errors.Join(errs...)
 }
 
-// IPVS generic netlink, from include/uapi/linux/ip_vs.h.
-const (
-	ipvsFamily     = "IPVS"
-	ipvsCmdFlush   = 17
-	ipvsGenVersion = 1
-)
-
 // removeIPVS flushes the IPVS virtual servers and deletes kube-ipvs0, if
 // the namespace has that interface: an IPVS-mode kube-proxy always creates
 // it, and IPVS state without it is not kube-proxy's to remove. Flushing
@@ -167,15 +159,12 @@ func removeIPVS(rep *Report) error {
 		}
 		return fmt.Errorf("look for kube-proxy's %s interface: %w", dummyDevice, err)
 	}
-	fam, err := netlink.GenlFamilyGet(ipvsFamily)
-	if err != nil {
+	if _, err := netlink.GenlFamilyGet("IPVS"); err != nil {
 		// The interface is there but the kernel has no IPVS (any more):
 		// there are no virtual servers to flush.
 		rep.IPVSNote = "the kernel has no IPVS: " + err.Error()
 	} else {
-		req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_ACK)
-		req.AddData(&nl.Genlmsg{Command: ipvsCmdFlush, Version: ipvsGenVersion})
-		if _, err := req.Execute(unix.NETLINK_GENERIC, 0); err != nil {
+		if err := flushIPVS(); err != nil {
 			return fmt.Errorf("flush the IPVS virtual servers: %w (kube-ipvs0 stays, so the next cleanup tries again)", err)
 		}
 		rep.IPVSFlushed = true
@@ -185,6 +174,17 @@ func removeIPVS(rep *Report) error {
 	}
 	rep.DummyRemoved = true
 	return nil
+}
+
+// flushIPVS deletes every virtual server of the calling thread's network
+// namespace. It runs only where the kernel has IPVS already.
+func flushIPVS() error {
+	h, err := mobyipvs.New("")
+	if err != nil {
+		return fmt.Errorf("open an IPVS netlink socket: %w", err)
+	}
+	defer h.Close()
+	return h.Flush()
 }
 
 // ipSets are the IPVS mode's ipsets (pkg/proxy/ipvs/ipset.go).

@@ -6,7 +6,7 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // Connections kube-proxy NATed keep their translation in their conntrack
@@ -52,7 +52,7 @@ table %[1]s %[2]s {
 `
 
 // keepNAT adds the table in family ("ip" or "ip6").
-func keepNAT(r iptables.Runner, family string) error {
+func keepNAT(r netfilter.Runner, family string) error {
 	if _, err := r.Run("nft", []string{"-f", "-"}, fmt.Appendf(nil, keepNATRuleset, family, KeepNATTable)); err != nil {
 		return fmt.Errorf("add the %s %s table that keeps established NATed connections working: %w "+
 			"(kube-proxy's %s table stays, so the next cleanup tries again)", family, KeepNATTable, err, family)
@@ -63,7 +63,7 @@ func keepNAT(r iptables.Runner, family string) error {
 // RemoveKeepNAT deletes the tables Cleanup added, and returns which it
 // deleted. Connections that kube-proxy NATed and that are still open stop
 // working if no other nat chain is left in their family.
-func RemoveKeepNAT(r iptables.Runner) ([]string, error) {
+func RemoveKeepNAT(r netfilter.Runner) ([]string, error) {
 	families, err := familiesWithTable(r, KeepNATTable)
 	if err != nil || len(families) == 0 {
 		return nil, err
@@ -82,7 +82,7 @@ func RemoveKeepNAT(r iptables.Runner) ([]string, error) {
 
 // familiesWithTable lists the ip and ip6 families that hold an nftables
 // table called name. Without an nft binary there is none.
-func familiesWithTable(r iptables.Runner, name string) ([]string, error) {
+func familiesWithTable(r netfilter.Runner, name string) ([]string, error) {
 	out, err := r.Run("nft", []string{"list", "tables"}, nil)
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) {

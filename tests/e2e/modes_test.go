@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/iptables-compat/ipvs"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/cluster"
 	"github.com/kpr-io/kpr/tests/harness"
@@ -66,7 +67,7 @@ func (m dataMode) unavailable() string {
 	if m.ipvs {
 		// kpr programs IPVS and the ipsets through netlink: ipvsadm and
 		// ipset need not be installed, the kernel's modules must be.
-		if err := ipvs.Available(""); err != nil {
+		if err := netfilter.IPVSAvailable(""); err != nil {
 			return "the IPVS mode cannot run on this kernel (it runs in the kernel-matrix VM: make test-kernels-e2e): " + err.Error()
 		}
 		if err := dummyLinks(); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/harness"
 )
@@ -67,11 +68,11 @@ const (
 var requestLine = []byte("ping\n")
 
 func BenchmarkNodePortRequests(b *testing.B) {
-	var variants []iptables.Variant
+	var variants []netfilter.Variant
 	for _, v := range strings.Split(*benchIPTables, ",") {
-		switch iptables.Variant(v) {
-		case iptables.Legacy, iptables.NFT:
-			variants = append(variants, iptables.Variant(v))
+		switch netfilter.Variant(v) {
+		case netfilter.Legacy, netfilter.NFT:
+			variants = append(variants, netfilter.Variant(v))
 		default:
 			b.Fatalf("-tcbench.iptables=%q: want legacy, nft or both, comma separated", *benchIPTables)
 		}
@@ -127,7 +128,7 @@ func BenchmarkNodePortRequests(b *testing.B) {
 // One short round of each side, on a few Services: every side serves, each
 // from its own node namespace, and kpr's without netfilter conntrack.
 func TestNodePortBenchRigServesBothSides(t *testing.T) {
-	r := newBenchRig(t, 10, []iptables.Variant{iptables.Legacy})
+	r := newBenchRig(t, 10, []netfilter.Variant{netfilter.Legacy})
 	for _, s := range []*benchSide{r.sides[0], r.sides[1], r.sides[0]} {
 		res := r.round(t, s, 200*time.Millisecond, 2)
 		t.Logf("%-16s %s", s.name, res)
@@ -148,13 +149,13 @@ type benchRig struct {
 type benchSide struct {
 	name    string
 	top     *topology
-	variant iptables.Variant // of an iptables side
-	run     iptables.Runner  // in the node namespace, for an iptables side
+	variant netfilter.Variant // of an iptables side
+	run     netfilter.Runner  // in the node namespace, for an iptables side
 }
 
 func (s *benchSide) kpr() bool { return s.name == sideKpr }
 
-func newBenchRig(tb testing.TB, services int, variants []iptables.Variant) *benchRig {
+func newBenchRig(tb testing.TB, services int, variants []netfilter.Variant) *benchRig {
 	tb.Helper()
 	// kpr's maps at the sizes it ships with. The fixture's 4,096-entry
 	// conntrack map fills within a round, and a full one stalls some new
@@ -172,13 +173,13 @@ func newBenchRig(tb testing.TB, services int, variants []iptables.Variant) *benc
 	for _, v := range variants {
 		top := buildTopology(tb, benchPods)
 		s := &benchSide{name: "iptables-" + string(v), top: top, variant: v,
-			run: iptables.ExecRunner{Prefix: []string{"ip", "netns", "exec", top.node.NetNS.Name}}}
+			run: netfilter.ExecRunner{Prefix: []string{"ip", "netns", "exec", top.node.NetNS.Name}}}
 		// The same pod addresses in every topology: the same desired
 		// state serves them all.
 		if got := top.backends(fe.Addr(), dataplane.TCP, top.pods...); !slices.Equal(got, backends) {
 			tb.Fatalf("%s: the topology's pods are %v, kpr's %v", s.name, got, backends)
 		}
-		p, err := iptables.New(iptables.Options{Runner: s.run, Families: map[iptables.Family]iptables.Tools{iptables.IPv4: iptables.ToolsFor(v, iptables.IPv4)}})
+		p, err := iptables.New(iptables.Options{Runner: s.run, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4)}})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -419,7 +420,7 @@ func (s *benchSide) nodePortPackets(tb testing.TB, port uint16) uint64 {
 	if s.kpr() {
 		return 0
 	}
-	out, err := s.run.Run(iptables.ToolsFor(s.variant, iptables.IPv4).Save, []string{"-c", "-t", "nat"}, nil)
+	out, err := s.run.Run(netfilter.ToolsFor(s.variant, netfilter.IPv4).Save, []string{"-c", "-t", "nat"}, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
