@@ -206,6 +206,17 @@ func RunDriftCheck(d dataplane.DriftChecker) (held bool, err error) {
 	return false, fmt.Errorf("drift check did not end in 10000 steps")
 }
 
+// DriftCheckHolds is RunDriftCheck's verdict for a test, which it fails
+// on an error.
+func DriftCheckHolds(t testing.TB, d dataplane.DriftChecker) bool {
+	t.Helper()
+	held, err := RunDriftCheck(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return held
+}
+
 // name is a ServicePort of namespace default with an unnamed TCP port.
 func name(n string) dataplane.ServicePortName {
 	return dataplane.ServicePortName{Namespace: "default", Name: n, Protocol: dataplane.TCP}

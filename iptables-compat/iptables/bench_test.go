@@ -11,6 +11,7 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 // The cost of one partial sync: one Service of many changes its endpoints,
@@ -166,7 +167,7 @@ func (r *countingRunner) totals() (int, time.Duration) {
 func BenchmarkDriftCheck(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			p := reconciledPlane(b, newFake(), map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.Legacy, netfilter.IPv4)}, n)
+			p := reconciledPlane(b, netfiltertest.NewIPTables(), map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.Legacy, netfilter.IPv4)}, n)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 // allGolden is every golden case's ServicePorts at once: every shape of
@@ -106,11 +107,11 @@ func checkCleaned(t *testing.T, after map[netfilter.Family]string) {
 }
 
 func TestCleanupRemovesEveryChainItWrites(t *testing.T) {
-	fake := newFake()
+	fake := netfiltertest.NewIPTables()
 	// Only the nft binaries are installed: legacy is skipped.
 	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		tools := netfilter.ToolsFor(netfilter.Legacy, fam)
-		fake.missing[tools.Save], fake.missing[tools.Restore] = true, true
+		fake.Missing[tools.Save], fake.Missing[tools.Restore] = true, true
 	}
 	checkCleaned(t, writeAndClean(t, fake, netfilter.NFT))
 }

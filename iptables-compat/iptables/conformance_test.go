@@ -12,6 +12,7 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 // The iptables backend over the in-memory iptables passes the dataplane
@@ -19,7 +20,7 @@ import (
 // walks the chains (observe_test.go), so it sees what the rules do.
 func TestConformance(t *testing.T) {
 	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-		return conformanceBackend(t, newFake(), netfilter.NFT, 0)
+		return conformanceBackend(t, netfiltertest.NewIPTables(), netfilter.NFT, 0)
 	})
 }
 
@@ -28,7 +29,7 @@ func TestConformance(t *testing.T) {
 // iptables-nft: every scenario must come out the same.
 func TestConformanceWithSplitWrites(t *testing.T) {
 	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-		return conformanceBackend(t, newFake(), netfilter.NFT, 1)
+		return conformanceBackend(t, netfiltertest.NewIPTables(), netfilter.NFT, 1)
 	})
 }
 

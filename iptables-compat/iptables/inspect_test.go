@@ -56,9 +56,9 @@ func TestInspectReadsWhatThePlaneWrote(t *testing.T) {
 
 	// By hand: the jump to one endpoint's chain deleted from KUBE-SVC-*.
 	sep := endpointChain(web.Name, be("10.244.1.5:8080"))
-	nat := tp.fake.tables["iptables"][tableNAT]
+	nat := tp.fake.Tables["iptables"][tableNAT]
 	svc := clusterChain(web.Name)
-	nat.rules[svc] = slices.DeleteFunc(nat.rules[svc], func(r []string) bool { return slices.Contains(r, sep) })
+	nat.Rules[svc] = slices.DeleteFunc(nat.Rules[svc], func(r []string) bool { return slices.Contains(r, sep) })
 	got = read().Inspect(web)
 	if len(got.Divergences) != 1 || !strings.HasPrefix(got.Divergences[0], "IPv4 nat "+svc+" lacks the rule: -A "+svc) ||
 		!strings.Contains(got.Divergences[0], "-j "+sep) {
@@ -69,9 +69,9 @@ func TestInspectReadsWhatThePlaneWrote(t *testing.T) {
 	}
 
 	// By hand: the endpoint's chain flushed and deleted, and a stray rule.
-	delete(nat.rules, sep)
-	nat.order = slices.DeleteFunc(nat.order, func(c string) bool { return c == sep })
-	nat.rules[svc] = append(nat.rules[svc], []string{"-m", "comment", "--comment", "stray", "-j", "ACCEPT"})
+	delete(nat.Rules, sep)
+	nat.Order = slices.DeleteFunc(nat.Order, func(c string) bool { return c == sep })
+	nat.Rules[svc] = append(nat.Rules[svc], []string{"-m", "comment", "--comment", "stray", "-j", "ACCEPT"})
 	got = read().Inspect(web)
 	joined := strings.Join(got.Divergences, "\n")
 	for _, w := range []string{"nat chain " + sep + " is missing (the endpoint 10.244.1.5:8080)", "nat " + svc + " has a rule kpr does not write: -A " + svc + ` -m comment --comment stray -j ACCEPT`} {

@@ -69,7 +69,7 @@ func TestDriftCheckHoldsOverRealTables(t *testing.T) {
 				if err := p.Reconcile(changes(sps...)); err != nil {
 					t.Fatal(err)
 				}
-				if held := runDriftCheck(t, p); !held {
+				if held := dataplanetest.DriftCheckHolds(t, p); !held {
 					t.Fatal("the drift check finds drift in tables the Plane has just written")
 				}
 			})

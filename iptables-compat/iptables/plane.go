@@ -73,11 +73,7 @@ func New(o Options) (*Plane, error) {
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
-	for _, f := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
-		if _, ok := o.Families[f]; ok {
-			p.families = append(p.families, f)
-		}
-	}
+	p.families = netfilter.FamiliesOf(o.Families)
 	return p, nil
 }
 

@@ -14,17 +14,18 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 type testPlane struct {
 	*Plane
-	fake    *fakeIPTables
+	fake    *netfiltertest.IPTables
 	failing *failingRunner
 	ct      *recordingCleaner
 }
 
 func newTestPlane(t *testing.T) testPlane {
-	fake := newFake()
+	fake := netfiltertest.NewIPTables()
 	failing := &failingRunner{Runner: fake}
 	ct := &recordingCleaner{}
 	p, err := New(Options{Runner: failing, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6)},
@@ -120,14 +121,14 @@ func TestApplyRewritesOnlyTheChangedServicePortsChains(t *testing.T) {
 	}
 	a2 := &dataplane.ServicePort{Name: a.Name, Frontends: []dataplane.Frontend{
 		front(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, bes("10.244.0.3:80"), nil)}}
-	tp.fake.inputs = nil
+	tp.fake.Inputs = nil
 	if err := tp.Apply(changes(a2)); err != nil {
 		t.Fatal(err)
 	}
-	if len(tp.fake.inputs) != 1 || !strings.HasPrefix(tp.fake.inputs[0], "*nat") {
-		t.Fatalf("an endpoint change ran %d transactions, want one of the nat table:\n%s", len(tp.fake.inputs), strings.Join(tp.fake.inputs, "\n"))
+	if len(tp.fake.Inputs) != 1 || !strings.HasPrefix(tp.fake.Inputs[0], "*nat") {
+		t.Fatalf("an endpoint change ran %d transactions, want one of the nat table:\n%s", len(tp.fake.Inputs), strings.Join(tp.fake.Inputs, "\n"))
 	}
-	nat := tp.fake.inputs[0]
+	nat := tp.fake.Inputs[0]
 	for _, want := range []string{
 		":" + clusterChain(a.Name) + " ",
 		":" + endpointChain(a.Name, be("10.244.0.3:80")) + " ",
@@ -149,13 +150,13 @@ func TestApplyRewritesOnlyTheChangedServicePortsChains(t *testing.T) {
 
 	c := &dataplane.ServicePort{Name: spn("ns", "c", "", dataplane.TCP), Frontends: []dataplane.Frontend{
 		front(dataplane.ClusterIP, "10.96.0.3:80", dataplane.TCP, bes("10.244.0.4:80"), nil)}}
-	tp.fake.inputs = nil
+	tp.fake.Inputs = nil
 	if err := tp.Apply(changes(c)); err != nil {
 		t.Fatal(err)
 	}
-	if len(tp.fake.inputs) != 1 || !strings.Contains(tp.fake.inputs[0], ":"+chainServices+" ") ||
-		!strings.Contains(tp.fake.inputs[0], "-j "+clusterChain(b.Name)) {
-		t.Fatalf("a new Service's transactions do not rewrite KUBE-SERVICES whole:\n%s", strings.Join(tp.fake.inputs, "\n"))
+	if len(tp.fake.Inputs) != 1 || !strings.Contains(tp.fake.Inputs[0], ":"+chainServices+" ") ||
+		!strings.Contains(tp.fake.Inputs[0], "-j "+clusterChain(b.Name)) {
+		t.Fatalf("a new Service's transactions do not rewrite KUBE-SERVICES whole:\n%s", strings.Join(tp.fake.Inputs, "\n"))
 	}
 	want = state(want, serves("10.96.0.3:80", "10.244.0.4:80"))
 	if got := tp.served(t); !equalState(got, want) {
@@ -201,21 +202,21 @@ func TestReconcileDeletesUnownedChainsAndKeepsOthers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nat := tp.fake.tables["iptables"]["nat"]
+	nat := tp.fake.Tables["iptables"]["nat"]
 	for _, c := range []string{"KUBE-SVC-LEFTOVER0000000", "KUBE-SEP-LEFTOVER0000000"} {
-		if slices.Contains(nat.order, c) {
+		if slices.Contains(nat.Order, c) {
 			t.Errorf("leftover chain %s survived Reconcile", c)
 		}
 	}
-	if !slices.Contains(nat.order, "CNI-MINE") || !slices.Contains(nat.order, clusterChain(a.Name)) {
-		t.Errorf("Reconcile removed a chain it should keep; nat chains: %v", nat.order)
+	if !slices.Contains(nat.Order, "CNI-MINE") || !slices.Contains(nat.Order, clusterChain(a.Name)) {
+		t.Errorf("Reconcile removed a chain it should keep; nat chains: %v", nat.Order)
 	}
 	for _, builtin := range []string{"PREROUTING", "OUTPUT", "POSTROUTING"} {
-		if n := len(nat.rules[builtin]); n != 1 {
-			t.Errorf("nat %s has %d rules after two Reconciles, want its one jump: %v", builtin, n, nat.rules[builtin])
+		if n := len(nat.Rules[builtin]); n != 1 {
+			t.Errorf("nat %s has %d rules after two Reconciles, want its one jump: %v", builtin, n, nat.Rules[builtin])
 		}
 	}
-	if n := len(tp.fake.tables["iptables"]["filter"].rules["FORWARD"]); n != 4 {
+	if n := len(tp.fake.Tables["iptables"]["filter"].Rules["FORWARD"]); n != 4 {
 		t.Errorf("filter FORWARD has %d rules, want the 4 base jumps", n)
 	}
 }
@@ -257,15 +258,6 @@ func TestConntrackOfRemovedUDPBackends(t *testing.T) {
 	}
 }
 
-func runDriftCheck(t *testing.T, p *Plane) bool {
-	t.Helper()
-	held, err := dataplanetest.RunDriftCheck(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return held
-}
-
 // A failed call leaves tables no drift check can vouch for until a
 // Reconcile succeeds, even where the undo put them back.
 func TestDriftCheckAfterAFailedCall(t *testing.T) {
@@ -274,7 +266,7 @@ func TestDriftCheckAfterAFailedCall(t *testing.T) {
 	if err := tp.Reconcile(changes(sps...)); err != nil {
 		t.Fatal(err)
 	}
-	if !runDriftCheck(t, tp.Plane) {
+	if !dataplanetest.DriftCheckHolds(t, tp.Plane) {
 		t.Fatal("drift right after a Reconcile")
 	}
 	tp.failing.failAt(1, errors.New("injected"))
@@ -282,13 +274,13 @@ func TestDriftCheckAfterAFailedCall(t *testing.T) {
 		t.Fatal("Apply succeeded despite the failed write")
 	}
 	tp.failing.failAt(0, nil)
-	if runDriftCheck(t, tp.Plane) {
+	if dataplanetest.DriftCheckHolds(t, tp.Plane) {
 		t.Fatal("the drift check holds after a failed call")
 	}
 	if err := tp.Reconcile(changes(sps...)); err != nil {
 		t.Fatal(err)
 	}
-	if !runDriftCheck(t, tp.Plane) {
+	if !dataplanetest.DriftCheckHolds(t, tp.Plane) {
 		t.Fatal("drift after the repairing Reconcile")
 	}
 }
@@ -298,7 +290,7 @@ func TestDriftCheckAfterAFailedCall(t *testing.T) {
 // ServicePort's chains in one of them; KUBE-MARK-MASQ comes first, the
 // shared chains last, and the tables serve every Service.
 func TestLargeWriteGoesInParts(t *testing.T) {
-	fake := newFake()
+	fake := netfiltertest.NewIPTables()
 	tools := netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)
 	tools.SplitLines = 100
 	p, err := New(Options{Runner: fake, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: tools}, Log: zaptest.NewLogger(t)})
@@ -320,7 +312,7 @@ func TestLargeWriteGoesInParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	var nat []string
-	for _, in := range fake.inputs {
+	for _, in := range fake.Inputs {
 		if strings.HasPrefix(in, "*nat") {
 			nat = append(nat, in)
 		}
@@ -367,7 +359,7 @@ func TestLargeWriteGoesInParts(t *testing.T) {
 // then shows the state after the Apply: it is compared again with that
 // state (no second iptables-save), not taken for drift.
 func TestDriftCheckDoesNotHoldUpApply(t *testing.T) {
-	fake := newFake()
+	fake := netfiltertest.NewIPTables()
 	gate := &heldSaves{Runner: fake, release: make(chan struct{})}
 	p, err := New(Options{Runner: gate, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}, Log: zaptest.NewLogger(t)})
 	if err != nil {
@@ -437,14 +429,14 @@ func TestDriftCheckSeesARuleInAnEmptySharedChain(t *testing.T) {
 	if err := tp.Reconcile(changes(benchService(1, 0))); err != nil {
 		t.Fatal(err)
 	}
-	if !runDriftCheck(t, tp.Plane) {
+	if !dataplanetest.DriftCheckHolds(t, tp.Plane) {
 		t.Fatal("drift right after a Reconcile")
 	}
 	if _, err := tp.fake.Run("iptables-nft-restore", []string{"--noflush"},
 		[]byte("*filter\n-A KUBE-SERVICES -d 10.96.1.1/32 -p tcp -m tcp --dport 80 -j REJECT\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
-	if runDriftCheck(t, tp.Plane) {
+	if dataplanetest.DriftCheckHolds(t, tp.Plane) {
 		t.Fatal("the drift check holds with a foreign rule in filter KUBE-SERVICES")
 	}
 }

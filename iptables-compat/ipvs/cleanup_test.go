@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 func netipAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -14,7 +15,7 @@ func netipAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 // wrote, and leaves another program's virtual server and the node's other
 // rules alone.
 func TestCleanupRemovesWhatThePlaneWrote(t *testing.T) {
-	k, run := newFakeKernel(), newFakeIPTables()
+	k, run := newFakeKernel(), netfiltertest.NewIPTables()
 	p := fakePlane(t, k, run)
 	sp := goldenCases()["local-policy-source-ranges"]
 	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {

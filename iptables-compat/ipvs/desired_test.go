@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -159,7 +161,7 @@ func TestMasqueradeAllMarksEveryClusterIPConnection(t *testing.T) {
 	all := "-A " + chainServices + " -m set --match-set " + setName(setClusterIP, false) + " dst,dst -j " + chainMarkMasq
 	for _, masqAll := range []bool{false, true} {
 		t.Run(fmt.Sprintf("masquerade-all=%v", masqAll), func(t *testing.T) {
-			k, run := newFakeKernel(), newFakeIPTables()
+			k, run := newFakeKernel(), netfiltertest.NewIPTables()
 			masq := goldenMasquerade("clusterip")
 			masq.All = masqAll
 			p, err := New(Options{Kernel: k, Runner: run, Masquerade: masq,
@@ -189,7 +191,7 @@ func TestMasqueradeAllMarksEveryClusterIPConnection(t *testing.T) {
 				t.Errorf("%s marks connections from outside --cluster-cidr by a rule of their own: %v, want %v:\n%s",
 					chainServices, fromOutside, !masqAll, strings.Join(rules, "\n"))
 			}
-			if !runDriftCheck(t, p) {
+			if !dataplanetest.DriftCheckHolds(t, p) {
 				t.Error("the drift check finds drift in what the Plane has just written")
 			}
 		})

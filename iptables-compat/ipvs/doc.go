@@ -14,7 +14,7 @@
 //
 // The desired state (desired.go) is a pure function of the ServicePorts;
 // the Plane (plane.go) diffs it against what the kernel holds and writes
-// the difference through a Kernel (kernel.go) and an netfilter.Runner, so
+// the difference through a Kernel (kernel.go) and a netfilter.Runner, so
 // that tests use in-memory stand-ins or a network namespace of their own.
 // Removed real servers drain (reaper.go): weight 0 first, deleted once they
 // have no connections left, UDP ones at once.

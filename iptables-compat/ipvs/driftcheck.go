@@ -10,6 +10,14 @@ import (
 
 var _ dataplane.DriftChecker = (*Plane)(nil)
 
+// driftCheck runs its steps one a call; each reads one part of the kernel.
+type driftCheck struct {
+	p     *Plane
+	steps []func() (bool, error)
+	// read is what the first step read, for the next to judge ownership.
+	read *kstate
+}
+
 // StartDriftCheck begins a check of the kernel against what the Plane
 // wrote, in steps: the addresses and sets, the virtual servers, then each
 // family's tables. So the periodic sync rewrites only when something
@@ -23,13 +31,6 @@ func (p *Plane) StartDriftCheck() dataplane.DriftCheck {
 		}
 	}
 	return c
-}
-
-type driftCheck struct {
-	p     *Plane
-	steps []func() (bool, error)
-	// read is what the first step read, for the next to judge ownership.
-	read *kstate
 }
 
 func (c *driftCheck) Step() (done, held bool, err error) {

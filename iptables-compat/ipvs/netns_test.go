@@ -100,7 +100,7 @@ func TestDriftCheckHoldsOverTheKernel(t *testing.T) {
 				if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
 					t.Fatal(err)
 				}
-				if held := runDriftCheck(t, p); !held {
+				if held := dataplanetest.DriftCheckHolds(t, p); !held {
 					t.Fatal("the drift check finds drift in what the Plane has just written")
 				}
 			})

@@ -8,6 +8,7 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 func fakePlane(t *testing.T, k *fakeKernel, run netfilter.Runner) *Plane {
@@ -44,7 +45,7 @@ func weights(t *testing.T, k *fakeKernel, key ServiceKey) map[string]int {
 // connections, deleted by the reaper once it has none.
 func TestRemovedTCPRealServerDrainsThenGoes(t *testing.T) {
 	k := newFakeKernel()
-	p := fakePlane(t, k, newFakeIPTables())
+	p := fakePlane(t, k, netfiltertest.NewIPTables())
 	key := addrKey(netipAddr("10.96.0.1"), dataplane.TCP, 80)
 	sp := clusterIPPort(dataplane.TCP, "10.244.0.1:8080", "10.244.0.2:8080")
 	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
@@ -72,7 +73,7 @@ func TestRemovedTCPRealServerDrainsThenGoes(t *testing.T) {
 		t.Fatalf("after the reaper, the real servers are %v, want 10.244.0.1:8080 alone", got)
 	}
 	// The Plane's view followed the reaper: no drift.
-	if held := runDriftCheck(t, p); !held {
+	if held := dataplanetest.DriftCheckHolds(t, p); !held {
 		t.Error("the drift check finds drift after the reaper deleted a drained real server")
 	}
 }
@@ -80,7 +81,7 @@ func TestRemovedTCPRealServerDrainsThenGoes(t *testing.T) {
 // A drained real server whose endpoint comes back serves again.
 func TestDrainedRealServerComesBack(t *testing.T) {
 	k := newFakeKernel()
-	p := fakePlane(t, k, newFakeIPTables())
+	p := fakePlane(t, k, netfiltertest.NewIPTables())
 	key := addrKey(netipAddr("10.96.0.1"), dataplane.TCP, 80)
 	two := clusterIPPort(dataplane.TCP, "10.244.0.1:8080", "10.244.0.2:8080")
 	for _, sp := range []*dataplane.ServicePort{two, clusterIPPort(dataplane.TCP, "10.244.0.1:8080"), clusterIPPort(dataplane.TCP, "10.244.0.1:8080", "10.244.0.2:8080")} {
@@ -96,7 +97,7 @@ func TestDrainedRealServerComesBack(t *testing.T) {
 // UDP has no connection that ends: a UDP real server goes at once.
 func TestRemovedUDPRealServerGoesAtOnce(t *testing.T) {
 	k := newFakeKernel()
-	p := fakePlane(t, k, newFakeIPTables())
+	p := fakePlane(t, k, netfiltertest.NewIPTables())
 	key := addrKey(netipAddr("10.96.0.1"), dataplane.UDP, 80)
 	sp := clusterIPPort(dataplane.UDP, "10.244.0.1:8080", "10.244.0.2:8080")
 	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
@@ -110,13 +111,4 @@ func TestRemovedUDPRealServerGoesAtOnce(t *testing.T) {
 	if got := weights(t, k, key); len(got) != 1 {
 		t.Fatalf("after a UDP endpoint left, the real servers are %v, want it deleted at once", got)
 	}
-}
-
-func runDriftCheck(t *testing.T, p *Plane) bool {
-	t.Helper()
-	held, err := dataplanetest.RunDriftCheck(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return held
 }

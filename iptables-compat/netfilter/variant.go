@@ -65,6 +65,18 @@ const (
 // have changed variant since the rules were written.
 var Variants = []Variant{NFT, Legacy}
 
+// FamiliesOf are the families tools has binaries for, in the order of
+// Families.
+func FamiliesOf(tools map[Family]Tools) []Family {
+	var out []Family
+	for _, f := range Families {
+		if _, ok := tools[f]; ok {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // ToolsFor returns the binaries of variant for fam.
 func ToolsFor(v Variant, fam Family) Tools {
 	base := "iptables"
