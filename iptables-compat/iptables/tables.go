@@ -220,6 +220,7 @@ func (in tableInput) eachLine(fn func(string)) {
 	netfilter.WriteRestore(in.table, fn, in.write)
 }
 
+// write is the body of the input, between the table's header and COMMIT.
 func (in tableInput) write(w netfilter.RestoreInput) {
 	for _, c := range in.shared {
 		w.Declare(c.name)
