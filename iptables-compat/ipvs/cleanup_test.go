@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 func netipAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -15,7 +14,7 @@ func netipAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 // wrote, and leaves another program's virtual server and the node's other
 // rules alone.
 func TestCleanupRemovesWhatThePlaneWrote(t *testing.T) {
-	k, run := newFakeKernel(), netfiltertest.NewIPTables()
+	k, run := newFakes()
 	p := fakePlane(t, k, run)
 	sp := goldenCases()["local-policy-source-ranges"]
 	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {

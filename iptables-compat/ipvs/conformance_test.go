@@ -10,7 +10,6 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 // nodeAddrs are the node's own addresses in the conformance suite's
@@ -21,7 +20,8 @@ var nodeAddrs = map[netip.Addr]bool{netip.MustParseAddr("192.168.1.10"): true}
 // dataplane conformance suite.
 func TestConformance(t *testing.T) {
 	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-		return conformanceBackend(t, newFakeKernel(), netfiltertest.NewIPTables(), netfilter.NFT)
+		k, run := newFakes()
+		return conformanceBackend(t, k, run, netfilter.NFT)
 	})
 }
 

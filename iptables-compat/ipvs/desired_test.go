@@ -15,7 +15,6 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -161,7 +160,7 @@ func TestMasqueradeAllMarksEveryClusterIPConnection(t *testing.T) {
 	all := "-A " + chainServices + " -m set --match-set " + setName(setClusterIP, false) + " dst,dst -j " + chainMarkMasq
 	for _, masqAll := range []bool{false, true} {
 		t.Run(fmt.Sprintf("masquerade-all=%v", masqAll), func(t *testing.T) {
-			k, run := newFakeKernel(), netfiltertest.NewIPTables()
+			k, run := newFakes()
 			masq := goldenMasquerade("clusterip")
 			masq.All = masqAll
 			p, err := New(Options{Kernel: k, Runner: run, Masquerade: masq,

@@ -6,8 +6,13 @@ import (
 	"maps"
 	"net/netip"
 	"sync"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 // fakeKernel is an in-memory Kernel that refuses what the kernel refuses:
@@ -215,4 +220,23 @@ func (f *fakeKernel) DestroySet(name string) error {
 	defer f.mu.Unlock()
 	delete(f.sets, name)
 	return nil
+}
+
+// newFakes are an empty in-memory kernel and iptables.
+func newFakes() (*fakeKernel, *netfiltertest.IPTables) {
+	return newFakeKernel(), netfiltertest.NewIPTables()
+}
+
+// fakePlane is a Plane over k and run, programming both families with
+// iptables-nft.
+func fakePlane(t *testing.T, k *fakeKernel, run netfilter.Runner) *Plane {
+	t.Helper()
+	p, err := New(Options{Kernel: k, Runner: run,
+		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4),
+			netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6)},
+		Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -3,25 +3,9 @@ package ipvs
 import (
 	"testing"
 
-	"go.uber.org/zap/zaptest"
-
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
-
-func fakePlane(t *testing.T, k *fakeKernel, run netfilter.Runner) *Plane {
-	t.Helper()
-	p, err := New(Options{Kernel: k, Runner: run,
-		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4),
-			netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6)},
-		Log: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 func clusterIPPort(proto dataplane.Protocol, bs ...string) *dataplane.ServicePort {
 	return &dataplane.ServicePort{Name: dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: proto},
@@ -44,8 +28,8 @@ func weights(t *testing.T, k *fakeKernel, key ServiceKey) map[string]int {
 // A TCP real server that leaves drains: weight 0 while it has
 // connections, deleted by the reaper once it has none.
 func TestRemovedTCPRealServerDrainsThenGoes(t *testing.T) {
-	k := newFakeKernel()
-	p := fakePlane(t, k, netfiltertest.NewIPTables())
+	k, run := newFakes()
+	p := fakePlane(t, k, run)
 	key := addrKey(netipAddr("10.96.0.1"), dataplane.TCP, 80)
 	sp := clusterIPPort(dataplane.TCP, "10.244.0.1:8080", "10.244.0.2:8080")
 	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
@@ -80,8 +64,8 @@ func TestRemovedTCPRealServerDrainsThenGoes(t *testing.T) {
 
 // A drained real server whose endpoint comes back serves again.
 func TestDrainedRealServerComesBack(t *testing.T) {
-	k := newFakeKernel()
-	p := fakePlane(t, k, netfiltertest.NewIPTables())
+	k, run := newFakes()
+	p := fakePlane(t, k, run)
 	key := addrKey(netipAddr("10.96.0.1"), dataplane.TCP, 80)
 	two := clusterIPPort(dataplane.TCP, "10.244.0.1:8080", "10.244.0.2:8080")
 	for _, sp := range []*dataplane.ServicePort{two, clusterIPPort(dataplane.TCP, "10.244.0.1:8080"), clusterIPPort(dataplane.TCP, "10.244.0.1:8080", "10.244.0.2:8080")} {
@@ -96,8 +80,8 @@ func TestDrainedRealServerComesBack(t *testing.T) {
 
 // UDP has no connection that ends: a UDP real server goes at once.
 func TestRemovedUDPRealServerGoesAtOnce(t *testing.T) {
-	k := newFakeKernel()
-	p := fakePlane(t, k, netfiltertest.NewIPTables())
+	k, run := newFakes()
+	p := fakePlane(t, k, run)
 	key := addrKey(netipAddr("10.96.0.1"), dataplane.UDP, 80)
 	sp := clusterIPPort(dataplane.UDP, "10.244.0.1:8080", "10.244.0.2:8080")
 	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
