@@ -51,13 +51,15 @@ generate-check: deps
 	@hack/generate-check.sh
 
 ## lint: golangci-lint with .golangci.yaml (go vet, gofmt, goimports, unused,
-## misspell, and depguard keeping dataplane/desired/watcher/iptables-compat off
-## the eBPF packages); hack/golangci-lint.sh installs the pinned version on
-## first use. The gofmt line also covers the tests/tools module, which
-## golangci-lint does not load.
+## misspell, and depguard keeping the backend-neutral packages off the eBPF
+## packages); hack/golangci-lint.sh installs the pinned version on first use.
+## The gofmt line also covers the tests/tools module, which golangci-lint does
+## not load. hack/neutral-deps.sh checks what depguard cannot: that no
+## backend-neutral package reaches the eBPF packages at any depth.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	hack/golangci-lint.sh run ./...
+	hack/neutral-deps.sh
 
 ## unit: every test that needs neither root nor the API server (-short
 ## skips the others, see harness.RequireRoot and cluster.StartForTest)
