@@ -12,7 +12,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
-	"github.com/kpr-io/kpr/servicehealth"
+	"github.com/kpr-io/kpr/health"
 )
 
 // objectSource is the read side of the informer caches. The sync only reads
@@ -76,7 +76,7 @@ type computed struct {
 	noLocal noLocalCount
 	// healthCheck is set for Services with externalTrafficPolicy: Local
 	// and a healthCheckNodePort.
-	healthCheck *servicehealth.Service
+	healthCheck *health.Service
 }
 
 // syncer turns dirty Services into dataplane calls. It remembers what the
@@ -96,7 +96,7 @@ type syncer struct {
 	applied map[serviceName]appliedState
 	// healthChecks is the healthCheckNodePort state per Service, as of the
 	// last successful sync.
-	healthChecks map[serviceName]servicehealth.Service
+	healthChecks map[serviceName]health.Service
 	// noLocalTotal is the sum of applied's noLocal, kept current on every
 	// commit.
 	noLocalTotal noLocalCount
@@ -136,7 +136,7 @@ func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplan
 	return &syncer{
 		src: src, node: node, dp: dp, tr: tr, log: log,
 		applied:      map[serviceName]appliedState{},
-		healthChecks: map[serviceName]servicehealth.Service{},
+		healthChecks: map[serviceName]health.Service{},
 		problems:     map[serviceName]map[desired.Problem]bool{},
 		translated:   map[serviceName]translation{},
 		claims:       dataplane.NewClaims(),
@@ -450,7 +450,7 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 // healthCheckOf returns the health-check state of an externalTrafficPolicy:
 // Local Service: its healthCheckNodePort and how many distinct endpoints
 // this node has for external traffic (the local sets of its frontends).
-func healthCheckOf(svc *v1.Service, ports []dataplane.ServicePort) *servicehealth.Service {
+func healthCheckOf(svc *v1.Service, ports []dataplane.ServicePort) *health.Service {
 	if svc.Spec.HealthCheckNodePort == 0 || svc.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
 		return nil
 	}
@@ -462,7 +462,7 @@ func healthCheckOf(svc *v1.Service, ports []dataplane.ServicePort) *servicehealt
 			}
 		}
 	}
-	return &servicehealth.Service{Port: svc.Spec.HealthCheckNodePort, LocalEndpoints: len(local)}
+	return &health.Service{Port: svc.Spec.HealthCheckNodePort, LocalEndpoints: len(local)}
 }
 
 // logProblems logs the problems of key that were not there last time.
