@@ -38,7 +38,7 @@ func BenchmarkFirstSyncHeap(b *testing.B) {
 func firstSyncHeap(tb testing.TB, services, perService int) (peak, after uint64) {
 	src := clusterIPSource(services, perService)
 	node := desired.Node{Name: "node-a"}
-	s := newSyncer(src, func() desired.Node { return node }, nopDataplane{}, desiredTranslator, zap.NewNop())
+	s := newSyncer(src, func() desired.Node { return node }, nopDataplane{}, zap.NewNop())
 	before := memprobe.LiveHeap()
 	// Collect nearly continuously, so that the live heap the collector
 	// reports after each cycle follows the sync closely.

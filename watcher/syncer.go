@@ -27,23 +27,6 @@ type objectSource interface {
 	ServiceNames() []serviceName
 }
 
-// translator holds the desired-state functions. Production uses package
-// desired; unit tests of the sync loop substitute a tiny stand-in so that
-// they test the loop, not the translation.
-type translator struct {
-	skipService func(*v1.Service) (bool, string)
-	skipSlice   func(*discoveryv1.EndpointSlice) (bool, string)
-	translate   func(*v1.Service, []*discoveryv1.EndpointSlice, desired.Node) ([]dataplane.ServicePort, []desired.PortFacts, []desired.Problem)
-	equal       func(a, b *dataplane.ServicePort) bool
-}
-
-var desiredTranslator = translator{
-	skipService: desired.SkipService,
-	skipSlice:   desired.SkipSlice,
-	translate:   desired.Translate,
-	equal:       desired.Equal,
-}
-
 type servicePorts = map[dataplane.ServicePortName]*dataplane.ServicePort
 
 // portList is one Service's ServicePorts as translate returned them, each
@@ -86,7 +69,6 @@ type syncer struct {
 	src  objectSource
 	node func() desired.Node
 	dp   dataplane.Dataplane
-	tr   translator
 	log  *zap.Logger
 
 	// applied is what the dataplane holds per Service, as of the last
@@ -132,9 +114,9 @@ type translation struct {
 	c        computed
 }
 
-func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, tr translator, log *zap.Logger) *syncer {
+func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, log *zap.Logger) *syncer {
 	return &syncer{
-		src: src, node: node, dp: dp, tr: tr, log: log,
+		src: src, node: node, dp: dp, log: log,
 		applied:      map[serviceName]appliedState{},
 		healthChecks: map[serviceName]health.Service{},
 		problems:     map[serviceName]map[desired.Problem]bool{},
@@ -199,7 +181,7 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 		next[key] = c
 		old := s.applied[key].ports
 		for i := range c.ports {
-			if sp := &c.ports[i]; !s.tr.equal(old.get(sp.Name), sp) {
+			if sp := &c.ports[i]; !desired.Equal(old.get(sp.Name), sp) {
 				changes[sp.Name] = sp
 			}
 		}
@@ -420,7 +402,7 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 		delete(s.translated, key)
 		return computed{}
 	}
-	if skip, reason := s.tr.skipService(svc); skip {
+	if skip, reason := desired.SkipService(svc); skip {
 		s.log.Debug("Service not proxied", zap.Stringer("service", key), zap.String("reason", reason))
 		delete(s.problems, key)
 		delete(s.translated, key)
@@ -428,7 +410,7 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 	}
 	var eps []*discoveryv1.EndpointSlice
 	for _, slice := range s.src.Slices(key) {
-		if skip, _ := s.tr.skipSlice(slice); !skip {
+		if skip, _ := desired.SkipSlice(slice); !skip {
 			eps = append(eps, slice)
 		}
 	}
@@ -437,7 +419,7 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 	if cached, ok := s.translated[key]; ok && cached.versions == versions {
 		return cached.c
 	}
-	ports, facts, problems := s.tr.translate(svc, eps, node)
+	ports, facts, problems := desired.Translate(svc, eps, node)
 	s.logProblems(key, problems)
 
 	c := computed{ports: ports}

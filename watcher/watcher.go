@@ -145,7 +145,7 @@ func New(cfg Config, client *apiclient.Clients, dp dataplane.Dataplane, log *zap
 		log:    log,
 		api:    api,
 		node:   node,
-		runner: newRunner(cfg, tracker, newSyncer(api, node.current, dp, desiredTranslator, log), log),
+		runner: newRunner(cfg, tracker, newSyncer(api, node.current, dp, log), log),
 
 		cachesSynced: make(chan struct{}),
 	}
