@@ -48,7 +48,7 @@ func (nopDataplane) Apply(map[dataplane.ServicePortName]*dataplane.ServicePort) 
 func (nopDataplane) Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort) error { return nil }
 
 // syncerStateBytes fully syncs services Services of perService endpoints
-// with the real translator and returns the live heap of the syncer's
+// with the real translation and returns the live heap of the syncer's
 // state, the informer objects not counted.
 func syncerStateBytes(tb testing.TB, services, perService int) uint64 {
 	src := clusterIPSource(services, perService)
