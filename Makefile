@@ -76,9 +76,11 @@ test: deps generate-check lint tools
 	$(MAKE) test-kernel-oldest
 	$(MAKE) test-kernels-e2e
 
-## KERNEL_PACKAGES: the kernel-facing suites that run inside the VMs (the
-## API-server suites stay on the host: they skip inside)
-KERNEL_PACKAGES ?= ./tests/socklb,./tests/tcnat,./loader,./iptables-compat/iptables,./iptables-compat/ipvs
+## KERNEL_PACKAGES: the kernel-facing suites that run inside the VMs: every
+## package with a test file carrying //kpr:kernel-matrix (hack/kernel-packages.sh).
+## The API-server suites stay on the host: they skip inside.
+KERNEL_PACKAGES ?= $(shell hack/kernel-packages.sh)
+kernel_packages = $(or $(KERNEL_PACKAGES),$(error KERNEL_PACKAGES is empty: hack/kernel-packages.sh found no kernel-facing test package))
 
 ## test-kernels: the kernel-facing suites inside qemu VMs on Debian's 5.10
 ## (bullseye), 6.1 (bookworm) and 6.12 (trixie) kernels, fetched with a
@@ -86,12 +88,12 @@ KERNEL_PACKAGES ?= ./tests/socklb,./tests/tcnat,./loader,./iptables-compat/iptab
 ## goes to docs/kernel-matrix.md (tests/kernels/run, hack/kernels.sh)
 KERNEL_MATRIX_FLAGS ?=
 test-kernels: deps
-	$(GO) run ./tests/kernels/run -kernels bullseye,bookworm,trixie -packages $(KERNEL_PACKAGES) -out docs/kernel-matrix.md $(KERNEL_MATRIX_FLAGS)
+	$(GO) run ./tests/kernels/run -kernels bullseye,bookworm,trixie -packages $(kernel_packages) -out docs/kernel-matrix.md $(KERNEL_MATRIX_FLAGS)
 
 ## test-kernel-oldest: the same on 5.10 only, the oldest kernel kpr
 ## supports; part of make test
 test-kernel-oldest: deps
-	$(GO) run ./tests/kernels/run -kernels bullseye -packages $(KERNEL_PACKAGES) $(KERNEL_MATRIX_FLAGS)
+	$(GO) run ./tests/kernels/run -kernels bullseye -packages $(kernel_packages) $(KERNEL_MATRIX_FLAGS)
 
 ## test-kernels-e2e: tests/e2e's IPVS-mode scenarios (TestServices/ipvs), which
 ## need ip_vs and dummy links the host may lack, in a 6.1 (bookworm) VM that
