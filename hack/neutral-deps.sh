@@ -84,15 +84,20 @@ report=$(
 		{ for (i = 2; i <= NF; i++) adj[$1, ++deg[$1]] = $i }
 		END {
 			nr = split(roots, r, "\n")
-			for (k = 1; k <= nr; k++) {
-				root = r[k]; delete parent; delete queue
+			# Packages first, then their test variants, so that a chain only
+			# the tests add is told apart.
+			for (k = 1; k <= 2 * nr; k++) {
+				root = r[(k - 1) % nr + 1]
+				if ((k <= nr) == (root ~ / \[/)) continue
+				delete parent; delete queue
 				head = 1; tail = 1; queue[1] = root; parent[root] = ""
 				while (head <= tail) {
 					p = queue[head++]
 					if (p != root && denied(p)) {
 						chain = base(p)
 						for (q = parent[p]; q != ""; q = parent[q]) chain = base(q) " -> " chain
-						print chain
+						if (!(chain in told)) print chain (k > nr ? " (in its tests)" : "")
+						told[chain] = 1
 						continue
 					}
 					for (i = 1; i <= deg[p]; i++) {
