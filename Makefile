@@ -51,13 +51,15 @@ generate-check: deps
 	@hack/generate-check.sh
 
 ## lint: golangci-lint with .golangci.yaml (go vet, gofmt, goimports, unused,
-## misspell, and depguard keeping dataplane/desired/watcher/iptables-compat off
-## the eBPF packages); hack/golangci-lint.sh installs the pinned version on
-## first use. The gofmt line also covers the tests/tools module, which
-## golangci-lint does not load.
+## misspell, and depguard keeping the backend-neutral packages off the eBPF
+## packages); hack/golangci-lint.sh installs the pinned version on first use.
+## The gofmt line also covers the tests/tools module, which golangci-lint does
+## not load. hack/neutral-deps.sh checks what depguard cannot: that no
+## backend-neutral package reaches the eBPF packages at any depth.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	hack/golangci-lint.sh run ./...
+	hack/neutral-deps.sh
 
 ## unit: every test that needs neither root nor the API server (-short
 ## skips the others, see harness.RequireRoot and cluster.StartForTest)
@@ -74,9 +76,11 @@ test: deps generate-check lint tools
 	$(MAKE) test-kernel-oldest
 	$(MAKE) test-kernels-e2e
 
-## KERNEL_PACKAGES: the kernel-facing suites that run inside the VMs (the
-## API-server suites stay on the host: they skip inside)
-KERNEL_PACKAGES ?= ./tests/socklb,./tests/tcnat,./loader,./iptables-compat/iptables,./iptables-compat/ipvs
+## KERNEL_PACKAGES: the kernel-facing suites that run inside the VMs: every
+## package with a test file carrying //kpr:kernel-matrix (hack/kernel-packages.sh).
+## The API-server suites stay on the host: they skip inside.
+KERNEL_PACKAGES ?= $(shell hack/kernel-packages.sh)
+kernel_packages = $(or $(KERNEL_PACKAGES),$(error KERNEL_PACKAGES is empty: hack/kernel-packages.sh found no kernel-facing test package))
 
 ## test-kernels: the kernel-facing suites inside qemu VMs on Debian's 5.10
 ## (bullseye), 6.1 (bookworm) and 6.12 (trixie) kernels, fetched with a
@@ -84,12 +88,12 @@ KERNEL_PACKAGES ?= ./tests/socklb,./tests/tcnat,./loader,./iptables-compat/iptab
 ## goes to docs/kernel-matrix.md (tests/kernels/run, hack/kernels.sh)
 KERNEL_MATRIX_FLAGS ?=
 test-kernels: deps
-	$(GO) run ./tests/kernels/run -kernels bullseye,bookworm,trixie -packages $(KERNEL_PACKAGES) -out docs/kernel-matrix.md $(KERNEL_MATRIX_FLAGS)
+	$(GO) run ./tests/kernels/run -kernels bullseye,bookworm,trixie -packages $(kernel_packages) -out docs/kernel-matrix.md $(KERNEL_MATRIX_FLAGS)
 
 ## test-kernel-oldest: the same on 5.10 only, the oldest kernel kpr
 ## supports; part of make test
 test-kernel-oldest: deps
-	$(GO) run ./tests/kernels/run -kernels bullseye -packages $(KERNEL_PACKAGES) $(KERNEL_MATRIX_FLAGS)
+	$(GO) run ./tests/kernels/run -kernels bullseye -packages $(kernel_packages) $(KERNEL_MATRIX_FLAGS)
 
 ## test-kernels-e2e: tests/e2e's IPVS-mode scenarios (TestServices/ipvs), which
 ## need ip_vs and dummy links the host may lack, in a 6.1 (bookworm) VM that

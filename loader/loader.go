@@ -148,7 +148,7 @@ func Load(opts Options) (*Loaded, error) {
 	if err != nil {
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
-			return nil, fmt.Errorf("kernel verifier rejected kpr's programs: %+v", verr)
+			return nil, fmt.Errorf("kernel verifier rejected kpr's programs: %+w", verr)
 		}
 		return nil, fmt.Errorf("load BPF programs: %w", err)
 	}

@@ -275,7 +275,7 @@ func loadAgainstShared(spec *ebpf.CollectionSpec, sizes MapSizes, shared map[str
 	err := spec.LoadAndAssign(objs, &ebpf.CollectionOptions{MapReplacements: replacements, Cache: cache})
 	var verr *ebpf.VerifierError
 	if errors.As(err, &verr) {
-		return fmt.Errorf("kernel verifier rejected it: %+v", verr)
+		return fmt.Errorf("kernel verifier rejected it: %+w", verr)
 	}
 	return err
 }

@@ -1,15 +1,11 @@
 package metrics
 
 import (
-	"reflect"
+	"fmt"
 	"sync"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kpr-io/kpr/bpf"
-	"github.com/kpr-io/kpr/maps"
 )
 
 // The tc programs' state, read from their maps at scrape time: the
@@ -19,15 +15,32 @@ import (
 // keeps no count), so the count is cached for ConntrackCountInterval: a
 // scrape every few seconds, or several scrapers, cost one count per
 // interval. With batch lookups a full map of the default 131,072 entries is
-// 32 syscalls (maps.ConntrackCounter). The counters are one lookup of a
-// single per-CPU entry and are read at every scrape.
+// 32 syscalls. The counters are one lookup of a single per-CPU entry and
+// are read at every scrape.
+//
+// The maps belong to the eBPF backend, which supplies a TCReader (from
+// cmd/kpr), so that this package, and everything that imports it, stays
+// backend-neutral.
 
 // ConntrackCountInterval is how old a conntrack count may be when scraped.
 const ConntrackCountInterval = 10 * time.Second
 
-// tcCounter is one field of bpf.KprNatStats as a series.
+// TCReader reads the tc programs' maps at scrape time.
+type TCReader interface {
+	// CountConntrack counts the conntrack map's entries.
+	CountConntrack() (int, error)
+	// ConntrackMaxEntries is the conntrack map's capacity.
+	ConntrackMaxEntries() int
+	// Counters calls emit once per counter the programs keep, summed over
+	// CPUs, named as the Go field of the eBPF backend's struct nat_stats
+	// (Translated, DropNoBackend, ...): tcCounters says which series each
+	// name feeds.
+	Counters(emit func(name string, value uint64)) error
+}
+
+// tcCounter is one counter of struct nat_stats as a series.
 type tcCounter struct {
-	field string // the Go field name in bpf.KprNatStats
+	field string // the counter's name, as TCReader.Counters emits it
 	desc  *prometheus.Desc
 	label string // the value of desc's one label, if it has one
 }
@@ -57,8 +70,8 @@ var (
 		"Scrapes that could not read a tc map; its series are left out of that scrape", nil, nil)
 )
 
-// tcCounters maps every field of bpf.KprNatStats to its series; a test
-// checks that none is missing.
+// tcCounters maps every counter of struct nat_stats to its series; the
+// eBPF backend's tests (maps) check that none is missing either way.
 var tcCounters = []tcCounter{
 	{"Translated", tcTranslationsDesc, "forward"},
 	{"Reversed", tcTranslationsDesc, "reply"},
@@ -78,25 +91,9 @@ var tcCounters = []tcCounter{
 	{"DropCtInsert", tcInsertFailuresDesc, ""},
 }
 
-// tcReader reads the tc maps; tests give a fake.
-type tcReader interface {
-	countConntrack() (int, error)
-	conntrackMaxEntries() int
-	stats() (bpf.KprNatStats, error)
-}
-
-type mapReader struct {
-	counter  *maps.ConntrackCounter
-	statsMap *ebpf.Map
-}
-
-func (r mapReader) countConntrack() (int, error)    { return r.counter.Count() }
-func (r mapReader) conntrackMaxEntries() int        { return r.counter.MaxEntries() }
-func (r mapReader) stats() (bpf.KprNatStats, error) { return maps.TCStats(r.statsMap) }
-
 // TCCollector exports the tc programs' state at scrape time.
 type TCCollector struct {
-	r   tcReader
+	r   TCReader
 	now func() time.Time
 
 	mu         sync.Mutex
@@ -106,13 +103,13 @@ type TCCollector struct {
 	readErrors uint64
 }
 
-// NewTCCollector reads conntrack (kpr_conntrack) and stats (kpr_tc_stats).
-// Register it in Metrics.Registry.
-func NewTCCollector(conntrack, stats *ebpf.Map) *TCCollector {
-	return newTCCollector(mapReader{counter: maps.NewConntrackCounter(conntrack), statsMap: stats}, time.Now)
+// NewTCCollector exports what r reads, as kpr_tc_* series. Register it in
+// Metrics.Registry.
+func NewTCCollector(r TCReader) *TCCollector {
+	return newTCCollector(r, time.Now)
 }
 
-func newTCCollector(r tcReader, now func() time.Time) *TCCollector {
+func newTCCollector(r TCReader, now func() time.Time) *TCCollector {
 	return &TCCollector{r: r, now: now}
 }
 
@@ -130,7 +127,7 @@ func (c *TCCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.countValid || c.now().Sub(c.countedAt) >= ConntrackCountInterval {
-		n, err := c.r.countConntrack()
+		n, err := c.r.CountConntrack()
 		c.count, c.countValid, c.countedAt = n, err == nil, c.now()
 		if err != nil {
 			c.readErrors++
@@ -139,18 +136,24 @@ func (c *TCCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.countValid {
 		ch <- prometheus.MustNewConstMetric(tcConntrackEntriesDesc, prometheus.GaugeValue, float64(c.count))
 	}
-	ch <- prometheus.MustNewConstMetric(tcConntrackMaxDesc, prometheus.GaugeValue, float64(c.r.conntrackMaxEntries()))
-	stats, err := c.r.stats()
-	if err != nil {
+	ch <- prometheus.MustNewConstMetric(tcConntrackMaxDesc, prometheus.GaugeValue, float64(c.r.ConntrackMaxEntries()))
+	values := make(map[string]uint64, len(tcCounters))
+	if err := c.r.Counters(func(name string, v uint64) { values[name] = v }); err != nil {
 		c.readErrors++
 	} else {
-		v := reflect.ValueOf(stats)
 		for _, s := range tcCounters {
 			var labels []string
 			if s.label != "" {
 				labels = []string{s.label}
 			}
-			ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(v.FieldByName(s.field).Uint()), labels...)
+			v, ok := values[s.field]
+			if !ok {
+				// The backend and this table disagree: the scrape fails
+				// visibly rather than showing the series as zero.
+				ch <- prometheus.NewInvalidMetric(s.desc, fmt.Errorf("the tc programs report no counter %s; the eBPF backend and metrics.tcCounters disagree", s.field))
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(v), labels...)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(tcReadErrorsDesc, prometheus.CounterValue, float64(c.readErrors))

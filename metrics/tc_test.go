@@ -2,49 +2,34 @@ package metrics
 
 import (
 	"errors"
-	"reflect"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kpr-io/kpr/bpf"
 )
 
+// fakeTC reports every counter tcCounters names, from counters where set
+// and 0 otherwise, and the names in missing not at all.
 type fakeTC struct {
 	entries, counts int
 	countErr        error
-	stats_          bpf.KprNatStats
+	counters        map[string]uint64
+	missing         map[string]bool
 }
 
-func (f *fakeTC) countConntrack() (int, error) { f.counts++; return f.entries, f.countErr }
-func (f *fakeTC) conntrackMaxEntries() int     { return 131072 }
-func (f *fakeTC) stats() (bpf.KprNatStats, error) {
-	return f.stats_, nil
-}
-
-// Every counter the programs keep has a series: a field added to struct
-// nat_stats without one would go unseen.
-func TestTCCountersCoverNatStats(t *testing.T) {
-	mapped := map[string]bool{}
+func (f *fakeTC) CountConntrack() (int, error) { f.counts++; return f.entries, f.countErr }
+func (f *fakeTC) ConntrackMaxEntries() int     { return 131072 }
+func (f *fakeTC) Counters(emit func(string, uint64)) error {
 	for _, c := range tcCounters {
-		mapped[c.field] = true
-	}
-	typ := reflect.TypeOf(bpf.KprNatStats{})
-	for i := 0; i < typ.NumField(); i++ {
-		if f := typ.Field(i); f.Type.Kind() == reflect.Uint64 && !mapped[f.Name] {
-			t.Errorf("nat_stats field %s has no kpr_tc_* series in tcCounters", f.Name)
+		if !f.missing[c.field] {
+			emit(c.field, f.counters[c.field])
 		}
 	}
-	for f := range mapped {
-		if _, ok := typ.FieldByName(f); !ok {
-			t.Errorf("tcCounters names %s, which bpf.KprNatStats lacks", f)
-		}
-	}
+	return nil
 }
 
 func TestTCCollectorExportsCountersAndCachesTheCount(t *testing.T) {
-	fake := &fakeTC{entries: 6, stats_: bpf.KprNatStats{Translated: 10, Reversed: 9, DropNoBackend: 3, DropCtInsert: 2}}
+	fake := &fakeTC{entries: 6, counters: map[string]uint64{"Translated": 10, "Reversed": 9, "DropNoBackend": 3, "DropCtInsert": 2}}
 	now := time.Unix(1000, 0)
 	c := newTCCollector(fake, func() time.Time { return now })
 	reg := prometheus.NewPedanticRegistry()
@@ -85,6 +70,16 @@ func TestTCCollectorExportsCountersAndCachesTheCount(t *testing.T) {
 	got := gatherValues(t, reg)
 	if _, ok := got["kpr_tc_conntrack_entries"]; ok || got["kpr_tc_map_read_errors_total"] != 1 {
 		t.Errorf("after a failed count: entries exported %v, read errors %v; want left out, 1", ok, got["kpr_tc_map_read_errors_total"])
+	}
+}
+
+// A counter the backend does not report fails the scrape: showing it as 0
+// would hide that the backend and tcCounters disagree.
+func TestTCCollectorFailsOnAMissingCounter(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(newTCCollector(&fakeTC{missing: map[string]bool{"Snat": true}}, time.Now))
+	if _, err := reg.Gather(); err == nil {
+		t.Error("scrape without the Snat counter succeeded; want an error naming it")
 	}
 }
 

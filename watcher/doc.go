@@ -10,6 +10,7 @@
 // repair drift and drop Services deleted while kpr was down.
 //
 // Files: watcher.go (API), informers.go (informers and event handlers),
-// tracker.go (dirty-Service bookkeeping), node.go (this node's facts),
-// syncer.go (desired state and dataplane calls), runner.go (the loop).
+// cachetrim.go (what the informer caches keep of each object), tracker.go
+// (dirty-Service bookkeeping), node.go (this node's facts), syncer.go
+// (desired state and dataplane calls), runner.go (the loop).
 package watcher

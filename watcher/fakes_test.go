@@ -5,7 +5,6 @@ import (
 	"errors"
 	"maps"
 	"net/netip"
-	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -17,21 +16,20 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/tests/kubeobj"
 )
 
 // This file holds the stand-ins the unit tests of the sync loop use instead
 // of informers and a real dataplane. The informer part is covered by
-// watcher_integration_test.go against a real API server.
+// watcher_integration_test.go against a real API server. The translation is
+// the real one (package desired): the objects the tests write are what an
+// API server would hold, so the tests follow the path production takes.
 
 const testNamespace = "ns"
-
-// problemAnnotation makes the stand-in translator report a Problem.
-const problemAnnotation = "test.kpr.io/problem"
 
 // fakeSource is an objectSource over plain maps.
 type fakeSource struct {
@@ -57,57 +55,6 @@ func (f *fakeSource) ServiceNames() []serviceName {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Collect(maps.Keys(f.services))
-}
-
-// standInTranslator translates a Service into one ServicePort per port
-// with a single ClusterIP frontend, backed by every address of its slices
-// on port 8080 (only this node's under internalTrafficPolicy: Local). Its
-// facts say so: endpoints if any address, internal ones if any backend.
-var standInTranslator = translator{
-	skipService: func(svc *v1.Service) (bool, string) {
-		if svc.Spec.ClusterIP == v1.ClusterIPNone {
-			return true, "headless"
-		}
-		return false, ""
-	},
-	skipSlice: func(*discoveryv1.EndpointSlice) (bool, string) { return false, "" },
-	translate: func(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node) ([]dataplane.ServicePort, []desired.PortFacts, []desired.Problem) {
-		local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
-		var backends []dataplane.Backend
-		anywhere := false
-		for _, slice := range eps {
-			for _, ep := range slice.Endpoints {
-				anywhere = anywhere || len(ep.Addresses) > 0
-				if local && (ep.NodeName == nil || *ep.NodeName != node.Name) {
-					continue
-				}
-				for _, a := range ep.Addresses {
-					backends = append(backends, dataplane.Backend{Addr: netip.MustParseAddr(a), Port: 8080})
-				}
-			}
-		}
-		slices.SortFunc(backends, func(a, b dataplane.Backend) int { return a.Addr.Compare(b.Addr) })
-		var out []dataplane.ServicePort
-		var facts []desired.PortFacts
-		for _, p := range svc.Spec.Ports {
-			out = append(out, dataplane.ServicePort{
-				Name: dataplane.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, Protocol: dataplane.TCP},
-				Frontends: []dataplane.Frontend{{
-					Addr: netip.MustParseAddr(svc.Spec.ClusterIP), Port: uint16(p.Port),
-					Protocol: dataplane.TCP, Kind: dataplane.ClusterIP, Backends: backends,
-				}},
-			})
-			facts = append(facts, desired.PortFacts{
-				HasEndpoints: anywhere, HasInternalEndpoints: len(backends) > 0, HasExternalEndpoints: anywhere,
-			})
-		}
-		var problems []desired.Problem
-		if reason := svc.Annotations[problemAnnotation]; reason != "" {
-			problems = append(problems, desired.Problem{Object: svc.Namespace + "/" + svc.Name, Reason: reason})
-		}
-		return out, facts, problems
-	},
-	equal: func(a, b *dataplane.ServicePort) bool { return reflect.DeepEqual(a, b) },
 }
 
 // dpCall is one recorded Dataplane call.
@@ -221,7 +168,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 		defer h.nodeMu.Unlock()
 		return h.node
 	}
-	h.runner = newRunner(cfg, h.tracker, newSyncer(h.src, nodeFn, h.dp, standInTranslator, log), log)
+	h.runner = newRunner(cfg, h.tracker, newSyncer(h.src, nodeFn, h.dp, log), log)
 	h.runner.retryMin, h.runner.retryMax = 10*time.Millisecond, 40*time.Millisecond
 	return h
 }
@@ -246,15 +193,15 @@ func portName(svc string) dataplane.ServicePortName {
 	return dataplane.ServicePortName{Namespace: testNamespace, Name: svc, Port: "http", Protocol: dataplane.TCP}
 }
 
-// putService creates or replaces a Service with one port "http".
+// httpPort is the one port of the harness's Services: port 80, served by
+// the endpoints on 8080.
+var httpPort = kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080}
+
+// putService creates or replaces a ClusterIP Service with one port "http"
+// (v1.ClusterIPNone makes it headless).
 func (h *harness) putService(name, clusterIP string, mutate ...func(*v1.Service)) {
-	svc := &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: name},
-		Spec: v1.ServiceSpec{
-			ClusterIP: clusterIP,
-			Ports:     []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
-		},
-	}
+	svc := kubeobj.Service(testNamespace, name, httpPort)
+	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = clusterIP, []string{clusterIP}
 	for _, m := range mutate {
 		m(svc)
 	}
@@ -279,15 +226,13 @@ func (h *harness) deleteService(name string) {
 }
 
 // putEndpoints replaces the Service's slices by one slice holding addrs,
-// each on nodeName.
+// ready and each on nodeName, serving port "http" on 8080.
 func (h *harness) putEndpoints(name, nodeName string, trigger time.Time, addrs ...string) {
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: testNamespace, Name: name + "-abc", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-	}
+	var eps []kubeobj.Endpoint
 	for _, a := range addrs {
-		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, NodeName: &nodeName})
+		eps = append(eps, kubeobj.Endpoint{Addr: netip.MustParseAddr(a), NodeName: nodeName})
 	}
+	slice := kubeobj.Slice(kubeobj.Service(testNamespace, name, httpPort), name+"-abc", discoveryv1.AddressTypeIPv4, eps...)
 	slice.ResourceVersion = nextResourceVersion()
 	h.src.mu.Lock()
 	h.src.slices[key(name)] = []*discoveryv1.EndpointSlice{slice}

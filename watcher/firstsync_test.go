@@ -17,7 +17,7 @@ import (
 // BenchmarkFirstSyncHeap reports how much live heap the first full sync
 // needs beyond what stays once it is done (its transient state: the
 // syncer's and the claims' per-call maps and lists), at 10,000 one-port
-// ClusterIP Services of 10 endpoints, with the real translator. That
+// ClusterIP Services of 10 endpoints, with the real translation. That
 // transient state sits on top of the informer caches at kpr's peak. The
 // watcher stays backend-neutral (make lint), so the dataplane here takes
 // everything and keeps nothing; what the eBPF backend allocates on a first
@@ -38,7 +38,7 @@ func BenchmarkFirstSyncHeap(b *testing.B) {
 func firstSyncHeap(tb testing.TB, services, perService int) (peak, after uint64) {
 	src := clusterIPSource(services, perService)
 	node := desired.Node{Name: "node-a"}
-	s := newSyncer(src, func() desired.Node { return node }, nopDataplane{}, desiredTranslator, zap.NewNop())
+	s := newSyncer(src, func() desired.Node { return node }, nopDataplane{}, zap.NewNop())
 	before := memprobe.LiveHeap()
 	// Collect nearly continuously, so that the live heap the collector
 	// reports after each cycle follows the sync closely.

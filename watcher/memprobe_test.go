@@ -48,12 +48,12 @@ func (nopDataplane) Apply(map[dataplane.ServicePortName]*dataplane.ServicePort) 
 func (nopDataplane) Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort) error { return nil }
 
 // syncerStateBytes fully syncs services Services of perService endpoints
-// with the real translator and returns the live heap of the syncer's
+// with the real translation and returns the live heap of the syncer's
 // state, the informer objects not counted.
 func syncerStateBytes(tb testing.TB, services, perService int) uint64 {
 	src := clusterIPSource(services, perService)
 	node := desired.Node{Name: "node-a"}
-	s := newSyncer(src, func() desired.Node { return node }, nopDataplane{}, desiredTranslator, zap.NewNop())
+	s := newSyncer(src, func() desired.Node { return node }, nopDataplane{}, zap.NewNop())
 	n, err := s.full()
 	if err != nil || n != services || len(s.problems) != 0 {
 		tb.Fatalf("full sync: %d ports, %v, problems with %d Services; want %d ports and no problems", n, err, len(s.problems), services)

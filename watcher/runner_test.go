@@ -245,9 +245,11 @@ func TestMetricsAfterSync(t *testing.T) {
 
 func TestProblemsAreLoggedOnce(t *testing.T) {
 	h := newHarness(t, harnessOptions{syncPeriod: 50 * time.Millisecond})
-	h.putService("bad", "10.96.0.1", func(s *v1.Service) {
-		s.Annotations = map[string]string{problemAnnotation: "port 0 is invalid"}
-	})
+	// A second port numbered 0: desired leaves it out and reports why.
+	portZero := func(s *v1.Service) {
+		s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "zero", Port: 0, Protocol: v1.ProtocolTCP})
+	}
+	h.putService("bad", "10.96.0.1", portZero)
 	h.start()
 	for i := 0; i < 4; i++ { // several full syncs
 		h.nextCall()
@@ -258,9 +260,7 @@ func TestProblemsAreLoggedOnce(t *testing.T) {
 	// Fixed, then broken again: logged again.
 	h.putService("bad", "10.96.0.1")
 	h.syncSeeingAll()
-	h.putService("bad", "10.96.0.1", func(s *v1.Service) {
-		s.Annotations = map[string]string{problemAnnotation: "port 0 is invalid"}
-	})
+	h.putService("bad", "10.96.0.1", portZero)
 	h.syncSeeingAll()
 	if n := h.logs.FilterMessage("Ignoring unusable part of a Service").Len(); n != 2 {
 		t.Errorf("problem logged %d times after it came back, want 2", n)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
-	"github.com/kpr-io/kpr/servicehealth"
+	"github.com/kpr-io/kpr/health"
 )
 
 // objectSource is the read side of the informer caches. The sync only reads
@@ -25,23 +25,6 @@ type objectSource interface {
 	Slices(key serviceName) []*discoveryv1.EndpointSlice
 	// ServiceNames lists every Service.
 	ServiceNames() []serviceName
-}
-
-// translator holds the desired-state functions. Production uses package
-// desired; unit tests of the sync loop substitute a tiny stand-in so that
-// they test the loop, not the translation.
-type translator struct {
-	skipService func(*v1.Service) (bool, string)
-	skipSlice   func(*discoveryv1.EndpointSlice) (bool, string)
-	translate   func(*v1.Service, []*discoveryv1.EndpointSlice, desired.Node) ([]dataplane.ServicePort, []desired.PortFacts, []desired.Problem)
-	equal       func(a, b *dataplane.ServicePort) bool
-}
-
-var desiredTranslator = translator{
-	skipService: desired.SkipService,
-	skipSlice:   desired.SkipSlice,
-	translate:   desired.Translate,
-	equal:       desired.Equal,
 }
 
 type servicePorts = map[dataplane.ServicePortName]*dataplane.ServicePort
@@ -76,7 +59,7 @@ type computed struct {
 	noLocal noLocalCount
 	// healthCheck is set for Services with externalTrafficPolicy: Local
 	// and a healthCheckNodePort.
-	healthCheck *servicehealth.Service
+	healthCheck *health.Service
 }
 
 // syncer turns dirty Services into dataplane calls. It remembers what the
@@ -86,7 +69,6 @@ type syncer struct {
 	src  objectSource
 	node func() desired.Node
 	dp   dataplane.Dataplane
-	tr   translator
 	log  *zap.Logger
 
 	// applied is what the dataplane holds per Service, as of the last
@@ -96,7 +78,7 @@ type syncer struct {
 	applied map[serviceName]appliedState
 	// healthChecks is the healthCheckNodePort state per Service, as of the
 	// last successful sync.
-	healthChecks map[serviceName]servicehealth.Service
+	healthChecks map[serviceName]health.Service
 	// noLocalTotal is the sum of applied's noLocal, kept current on every
 	// commit.
 	noLocalTotal noLocalCount
@@ -132,11 +114,11 @@ type translation struct {
 	c        computed
 }
 
-func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, tr translator, log *zap.Logger) *syncer {
+func newSyncer(src objectSource, node func() desired.Node, dp dataplane.Dataplane, log *zap.Logger) *syncer {
 	return &syncer{
-		src: src, node: node, dp: dp, tr: tr, log: log,
+		src: src, node: node, dp: dp, log: log,
 		applied:      map[serviceName]appliedState{},
-		healthChecks: map[serviceName]servicehealth.Service{},
+		healthChecks: map[serviceName]health.Service{},
 		problems:     map[serviceName]map[desired.Problem]bool{},
 		translated:   map[serviceName]translation{},
 		claims:       dataplane.NewClaims(),
@@ -199,7 +181,7 @@ func (s *syncer) partial(cs changeSet) (int, error) {
 		next[key] = c
 		old := s.applied[key].ports
 		for i := range c.ports {
-			if sp := &c.ports[i]; !s.tr.equal(old.get(sp.Name), sp) {
+			if sp := &c.ports[i]; !desired.Equal(old.get(sp.Name), sp) {
 				changes[sp.Name] = sp
 			}
 		}
@@ -420,7 +402,7 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 		delete(s.translated, key)
 		return computed{}
 	}
-	if skip, reason := s.tr.skipService(svc); skip {
+	if skip, reason := desired.SkipService(svc); skip {
 		s.log.Debug("Service not proxied", zap.Stringer("service", key), zap.String("reason", reason))
 		delete(s.problems, key)
 		delete(s.translated, key)
@@ -428,7 +410,7 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 	}
 	var eps []*discoveryv1.EndpointSlice
 	for _, slice := range s.src.Slices(key) {
-		if skip, _ := s.tr.skipSlice(slice); !skip {
+		if skip, _ := desired.SkipSlice(slice); !skip {
 			eps = append(eps, slice)
 		}
 	}
@@ -437,7 +419,7 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 	if cached, ok := s.translated[key]; ok && cached.versions == versions {
 		return cached.c
 	}
-	ports, facts, problems := s.tr.translate(svc, eps, node)
+	ports, facts, problems := desired.Translate(svc, eps, node)
 	s.logProblems(key, problems)
 
 	c := computed{ports: ports}
@@ -450,7 +432,7 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 // healthCheckOf returns the health-check state of an externalTrafficPolicy:
 // Local Service: its healthCheckNodePort and how many distinct endpoints
 // this node has for external traffic (the local sets of its frontends).
-func healthCheckOf(svc *v1.Service, ports []dataplane.ServicePort) *servicehealth.Service {
+func healthCheckOf(svc *v1.Service, ports []dataplane.ServicePort) *health.Service {
 	if svc.Spec.HealthCheckNodePort == 0 || svc.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
 		return nil
 	}
@@ -462,7 +444,7 @@ func healthCheckOf(svc *v1.Service, ports []dataplane.ServicePort) *servicehealt
 			}
 		}
 	}
-	return &servicehealth.Service{Port: svc.Spec.HealthCheckNodePort, LocalEndpoints: len(local)}
+	return &health.Service{Port: svc.Spec.HealthCheckNodePort, LocalEndpoints: len(local)}
 }
 
 // logProblems logs the problems of key that were not there last time.

@@ -8,10 +8,10 @@ import (
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/tests/kubeobj"
 )
 
 func TestHealthCheckCountsDistinctLocalEndpoints(t *testing.T) {
@@ -35,41 +35,47 @@ func TestHealthCheckCountsDistinctLocalEndpoints(t *testing.T) {
 	}
 }
 
+// A full sync translates again only the Services whose objects changed:
+// the others keep their cached translation, so the dataplane is handed the
+// very same ServicePorts (by pointer) as last time. A node change
+// translates every Service again.
 func TestFullSyncReusesTranslationsOfUnchangedServices(t *testing.T) {
-	calls := 0
-	tr := standInTranslator
-	tr.translate = func(svc *v1.Service, eps []*discoveryv1.EndpointSlice, node desired.Node) ([]dataplane.ServicePort, []desired.PortFacts, []desired.Problem) {
-		calls++
-		return standInTranslator.translate(svc, eps, node)
-	}
 	src := &fakeSource{services: map[serviceName]*v1.Service{}, slices: map[serviceName][]*discoveryv1.EndpointSlice{}}
 	for i, name := range []string{"a", "b"} {
-		src.services[key(name)] = &v1.Service{
-			ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: name, ResourceVersion: "1"},
-			Spec: v1.ServiceSpec{ClusterIP: "10.96.0." + strconv.Itoa(i+1),
-				Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}},
-		}
+		svc := kubeobj.Service(testNamespace, name, httpPort)
+		svc.ResourceVersion = "1"
+		svc.Spec.ClusterIP = "10.96.0." + strconv.Itoa(i+1)
+		src.services[key(name)] = svc
 	}
 	node := desired.Node{Name: "node-a"}
-	s := newSyncer(src, func() desired.Node { return node }, &recordingDataplane{calls: make(chan dpCall, 10)}, tr, zap.NewNop())
-	if _, err := s.full(); err != nil {
-		t.Fatal(err)
+	dp := &recordingDataplane{calls: make(chan dpCall, 10)}
+	s := newSyncer(src, func() desired.Node { return node }, dp, zap.NewNop())
+	// handed does a full sync and returns the ServicePort of a and of b
+	// that the dataplane was handed.
+	handed := func() (a, b *dataplane.ServicePort) {
+		t.Helper()
+		if _, err := s.full(); err != nil {
+			t.Fatal(err)
+		}
+		c := <-dp.calls
+		a, b = c.ports[portName("a")], c.ports[portName("b")]
+		if a == nil || b == nil {
+			t.Fatalf("full sync handed %v, want a's and b's ServicePorts", c.ports)
+		}
+		return a, b
 	}
-	if calls != 2 {
-		t.Fatalf("first full sync translated %d Services, want 2", calls)
-	}
+	a1, b1 := handed()
 	src.services[key("a")].ResourceVersion = "2"
-	if _, err := s.full(); err != nil {
-		t.Fatal(err)
+	a2, b2 := handed()
+	if a2 == a1 {
+		t.Error("a changed but its cached translation was reused")
 	}
-	if calls != 3 {
-		t.Fatalf("second full sync translated %d more Services, want only the changed one", calls-2)
+	if b2 != b1 {
+		t.Error("b did not change but was translated again")
 	}
 	node.Zone = "zone-b"
-	if _, err := s.full(); err != nil {
-		t.Fatal(err)
-	}
-	if calls != 5 {
-		t.Fatalf("a node change must retranslate everything; translated %d", calls-3)
+	a3, b3 := handed()
+	if a3 == a2 || b3 == b2 {
+		t.Errorf("a node change must retranslate everything; a reused %v, b reused %v", a3 == a2, b3 == b2)
 	}
 }

@@ -79,7 +79,7 @@ func TestComputeCountsNoLocalFromDesired(t *testing.T) {
 				services: map[serviceName]*v1.Service{key("web"): tc.svc},
 				slices:   map[serviceName][]*discoveryv1.EndpointSlice{key("web"): {slice}},
 			}
-			s := newSyncer(src, nil, nil, desiredTranslator, zap.NewNop())
+			s := newSyncer(src, nil, nil, zap.NewNop())
 			if got := s.compute(key("web"), node).noLocal; got != tc.want {
 				t.Errorf("noLocal = %+v, want %+v", got, tc.want)
 			}

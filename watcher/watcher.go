@@ -15,8 +15,8 @@ import (
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/metrics"
-	"github.com/kpr-io/kpr/servicehealth"
 )
 
 // Defaults for Config.
@@ -30,13 +30,13 @@ const (
 )
 
 // ServiceHealthReporter serves the healthCheckNodePorts of
-// externalTrafficPolicy: Local Services; *servicehealth.Server implements it.
+// externalTrafficPolicy: Local Services; *health.ServiceServer implements it.
 type ServiceHealthReporter interface {
-	SyncServices(map[types.NamespacedName]servicehealth.Service)
+	SyncServices(map[types.NamespacedName]health.Service)
 }
 
 // HealthReporter is what the watcher tells the health endpoints;
-// *health.Server implements it.
+// *health.ProxyServer implements it.
 type HealthReporter interface {
 	// QueuedUpdate: a change arrived that is not in the dataplane yet.
 	QueuedUpdate()
@@ -145,7 +145,7 @@ func New(cfg Config, client *apiclient.Clients, dp dataplane.Dataplane, log *zap
 		log:    log,
 		api:    api,
 		node:   node,
-		runner: newRunner(cfg, tracker, newSyncer(api, node.current, dp, desiredTranslator, log), log),
+		runner: newRunner(cfg, tracker, newSyncer(api, node.current, dp, log), log),
 
 		cachesSynced: make(chan struct{}),
 	}

@@ -165,7 +165,7 @@ func TestWatcherAgainstAPIServer(t *testing.T) {
 	web := createService(ctx, t, client, "web", v1.ServiceTypeClusterIP, nil)
 
 	m := metrics.New()
-	hs := health.New(health.Config{Timeout: time.Minute, Metrics: m})
+	hs := health.NewProxyServer(health.ProxyConfig{Timeout: time.Minute, Metrics: m})
 	dp := newStateDataplane()
 	npa, err := desired.ParseNodePortAddresses([]string{"192.0.2.0/24"})
 	if err != nil {
@@ -402,7 +402,7 @@ func createSlice(ctx context.Context, t *testing.T, client kubernetes.Interface,
 	}
 }
 
-func probeCode(hs *health.Server, path string) int {
+func probeCode(hs *health.ProxyServer, path string) int {
 	rec := httptest.NewRecorder()
 	hs.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 	return rec.Code

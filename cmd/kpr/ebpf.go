@@ -46,7 +46,7 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	plane.PublishMapUsage(m)
 	if loaded.TC != nil {
 		// Read at scrape time: only the programs write these maps.
-		m.Registry.MustRegister(metrics.NewTCCollector(loaded.Maps.KprConntrack, loaded.Maps.KprTcStats))
+		m.Registry.MustRegister(metrics.NewTCCollector(maps.NewTCStatsReader(loaded.Maps.KprConntrack, loaded.Maps.KprTcStats)))
 	}
 	m.Registry.MustRegister(metrics.NewSockStatsCollector(maps.SockStatsReader(loaded.Maps.KprSockStats)))
 	if loaded.SockTerm != nil {

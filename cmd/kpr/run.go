@@ -26,7 +26,6 @@ import (
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/maps/maglev"
 	"github.com/kpr-io/kpr/metrics"
-	"github.com/kpr-io/kpr/servicehealth"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -274,8 +273,8 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		return err
 	}
 	defer dp.close()
-	hs := health.New(health.Config{Addr: f.healthzAddr, Timeout: 2 * cfg.SyncPeriod, Metrics: m})
-	svcHealth := servicehealth.New(f.healthCheckIP, hs.Healthy, log.Named("servicehealth"))
+	hs := health.NewProxyServer(health.ProxyConfig{Addr: f.healthzAddr, Timeout: 2 * cfg.SyncPeriod, Metrics: m})
+	svcHealth := health.NewServiceServer(f.healthCheckIP, hs.Healthy, log.Named("servicehealth"))
 	cfg.Metrics = m
 	cfg.Health = hs
 	cfg.ServiceHealth = svcHealth

@@ -20,10 +20,10 @@ const timeout = 60 * time.Second // 2 × a 30 s syncPeriod
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
-func newServer() (*Server, *clocktesting.FakePassiveClock, *metrics.Metrics) {
+func newProxyServer() (*ProxyServer, *clocktesting.FakePassiveClock, *metrics.Metrics) {
 	clk := clocktesting.NewFakePassiveClock(t0)
 	m := metrics.New()
-	return New(Config{Timeout: timeout, Metrics: m, Clock: clk}), clk, m
+	return NewProxyServer(ProxyConfig{Timeout: timeout, Metrics: m, Clock: clk}), clk, m
 }
 
 func readyNode() *v1.Node {
@@ -31,7 +31,7 @@ func readyNode() *v1.Node {
 }
 
 // probe queries path and decodes the JSON answer.
-func probe(t *testing.T, s *Server, path string) (int, Status) {
+func probeProxy(t *testing.T, s *ProxyServer, path string) (int, Status) {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
@@ -45,18 +45,18 @@ func probe(t *testing.T, s *Server, path string) (int, Status) {
 	return rec.Code, st
 }
 
-func expectCodes(t *testing.T, s *Server, healthz, livez int) {
+func expectCodes(t *testing.T, s *ProxyServer, healthz, livez int) {
 	t.Helper()
-	if code, _ := probe(t, s, "/healthz"); code != healthz {
+	if code, _ := probeProxy(t, s, "/healthz"); code != healthz {
 		t.Errorf("/healthz = %d, want %d", code, healthz)
 	}
-	if code, _ := probe(t, s, "/livez"); code != livez {
+	if code, _ := probeProxy(t, s, "/livez"); code != livez {
 		t.Errorf("/livez = %d, want %d", code, livez)
 	}
 }
 
 func TestQueuedChangeTimesOut(t *testing.T) {
-	s, clk, _ := newServer()
+	s, clk, _ := newProxyServer()
 	s.SetNode(readyNode())
 	expectCodes(t, s, 200, 200)
 
@@ -72,7 +72,7 @@ func TestQueuedChangeTimesOut(t *testing.T) {
 }
 
 func TestOldestQueuedChangeCounts(t *testing.T) {
-	s, clk, _ := newServer()
+	s, clk, _ := newProxyServer()
 	s.SetNode(readyNode())
 	s.QueuedUpdate()
 	clk.SetTime(t0.Add(timeout - time.Second))
@@ -82,7 +82,7 @@ func TestOldestQueuedChangeCounts(t *testing.T) {
 }
 
 func TestSyncedProxyStaysHealthyWithoutChanges(t *testing.T) {
-	s, clk, _ := newServer()
+	s, clk, _ := newProxyServer()
 	s.SetNode(readyNode())
 	s.Updated()
 	clk.SetTime(t0.Add(10 * timeout))
@@ -109,18 +109,18 @@ func TestNodeEligibility(t *testing.T) {
 		{"unrelated taint", otherTaint, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, _, _ := newServer()
+			s, _, _ := newProxyServer()
 			s.SetNode(tc.node)
 			want := 200
 			if !tc.eligible {
 				want = 503
 			}
 			expectCodes(t, s, want, 200) // /livez ignores the node
-			_, st := probe(t, s, "/healthz")
+			_, st := probeProxy(t, s, "/healthz")
 			if st.NodeEligible == nil || *st.NodeEligible != tc.eligible {
 				t.Errorf("nodeEligible = %v, want %v", st.NodeEligible, tc.eligible)
 			}
-			if _, st := probe(t, s, "/livez"); st.NodeEligible != nil {
+			if _, st := probeProxy(t, s, "/livez"); st.NodeEligible != nil {
 				t.Errorf("/livez reported nodeEligible %v, kube-proxy omits it", *st.NodeEligible)
 			}
 		})
@@ -128,7 +128,7 @@ func TestNodeEligibility(t *testing.T) {
 }
 
 func TestNodeRecovers(t *testing.T) {
-	s, _, _ := newServer()
+	s, _, _ := newProxyServer()
 	tainted := readyNode()
 	tainted.Spec.Taints = []v1.Taint{{Key: ToBeDeletedTaint}}
 	s.SetNode(tainted)
@@ -138,31 +138,31 @@ func TestNodeRecovers(t *testing.T) {
 }
 
 func TestBodyTimes(t *testing.T) {
-	s, clk, _ := newServer()
+	s, clk, _ := newProxyServer()
 	s.SetNode(readyNode())
 	s.Updated() // at t0
 	s.QueuedUpdate()
 	now := t0.Add(timeout + time.Minute)
 	clk.SetTime(now)
 
-	_, st := probe(t, s, "/healthz")
+	_, st := probeProxy(t, s, "/healthz")
 	if st.Healthy || !st.LastUpdated.Equal(t0) || !st.CurrentTime.Equal(now) {
 		t.Errorf("unhealthy body = %+v, want healthy=false lastUpdated=%v currentTime=%v", st, t0, now)
 	}
 	s.Updated()
-	_, st = probe(t, s, "/healthz")
+	_, st = probeProxy(t, s, "/healthz")
 	if !st.Healthy || !st.LastUpdated.Equal(now) {
 		t.Errorf("healthy body = %+v, want healthy=true lastUpdated=%v", st, now)
 	}
 }
 
 func TestProbesAreCounted(t *testing.T) {
-	s, _, m := newServer()
-	probe(t, s, "/healthz") // no node yet: 503
+	s, _, m := newProxyServer()
+	probeProxy(t, s, "/healthz") // no node yet: 503
 	s.SetNode(readyNode())
-	probe(t, s, "/healthz")
-	probe(t, s, "/healthz")
-	probe(t, s, "/livez")
+	probeProxy(t, s, "/healthz")
+	probeProxy(t, s, "/healthz")
+	probeProxy(t, s, "/livez")
 	for _, c := range []struct {
 		got  float64
 		want float64

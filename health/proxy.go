@@ -1,11 +1,3 @@
-// Package health serves kube-proxy compatible /healthz and /livez endpoints.
-//
-// The control plane reports to a Server when a change is queued (QueuedUpdate),
-// when the dataplane has caught up (Updated) and what the node looks like
-// (SetNode). /livez fails when a queued change has waited longer than the
-// timeout without a successful sync; /healthz fails in that case too, and
-// also while the node is not eligible for traffic (being deleted, or tainted
-// by the cluster autoscaler for deletion), so that load balancers drain it.
 package health
 
 import (
@@ -29,8 +21,8 @@ const DefaultBindAddress = "0.0.0.0:10256"
 // about to remove.
 const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
-// Config configures a Server.
-type Config struct {
+// ProxyConfig configures a ProxyServer.
+type ProxyConfig struct {
 	// Addr is the listen address for Run; empty means DefaultBindAddress.
 	Addr string
 	// Timeout is how long a queued change may wait for a successful sync
@@ -55,9 +47,9 @@ type Status struct {
 	Healthy      bool  `json:"healthy"`
 }
 
-// Server tracks sync health and node eligibility and answers the probes.
+// ProxyServer tracks sync health and node eligibility and answers the probes.
 // Its methods are safe for concurrent use.
-type Server struct {
+type ProxyServer struct {
 	addr    string
 	timeout time.Duration
 	metrics *metrics.Metrics
@@ -71,10 +63,10 @@ type Server struct {
 	nodeEligible bool
 }
 
-// New returns a Server. Until SetNode reports an eligible node, /healthz
+// NewProxyServer returns a ProxyServer. Until SetNode reports an eligible node, /healthz
 // answers 503, as kube-proxy does before it has seen its Node object.
-func New(cfg Config) *Server {
-	s := &Server{addr: cfg.Addr, timeout: cfg.Timeout, metrics: cfg.Metrics, clock: cfg.Clock}
+func NewProxyServer(cfg ProxyConfig) *ProxyServer {
+	s := &ProxyServer{addr: cfg.Addr, timeout: cfg.Timeout, metrics: cfg.Metrics, clock: cfg.Clock}
 	if s.addr == "" {
 		s.addr = DefaultBindAddress
 	}
@@ -87,7 +79,7 @@ func New(cfg Config) *Server {
 // QueuedUpdate records that a change was received but is not yet in the
 // dataplane. Only the oldest pending change matters, so repeated calls before
 // the next Updated keep the first time.
-func (s *Server) QueuedUpdate() {
+func (s *ProxyServer) QueuedUpdate() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.oldestQueued.IsZero() {
@@ -96,7 +88,7 @@ func (s *Server) QueuedUpdate() {
 }
 
 // Updated records a successful sync: everything queued so far is programmed.
-func (s *Server) Updated() {
+func (s *ProxyServer) Updated() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.oldestQueued = time.Time{}
@@ -105,7 +97,7 @@ func (s *Server) Updated() {
 
 // SetNode reports the latest state of this node's Node object; nil means
 // the Node is unknown or gone, which makes the node ineligible.
-func (s *Server) SetNode(node *v1.Node) {
+func (s *ProxyServer) SetNode(node *v1.Node) {
 	eligible := NodeEligible(node)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,7 +122,7 @@ func NodeEligible(node *v1.Node) bool {
 // status computes the probe answer. Unlike kube-proxy, a change queued
 // before the first successful sync also counts: a dataplane that never
 // manages its first sync should not look healthy forever.
-func (s *Server) status() (st Status, nodeEligible bool) {
+func (s *ProxyServer) status() (st Status, nodeEligible bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
@@ -143,13 +135,13 @@ func (s *Server) status() (st Status, nodeEligible bool) {
 
 // Healthy reports what /healthz would answer: syncs are keeping up and the
 // node is not going away.
-func (s *Server) Healthy() bool {
+func (s *ProxyServer) Healthy() bool {
 	st, eligible := s.status()
 	return st.Healthy && eligible
 }
 
 // Handler serves /healthz and /livez.
-func (s *Server) Handler() http.Handler {
+func (s *ProxyServer) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", s.serveHealthz)
 	mux.HandleFunc("/livez", s.serveLivez)
@@ -157,11 +149,11 @@ func (s *Server) Handler() http.Handler {
 }
 
 // Run serves the probes on the configured address until ctx is done.
-func (s *Server) Run(ctx context.Context) error {
+func (s *ProxyServer) Run(ctx context.Context) error {
 	return metrics.ListenAndServe(ctx, s.addr, s.Handler())
 }
 
-func (s *Server) serveHealthz(w http.ResponseWriter, _ *http.Request) {
+func (s *ProxyServer) serveHealthz(w http.ResponseWriter, _ *http.Request) {
 	st, eligible := s.status()
 	st.NodeEligible = &eligible
 	st.Healthy = st.Healthy && eligible
@@ -171,7 +163,7 @@ func (s *Server) serveHealthz(w http.ResponseWriter, _ *http.Request) {
 	}
 }
 
-func (s *Server) serveLivez(w http.ResponseWriter, _ *http.Request) {
+func (s *ProxyServer) serveLivez(w http.ResponseWriter, _ *http.Request) {
 	st, _ := s.status()
 	code := s.write(w, st)
 	if s.metrics != nil {
@@ -180,7 +172,7 @@ func (s *Server) serveLivez(w http.ResponseWriter, _ *http.Request) {
 }
 
 // write sends st as JSON and returns the HTTP status code used.
-func (s *Server) write(w http.ResponseWriter, st Status) int {
+func (s *ProxyServer) write(w http.ResponseWriter, st Status) int {
 	code := http.StatusOK
 	if st.Healthy {
 		// kube-proxy compatibility: a healthy proxy reports lastUpdated as

@@ -1,9 +1,4 @@
-// Package servicehealth serves kube-proxy's per-Service health checks: for
-// every Service with externalTrafficPolicy: Local, an HTTP server on its
-// healthCheckNodePort that answers 200 while this node has a local endpoint
-// and 503 otherwise, so that cloud load balancers send external traffic
-// only to nodes that can serve it locally.
-package servicehealth
+package health
 
 import (
 	"context"
@@ -26,8 +21,8 @@ type Service struct {
 	LocalEndpoints int
 }
 
-// Server runs one HTTP listener per healthCheckNodePort.
-type Server struct {
+// ServiceServer runs one HTTP listener per healthCheckNodePort.
+type ServiceServer struct {
 	// bindIP is the address the listeners bind (default: all addresses).
 	bindIP string
 	// proxyHealthy reports whether kpr itself is healthy; a node whose proxy
@@ -45,22 +40,22 @@ type listener struct {
 	server  *http.Server
 }
 
-// New returns a Server binding bindIP ("" = all addresses).
-func New(bindIP string, proxyHealthy func() bool, log *zap.Logger) *Server {
+// NewServiceServer returns a ServiceServer binding bindIP ("" = all addresses).
+func NewServiceServer(bindIP string, proxyHealthy func() bool, log *zap.Logger) *ServiceServer {
 	if proxyHealthy == nil {
 		proxyHealthy = func() bool { return true }
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Server{bindIP: bindIP, proxyHealthy: proxyHealthy, log: log,
+	return &ServiceServer{bindIP: bindIP, proxyHealthy: proxyHealthy, log: log,
 		services: map[types.NamespacedName]Service{}, listeners: map[int32]*listener{}}
 }
 
 // SyncServices makes the listeners match services: new ports are opened,
 // ports no Service uses any more are closed, counts are updated in place.
 // A port that cannot be opened is logged and retried on the next call.
-func (s *Server) SyncServices(services map[types.NamespacedName]Service) {
+func (s *ServiceServer) SyncServices(services map[types.NamespacedName]Service) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.services = services
@@ -86,7 +81,7 @@ func (s *Server) SyncServices(services map[types.NamespacedName]Service) {
 	}
 }
 
-func (s *Server) openLocked(port int32, name types.NamespacedName) error {
+func (s *ServiceServer) openLocked(port int32, name types.NamespacedName) error {
 	lis, err := net.Listen("tcp", net.JoinHostPort(s.bindIP, strconv.Itoa(int(port))))
 	if err != nil {
 		return err
@@ -101,7 +96,7 @@ func (s *Server) openLocked(port int32, name types.NamespacedName) error {
 	return nil
 }
 
-func (s *Server) closeLocked(port int32) {
+func (s *ServiceServer) closeLocked(port int32) {
 	if l, ok := s.listeners[port]; ok {
 		l.server.Close()
 		delete(s.listeners, port)
@@ -109,7 +104,7 @@ func (s *Server) closeLocked(port int32) {
 }
 
 // Close stops every listener.
-func (s *Server) Close() {
+func (s *ServiceServer) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for port := range s.listeners {
@@ -118,14 +113,14 @@ func (s *Server) Close() {
 }
 
 // Run closes the listeners when ctx ends.
-func (s *Server) Run(ctx context.Context) error {
+func (s *ServiceServer) Run(ctx context.Context) error {
 	<-ctx.Done()
 	s.Close()
 	return nil
 }
 
-// response is kube-proxy's health check body.
-type response struct {
+// serviceResponse is kube-proxy's health check body.
+type serviceResponse struct {
 	Service struct {
 		Namespace string `json:"namespace"`
 		Name      string `json:"name"`
@@ -134,12 +129,12 @@ type response struct {
 	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
 }
 
-func (s *Server) handler(name types.NamespacedName) http.Handler {
+func (s *ServiceServer) handler(name types.NamespacedName) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		s.mu.Lock()
 		count := s.services[name].LocalEndpoints
 		s.mu.Unlock()
-		var body response
+		var body serviceResponse
 		body.Service.Namespace, body.Service.Name = name.Namespace, name.Name
 		body.LocalEndpoints = count
 		body.ServiceProxyHealthy = s.proxyHealthy()
