@@ -160,7 +160,7 @@ func expand(sp *dataplane.ServicePort) []maps.Service {
 	if sp == nil {
 		return nil
 	}
-	affinity := uint32(sp.AffinityTimeout / time.Second)
+	affinity := dataplane.AffinitySeconds(sp.AffinityTimeout)
 	// Sized once; duplicates are found by a scan, as a ServicePort has
 	// few frontends (expand runs for every ServicePort of a full sync).
 	n := len(sp.Frontends)
