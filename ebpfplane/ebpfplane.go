@@ -46,7 +46,8 @@ type Plane struct {
 	removed []dataplane.RemovedBackend
 	// metrics, when set, get the maps' fill levels after every call.
 	metrics *metrics.Metrics
-	// maglev, when set, writes the Maglev tables (maglev.go).
+	// maglev, when set, repairs the Maglev tables the LB writes
+	// (maglev.go).
 	maglev *maps.Maglev
 }
 
@@ -417,7 +418,6 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort, 
 	if err := p.lb.Delete(stale...); err != nil {
 		errs = append(errs, err)
 	}
-	p.syncMaglev(sps, names)
 	for _, name := range names {
 		if failed[name] {
 			continue

@@ -137,6 +137,9 @@ type LB struct {
 	readOnly bool
 	// ranges are the source ranges the masters' flags refer to.
 	ranges *SourceRanges
+	// maglev, when set (NewMaglev), writes the Maglev tables of the
+	// frontends the LB writes (--lb-algorithm maglev).
+	maglev *Maglev
 	// conntrack is the tc programs' kpr_conntrack, whose flows to
 	// removed UDP backends DeleteUDPFlows deletes; nil in memory.
 	conntrack *ebpf.Map

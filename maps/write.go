@@ -21,10 +21,12 @@ import (
 //  3. the reverse-NAT entry
 //  4. affinity matches: added for new backends, removed for leaving ones,
 //     so no client sticks to a backend once it leaves
-//  5. the master entry with the new count and flags: from here on lookups
+//  5. with --lb-algorithm maglev, the frontend's Maglev table for the new
+//     backends (a new array, published by one update of kpr_maglev); then
+//     the master entry with the new count and flags: from here on lookups
 //     see the new Service
-//  6. slots past the new count, and source ranges no master asks for any
-//     more
+//  6. slots past the new count, source ranges no master asks for any
+//     more, and the Maglev tables of frontends that no longer have one
 //  7. backends no slot points at any more
 //
 // A master therefore never points at a slot or a backend that does not
@@ -36,12 +38,24 @@ import (
 // the old ranges admitted: a connection the Service allowed until then.
 // Steps 1-5 are undone if any of them fails, so a Service is left fully
 // old or fully new; the undo, too, restores the masters before it removes
-// the ranges they no longer ask for. A missing affinity match only costs a
-// client its stickiness for one connect, never a wrong backend.
+// the ranges they no longer ask for, and gives the frontends back the
+// Maglev tables of their old backends before those of the new go. A
+// missing affinity match only costs a client its stickiness for one
+// connect, never a wrong backend.
+//
+// A Maglev table names backend ids; the programs fall back to the backend
+// slots when it names one the backend map lacks. Published before the
+// master, a new frontend's first flows already pick by its table, alike on
+// every node; and since backends are deleted only in step 7, after the
+// tables that named them were replaced, no table ever names a missing one.
+// A table that cannot be written does not fail the change: its frontend is
+// served, its new flows picked at random until Maglev.SyncAll writes it.
 //
 // A delete goes the other way: masters first, so that lookups stop at
-// once, then slots, affinity matches, source ranges, reverse-NAT entries
-// and the backends nothing points at.
+// once, then slots, affinity matches, source ranges, Maglev tables,
+// reverse-NAT entries and the backends nothing points at. A table goes
+// before the reverse-NAT id it is keyed by is freed, so that it never
+// serves another frontend given that id.
 
 var errReadOnly = errors.New("maps opened read-only: only the control plane writes them")
 
@@ -346,6 +360,7 @@ func (lb *LB) commit(plans []*plan) error {
 	}
 
 	// Step 5: the switch-over.
+	lb.publishTables(plans)
 	mKeys := make([]bpf.KprSvcKey, 0, len(plans))
 	mVals := make([]bpf.KprSvcValue, 0, len(plans))
 	for _, p := range plans {
@@ -390,6 +405,7 @@ func (lb *LB) commit(plans []*plan) error {
 		delete(lb.matches, m)
 	}
 	// Steps 6 and 7.
+	lb.dropTables(plans)
 	if err := lb.services.delete(surplus); err != nil {
 		return fmt.Errorf("services are updated, but removing surplus slots failed (a resync retries): %w", err)
 	}
@@ -397,6 +413,44 @@ func (lb *LB) commit(plans []*plan) error {
 		return fmt.Errorf("services are updated, but removing source ranges no longer asked for failed (the next sync retries): %w", err)
 	}
 	return lb.release(released)
+}
+
+// publishTables is step 5's part for the Maglev tables: each frontend
+// whose new state has a table gets it, before its master switches.
+func (lb *LB) publishTables(plans []*plan) {
+	if lb.maglev == nil {
+		return
+	}
+	for _, p := range plans {
+		next := &svcState{revNat: p.revNat, kind: p.kind, slots: p.slots}
+		if _, ok := lb.maglev.want(next); ok {
+			lb.maglev.report(lb.maglev.syncTo(p.svc.VIPKey, next))
+		}
+	}
+}
+
+// dropTables is step 6's part for the Maglev tables: the frontends whose
+// new state, written now, has none lose theirs.
+func (lb *LB) dropTables(plans []*plan) {
+	if lb.maglev == nil {
+		return
+	}
+	for _, p := range plans {
+		if _, ok := lb.maglev.want(lb.svcs[p.svc.VIPKey]); !ok {
+			lb.maglev.report(lb.maglev.drop(p.svc.VIPKey))
+		}
+	}
+}
+
+// restoreTables gives the frontends of plans the tables of their old
+// state, for a rollback once their masters are restored.
+func (lb *LB) restoreTables(plans []*plan) {
+	if lb.maglev == nil {
+		return
+	}
+	for _, p := range plans {
+		lb.maglev.report(lb.maglev.syncTo(p.svc.VIPKey, p.old))
+	}
 }
 
 // masked returns ranges masked, as the source-range map holds them.
@@ -581,11 +635,14 @@ func (lb *LB) rollback(plans []*plan, ranges map[VIP][]netip.Prefix, cause error
 		lb.services.delete(dropKeys),
 		lb.services.put(restoreKeys, restoreVals),
 		lb.restoreRanges(ranges),
+	}
+	lb.restoreTables(plans)
+	errs = append(errs,
 		lb.affinityMatch.delete(gained),
 		lb.affinityMatch.put(lost, make([]uint8, len(lost))),
 		lb.revNat.delete(dropRevNats),
 		lb.backends.delete(dropBackends),
-	}
+	)
 	lb.abandon(plans)
 	return fmt.Errorf("writing services failed and was rolled back: %w", errors.Join(errs...))
 }
@@ -643,6 +700,9 @@ func (lb *LB) Delete(keys ...VIPKey) error {
 	for _, key := range gone {
 		lb.svcEntries -= 1 + len(lb.svcs[key].slots)
 		delete(lb.svcs, key)
+		if lb.maglev != nil {
+			lb.maglev.report(lb.maglev.drop(key))
+		}
 	}
 	var errs []error
 	errs = append(errs, lb.services.delete(slots), lb.affinityMatch.delete(matches))
