@@ -17,6 +17,10 @@ import (
 type maglevMaps struct {
 	*fakeMaps
 	outer *ebpf.Map
+	lb    *LB
+	mg    *Maglev
+	// failed are the table writes Maglev.OnError heard of.
+	failed []error
 }
 
 func newMaglevMaps(t *testing.T) *maglevMaps {
@@ -35,6 +39,12 @@ func newMaglevMaps(t *testing.T) *maglevMaps {
 	f := &maglevMaps{fakeMaps: newFakeMaps(t, 100, 100, 100), outer: outer}
 	check := func() { f.checkLookupSafe(); f.checkTables() }
 	f.services.check, f.backends.check, f.revNat.check = check, check, check
+	f.lb = f.fakeMaps.lb()
+	if f.mg, err = NewMaglev(f.lb, outer, maglev.MinTableSize); err != nil {
+		t.Fatal(err)
+	}
+	f.mg.OnError = func(err error) { f.failed = append(f.failed, err) }
+	t.Cleanup(func() { f.mg.Close() })
 	return f
 }
 
@@ -94,14 +104,7 @@ func (f *maglevMaps) checkTables() {
 
 func TestMaglevTablesAreWrittenInLookupSafeOrder(t *testing.T) {
 	f := newMaglevMaps(t)
-	lb := f.lb()
-	mg, err := NewMaglev(lb, f.outer, maglev.MinTableSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mg.Close()
-	var failed []error
-	mg.OnError = func(err error) { failed = append(failed, err) }
+	lb, mg := f.lb, f.mg
 
 	web := svcFor("198.51.100.10", 80, "10.244.0.1:8080", "10.244.0.2:8080")
 	web.Kind = dataplane.LoadBalancer
@@ -129,8 +132,8 @@ func TestMaglevTablesAreWrittenInLookupSafeOrder(t *testing.T) {
 		if err := s.do(); err != nil {
 			t.Fatalf("%s: %v", s.desc, err)
 		}
-		if len(failed) > 0 {
-			t.Fatalf("%s: %v", s.desc, errors.Join(failed...))
+		if len(f.failed) > 0 {
+			t.Fatalf("%s: %v", s.desc, errors.Join(f.failed...))
 		}
 		// Exactly the frontends with backends that outside traffic
 		// reaches have a table, each of the backends they have now.
@@ -162,12 +165,7 @@ func TestMaglevTablesAreWrittenInLookupSafeOrder(t *testing.T) {
 // back the table of its old backends, before those of the new go.
 func TestFailedWriteRestoresMaglevTables(t *testing.T) {
 	f := newMaglevMaps(t)
-	lb := f.lb()
-	mg, err := NewMaglev(lb, f.outer, maglev.MinTableSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mg.Close()
+	lb := f.lb
 	web := svcFor("198.51.100.10", 80, "10.244.0.1:8080")
 	web.Kind = dataplane.LoadBalancer
 	if err := lb.Upsert(web); err != nil {
@@ -187,5 +185,8 @@ func TestFailedWriteRestoresMaglevTables(t *testing.T) {
 	ids := f.tables()[bpf.KprMaglevKey{RevNatId: st.revNat, Scope: uint8(web.Scope)}]
 	if len(ids) != 1 || !ids[old] {
 		t.Errorf("after the rollback the table names %v, want the old backend %d alone", ids, old)
+	}
+	if len(f.failed) > 0 {
+		t.Errorf("table writes failed: %v", errors.Join(f.failed...))
 	}
 }
