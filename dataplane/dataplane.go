@@ -1,8 +1,11 @@
 package dataplane
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -45,6 +48,25 @@ func (n ServicePortName) String() string {
 	return s + "/" + n.Protocol.String()
 }
 
+// Compare orders ServicePortNames by namespace, then Service name, then
+// port name, then protocol number: the name order in which every part of
+// kpr sorts them, so that conflicts are resolved, room is given and rules
+// are written the same way everywhere. It compares the fields in place:
+// sorting by String() built two strings per comparison, which was a
+// quarter of a full reconcile of 10,000 Services.
+func (n ServicePortName) Compare(o ServicePortName) int {
+	if c := strings.Compare(n.Namespace, o.Namespace); c != 0 {
+		return c
+	}
+	if c := strings.Compare(n.Name, o.Name); c != 0 {
+		return c
+	}
+	if c := strings.Compare(n.Port, o.Port); c != 0 {
+		return c
+	}
+	return cmp.Compare(n.Protocol, o.Protocol)
+}
+
 // FrontendKind says how a frontend address came to exist. Backends use it for
 // display and to decide which traffic policy governs the frontend.
 type FrontendKind uint8
@@ -78,6 +100,15 @@ type Backend struct {
 
 func (b Backend) String() string { return netip.AddrPortFrom(b.Addr, b.Port).String() }
 
+// Compare orders Backends by address (IPv4 before IPv6, as netip.Addr
+// orders them), then port: the order of every sorted backend set.
+func (b Backend) Compare(o Backend) int {
+	if c := b.Addr.Compare(o.Addr); c != 0 {
+		return c
+	}
+	return cmp.Compare(b.Port, o.Port)
+}
+
 // Frontend is one address:port a client may connect to, together with the
 // backend sets that serve it.
 type Frontend struct {
@@ -108,7 +139,8 @@ type ServicePort struct {
 	Name      ServicePortName
 	Frontends []Frontend
 	// AffinityTimeout is the ClientIP session affinity timeout; zero means no
-	// session affinity.
+	// session affinity. Backends program it in whole seconds, as
+	// AffinitySeconds rounds it.
 	AffinityTimeout time.Duration
 	// SourceRanges are the Service's loadBalancerSourceRanges, parsed:
 	// masked, IPv4 as 4-byte prefixes, sorted, without duplicates. They
@@ -206,4 +238,21 @@ type DriftCheck interface {
 	// complete state is needed (drift, an earlier failed call, or a
 	// conflict only a Reconcile resolves).
 	Step() (done, held bool, err error)
+}
+
+// AffinitySeconds is a ClientIP affinity timeout in the whole seconds every
+// backend programs (the BPF maps, iptables' recent match and IPVS
+// persistence all count seconds): rounded up, so that a client sticks at
+// least as long as asked and a timeout under a second still turns affinity
+// on; 0, off, for a timeout that is not positive. A timeout beyond what 32
+// bits of seconds hold (136 years) is held at the most they do.
+func AffinitySeconds(timeout time.Duration) uint32 {
+	if timeout <= 0 {
+		return 0
+	}
+	secs := timeout / time.Second
+	if timeout%time.Second != 0 {
+		secs++
+	}
+	return uint32(min(secs, math.MaxUint32))
 }

@@ -290,26 +290,13 @@ func (t *translation) servicePorts() ([]dataplane.ServicePort, []PortFacts) {
 	if len(all) == 0 {
 		return nil, nil
 	}
-	slices.SortFunc(all, func(a, b translated) int { return compareNames(a.sp.Name, b.sp.Name) })
+	slices.SortFunc(all, func(a, b translated) int { return a.sp.Name.Compare(b.sp.Name) })
 	ports := make([]dataplane.ServicePort, len(all))
 	facts := make([]PortFacts, len(all))
 	for i := range all {
 		ports[i], facts[i] = all[i].sp, all[i].facts
 	}
 	return ports, facts
-}
-
-func compareNames(a, b dataplane.ServicePortName) int {
-	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
-		return c
-	}
-	if c := strings.Compare(a.Name, b.Name); c != 0 {
-		return c
-	}
-	if c := strings.Compare(a.Port, b.Port); c != 0 {
-		return c
-	}
-	return int(a.Protocol) - int(b.Protocol)
 }
 
 func quote(s string) string { return "\"" + s + "\"" }

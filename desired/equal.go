@@ -30,13 +30,6 @@ func equalFrontends(a, b dataplane.Frontend) bool {
 		slices.Equal(a.ExternalBackends, b.ExternalBackends)
 }
 
-func compareBackends(a, b dataplane.Backend) int {
-	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Port, b.Port)
-}
-
 // compareFrontends orders frontends by kind, then address, then port.
 func compareFrontends(a, b dataplane.Frontend) int {
 	if c := cmp.Compare(a.Kind, b.Kind); c != 0 {

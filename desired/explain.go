@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -203,7 +202,7 @@ func (ex *explainer) duplicate(port string, proto dataplane.Protocol, cand, cur 
 // decides each one's reason by running the same categorize the
 // translation runs.
 func (ex *explainer) merged(t *translation, port string, proto dataplane.Protocol, byFamily map[family][]portEndpoint) {
-	ex.AffinitySeconds = int(t.affinity / time.Second)
+	ex.AffinitySeconds = int(dataplane.AffinitySeconds(t.affinity))
 	key := portKey{port, proto}
 	if _, seen := ex.byPort[key]; seen {
 		return // the duplicate port, which the translation drops

@@ -260,7 +260,7 @@ func FuzzTranslate(f *testing.F) {
 func checkInvariants(t *testing.T, svc *v1.Service, got []dataplane.ServicePort) {
 	t.Helper()
 	for i, sp := range got {
-		if i > 0 && compareNames(got[i-1].Name, sp.Name) >= 0 {
+		if i > 0 && got[i-1].Name.Compare(sp.Name) >= 0 {
 			t.Errorf("ports not sorted or duplicated: %v then %v", got[i-1].Name, sp.Name)
 		}
 		if sp.Name.Namespace != svc.Namespace || sp.Name.Name != svc.Name {
@@ -362,7 +362,7 @@ func checkBackends(t *testing.T, name dataplane.ServicePortName, f dataplane.Fro
 		if b.Port == 0 {
 			t.Errorf("%v: backend %v with port 0", name, b)
 		}
-		if k > 0 && compareBackends(bs[k-1], b) >= 0 {
+		if k > 0 && bs[k-1].Compare(b) >= 0 {
 			t.Errorf("%v: frontend %v backends not sorted or duplicated: %v", name, f.AddrPort(), bs)
 		}
 	}

@@ -110,6 +110,6 @@ func backendsWhere(eps []portEndpoint, keep func(portEndpoint) bool) []dataplane
 			out = append(out, e.backend())
 		}
 	}
-	slices.SortFunc(out, compareBackends)
+	slices.SortFunc(out, dataplane.Backend.Compare)
 	return out
 }

@@ -1,7 +1,6 @@
 package ebpfplane_test
 
 import (
-	"net/netip"
 	"testing"
 	"time"
 
@@ -50,11 +49,9 @@ func served(lb *maps.LB) dataplanetest.State {
 		}
 		s := dataplanetest.Serving{Backends: svc.Backends, AffinityTimeout: time.Duration(svc.AffinityTimeout) * time.Second}
 		// Only the tc programs, which see traffic from outside, consult
-		// the source ranges a master asks for.
-		var ranges []netip.Prefix
-		if svc.SourceRanges {
-			ranges = lb.SourceRanges().Get(svc.VIP)
-		}
+		// the source ranges a master asks for: what the read-only LB
+		// found in the source-range map for a master with the flag.
+		ranges := svc.SourceRanges
 		if k.Traffic == dataplanetest.External {
 			s.SourceRanges = ranges
 		}

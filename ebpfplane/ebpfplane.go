@@ -46,7 +46,8 @@ type Plane struct {
 	removed []dataplane.RemovedBackend
 	// metrics, when set, get the maps' fill levels after every call.
 	metrics *metrics.Metrics
-	// maglev, when set, writes the Maglev tables (maglev.go).
+	// maglev, when set, repairs the Maglev tables the LB writes
+	// (maglev.go).
 	maglev *maps.Maglev
 }
 
@@ -160,7 +161,7 @@ func expand(sp *dataplane.ServicePort) []maps.Service {
 	if sp == nil {
 		return nil
 	}
-	affinity := uint32(sp.AffinityTimeout / time.Second)
+	affinity := dataplane.AffinitySeconds(sp.AffinityTimeout)
 	// Sized once; duplicates are found by a scan, as a ServicePort has
 	// few frontends (expand runs for every ServicePort of a full sync).
 	n := len(sp.Frontends)
@@ -178,28 +179,12 @@ func expand(sp *dataplane.ServicePort) []maps.Service {
 			}
 		}
 		out = append(out, maps.Service{VIPKey: key, Kind: fe.Kind, AffinityTimeout: affinity, Backends: backends,
-			SourceRanges: len(sp.SourceRangesFor(fe)) > 0})
+			SourceRanges: sp.SourceRangesFor(fe)})
 	}
 	for _, fe := range sp.Frontends {
 		add(fe, maps.ScopeInternal, fe.Backends)
 		if fe.ExternalBackends != nil {
 			add(fe, maps.ScopeExternal, fe.ExternalBackends)
-		}
-	}
-	return out
-}
-
-// sourceRanges returns the source ranges of every frontend of sp that has
-// them (LoadBalancer frontends with loadBalancerSourceRanges of their
-// family), for the source-range map.
-func sourceRanges(sp *dataplane.ServicePort) map[maps.VIP][]netip.Prefix {
-	if sp == nil || len(sp.SourceRanges) == 0 {
-		return nil
-	}
-	out := map[maps.VIP][]netip.Prefix{}
-	for _, fe := range sp.Frontends {
-		if r := sp.SourceRangesFor(fe); len(r) > 0 {
-			out[vipKey(fe, maps.ScopeInternal).VIP] = r
 		}
 	}
 	return out
@@ -322,17 +307,7 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	errs = append(errs, p.write(all, names, wanted))
 	// Ranges of frontends nobody has any more, adopted from before a
 	// restart or left by a failed call: their masters are gone by now.
-	wantRanges := map[maps.VIP]bool{}
-	for _, name := range names {
-		for vip := range sourceRanges(all[name]) {
-			wantRanges[vip] = true
-		}
-	}
-	for _, vip := range p.lb.SourceRanges().VIPs() {
-		if !wantRanges[vip] {
-			errs = append(errs, p.lb.SourceRanges().Trim(vip, nil))
-		}
-	}
+	errs = append(errs, p.lb.RemoveUnaskedRanges())
 	p.syncMaglevAll()
 	return p.finish(errors.Join(errs...))
 }
@@ -400,12 +375,6 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort, 
 		var groups [][]maps.Service
 		var groupNames []dataplane.ServicePortName
 		for _, name := range chunk {
-			// The ranges go in before the masters that ask for them.
-			if err := p.addSourceRanges(sps[name]); err != nil {
-				failed[name] = true
-				errs = append(errs, fmt.Errorf("service port %s: %w", name, err))
-				continue
-			}
 			var upserts []maps.Service
 			for _, svc := range expand(sps[name]) {
 				if !p.lb.Matches(svc) {
@@ -449,11 +418,6 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort, 
 	if err := p.lb.Delete(stale...); err != nil {
 		errs = append(errs, err)
 	}
-	p.syncMaglev(sps, names)
-	// The ranges no master asks for any more go once the masters are
-	// written; a failed ServicePort keeps its earlier master, and so the
-	// ranges of its earlier state.
-	errs = append(errs, p.trimSourceRanges(sps, names, failed))
 	for _, name := range names {
 		if failed[name] {
 			continue
@@ -467,57 +431,6 @@ func (p *Plane) write(sps map[dataplane.ServicePortName]*dataplane.ServicePort, 
 			p.held[name] = sps[name]
 		}
 		p.removed = append(p.removed, removed[name]...)
-	}
-	return errors.Join(errs...)
-}
-
-// addSourceRanges writes the source ranges sp's masters will ask for.
-func (p *Plane) addSourceRanges(sp *dataplane.ServicePort) error {
-	ranges := p.lb.SourceRanges()
-	for vip, r := range sourceRanges(sp) {
-		if err := ranges.Add(vip, r); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// trimSourceRanges removes the source ranges that the ServicePorts names
-// had before this write and no longer have: each frontend keeps the ranges
-// its master now asks for, which for a failed ServicePort is its earlier
-// state (held). A failed ServicePort whose earlier state this Plane does
-// not know (adopted after a restart) keeps every range the map has for it:
-// its adopted masters may ask for them, and a master without its ranges
-// would drop every client.
-func (p *Plane) trimSourceRanges(sps map[dataplane.ServicePortName]*dataplane.ServicePort, names []dataplane.ServicePortName, failed map[dataplane.ServicePortName]bool) error {
-	keep := map[maps.VIP][]netip.Prefix{}
-	touched := map[maps.VIP]bool{}
-	for _, name := range names {
-		held, known := p.held[name]
-		if failed[name] && !known {
-			continue
-		}
-		next, old := sourceRanges(sps[name]), sourceRanges(held)
-		if failed[name] {
-			next = old
-		}
-		for vip, r := range next {
-			keep[vip] = append(keep[vip], r...)
-			touched[vip] = true
-		}
-		for vip := range old {
-			touched[vip] = true
-		}
-		if failed[name] {
-			// What the failed write added for it, beyond its old state.
-			for vip := range sourceRanges(sps[name]) {
-				touched[vip] = true
-			}
-		}
-	}
-	var errs []error
-	for vip := range touched {
-		errs = append(errs, p.lb.SourceRanges().Trim(vip, keep[vip]))
 	}
 	return errors.Join(errs...)
 }

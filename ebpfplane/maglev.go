@@ -3,15 +3,20 @@ package ebpfplane
 import (
 	"go.uber.org/zap"
 
-	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/maps/maglev"
 )
 
 // SetMaglev makes the Plane keep mg's Maglev tables (kpr run --lb-algorithm
-// maglev) in step with the Services it writes: after every write, the
-// tables of the frontends it touched, and on every Reconcile all of them.
+// maglev) in step with the Services it writes: the LB writes the tables of
+// the frontends it writes (maps/write.go), and every Reconcile repairs all
+// of them. A table that cannot be written is logged, not returned: its
+// frontend is still served, its new flows picked at random, and the next
+// Reconcile tries again.
 func (p *Plane) SetMaglev(mg *maps.Maglev) {
+	mg.OnError = func(err error) {
+		p.log.Warn("writing a Maglev table failed; its frontend picks backends at random until the next reconcile", zap.Error(err))
+	}
 	mg.OnSparse = func(key maps.VIPKey, backends int, size uint32) {
 		p.log.Warn("Maglev table has fewer than 100 slots per backend: flows still pick the same backend on every node, "+
 			"but the backends' shares are less even and a backend change moves more flows; raise --maglev-table-size",
@@ -19,29 +24,6 @@ func (p *Plane) SetMaglev(mg *maps.Maglev) {
 			zap.Uint64("suggestedAtLeast", uint64(backends)*maglev.SlotsPerBackend))
 	}
 	p.maglev = mg
-}
-
-// syncMaglev brings the tables of the frontends the ServicePorts names
-// had (held) and have now (sps) to what the maps hold, once the LB wrote
-// them. A table that cannot be written is logged, not returned: its
-// frontend is still served, its new flows picked at random, and the next
-// Reconcile tries again.
-func (p *Plane) syncMaglev(sps map[dataplane.ServicePortName]*dataplane.ServicePort, names []dataplane.ServicePortName) {
-	if p.maglev == nil {
-		return
-	}
-	var keys []maps.VIPKey
-	for _, name := range names {
-		for _, svc := range expand(p.held[name]) {
-			keys = append(keys, svc.VIPKey)
-		}
-		for _, svc := range expand(sps[name]) {
-			keys = append(keys, svc.VIPKey)
-		}
-	}
-	if err := p.maglev.Sync(keys...); err != nil {
-		p.log.Warn("writing Maglev tables failed; the frontends concerned pick backends at random until the next reconcile", zap.Error(err))
-	}
 }
 
 // syncMaglevAll brings every table to what the maps hold, and removes the

@@ -52,10 +52,12 @@ type Service struct {
 	Kind dataplane.FrontendKind
 	// AffinityTimeout is the ClientIP affinity timeout in seconds; 0 is off.
 	AffinityTimeout uint32
-	// SourceRanges makes the tc programs serve a new flow from outside
-	// only from a source the SourceRanges map holds for the frontend
-	// (loadBalancerSourceRanges); write those entries first.
-	SourceRanges bool
+	// SourceRanges, when not empty, are the only sources the tc programs
+	// serve a new flow from outside from (loadBalancerSourceRanges): the
+	// master asks for them by a flag, and they live in the source-range
+	// map under the frontend's VIP, shared by both scopes. They must be of
+	// the frontend's family.
+	SourceRanges []netip.Prefix
 	// Backends in slot order. An empty list makes connects fail.
 	Backends []dataplane.Backend
 }
@@ -135,6 +137,9 @@ type LB struct {
 	readOnly bool
 	// ranges are the source ranges the masters' flags refer to.
 	ranges *SourceRanges
+	// maglev, when set (NewMaglev), writes the Maglev tables of the
+	// frontends the LB writes (--lb-algorithm maglev).
+	maglev *Maglev
 	// conntrack is the tc programs' kpr_conntrack, whose flows to
 	// removed UDP backends DeleteUDPFlows deletes; nil in memory.
 	conntrack *ebpf.Map
@@ -308,6 +313,9 @@ func (lb *LB) Resync() error {
 	if err := lb.dropBackends(orphanBackends); err != nil {
 		return err
 	}
+	if err := lb.RemoveUnaskedRanges(); err != nil {
+		return err
+	}
 	return lb.resyncAffinityMatches()
 }
 
@@ -367,7 +375,10 @@ func (lb *LB) Get(key VIPKey) (Service, bool) {
 		return Service{}, false
 	}
 	kind, _ := kindFromBPF(st.kind) // unknownKind when not a known kind
-	svc := Service{VIPKey: key, Kind: kind, AffinityTimeout: st.affinityTimeout, SourceRanges: st.flags&svcFlagSourceRanges != 0}
+	svc := Service{VIPKey: key, Kind: kind, AffinityTimeout: st.affinityTimeout}
+	if st.flags&svcFlagSourceRanges != 0 {
+		svc.SourceRanges = lb.ranges.Get(key.VIP)
+	}
 	for _, id := range st.slots {
 		var b dataplane.Backend
 		if e, ok := lb.backendOf[id]; ok {
@@ -403,7 +414,7 @@ func (lb *LB) Matches(svc Service) bool {
 	st, ok := lb.svcs[svc.VIPKey]
 	kind, known := kindToBPF(svc.Kind)
 	if !ok || !known || st.revNat == 0 || st.kind != kind || st.affinityTimeout != svc.AffinityTimeout || st.flags != svc.flags() ||
-		len(st.slots) != len(svc.Backends) {
+		len(st.slots) != len(svc.Backends) || !lb.ranges.holdsExactly(svc.VIP, svc.SourceRanges) {
 		return false
 	}
 	for i, id := range st.slots {
@@ -422,7 +433,7 @@ const svcFlagSourceRanges = 1
 
 // flags is svc_value.flags for svc.
 func (svc Service) flags() uint8 {
-	if svc.SourceRanges {
+	if len(svc.SourceRanges) > 0 {
 		return svcFlagSourceRanges
 	}
 	return 0
@@ -469,6 +480,11 @@ func validate(svc Service) error {
 	for _, b := range svc.Backends {
 		if !b.Addr.IsValid() || b.Addr.Zone() != "" || b.Addr.Is4() != svc.Addr.Unmap().Is4() || b.Port == 0 {
 			return fmt.Errorf("service %s: backend %s is invalid, zoned or of the wrong IP family", svc.VIP, b)
+		}
+	}
+	for _, p := range svc.SourceRanges {
+		if !p.IsValid() || p.Addr().Zone() != "" || p.Addr().Is4() != svc.Addr.Unmap().Is4() {
+			return fmt.Errorf("service %s: source range %s is invalid, zoned or of the wrong IP family", svc.VIP, p)
 		}
 	}
 	return nil

@@ -24,10 +24,9 @@ import (
 // one array, as the NodePort of every node address and the LoadBalancer IP
 // of one Service do.
 //
-// The tables follow the LB: call Sync with the frontends a write touched,
-// after the LB wrote them, so that a table never names a backend the
-// backend map lacks (the programs then fall back to the backend slots).
-// Like the LB, it is not safe for concurrent use.
+// The LB writes the tables as part of each change, in the order write.go
+// promises; SyncAll repairs them. Like the LB, it is not safe for
+// concurrent use.
 type Maglev struct {
 	lb    *LB
 	outer *ebpf.Map
@@ -36,6 +35,10 @@ type Maglev struct {
 	// wrote it; tables are the arrays those entries point at, by content.
 	held   map[VIPKey]heldTable
 	tables map[string]*maglevTable
+	// OnError, when set, hears of a table the LB's write could not bring
+	// up to date: its frontend is still served, its new flows picked at
+	// random until a SyncAll writes it.
+	OnError func(error)
 	// OnSparse, when set, hears of a table with fewer than
 	// maglev.SlotsPerBackend slots per backend: still the same on every
 	// node, but less even, and a change moves more flows than it must.
@@ -56,20 +59,34 @@ type maglevTable struct {
 }
 
 // NewMaglev returns the writer of outer (kpr_maglev) for tables of size
-// slots, which must be the tc programs' maglev_table_size. It trusts no
-// table it finds: the first Sync of a frontend replaces its table, with
-// the same content where nothing changed, and SyncAll removes the tables
-// of frontends the LB no longer has.
+// slots, which must be the tc programs' maglev_table_size, and makes lb
+// write the tables of the frontends it writes from now on. It trusts no
+// table it finds: the first write of a frontend replaces its table, with
+// the same content where nothing changed, and SyncAll writes every
+// frontend's and removes the tables of frontends the LB no longer has.
 func NewMaglev(lb *LB, outer *ebpf.Map, size uint32) (*Maglev, error) {
 	if err := maglev.ValidateTableSize(size); err != nil {
 		return nil, err
 	}
-	return &Maglev{lb: lb, outer: outer, size: size,
-		held: map[VIPKey]heldTable{}, tables: map[string]*maglevTable{}}, nil
+	mg := &Maglev{lb: lb, outer: outer, size: size,
+		held: map[VIPKey]heldTable{}, tables: map[string]*maglevTable{}}
+	lb.maglev = mg
+	return mg, nil
+}
+
+// report passes a failed table write to OnError.
+func (mg *Maglev) report(err error) {
+	if err != nil && mg.OnError != nil {
+		mg.OnError(err)
+	}
 }
 
 // Close drops this process's handles on the tables; kpr_maglev keeps them.
+// The LB writes no tables from then on.
 func (mg *Maglev) Close() error {
+	if mg.lb.maglev == mg {
+		mg.lb.maglev = nil
+	}
 	var errs []error
 	for _, t := range mg.tables {
 		errs = append(errs, t.m.Close())
@@ -79,57 +96,67 @@ func (mg *Maglev) Close() error {
 	return errors.Join(errs...)
 }
 
-// Sync brings the tables of keys to what the LB holds for them: a table
+// sync brings the tables of keys to what the LB holds for them: a table
 // for every one the LB has (unless its kind is ClusterIP or it has no
-// backend), none for the others.
-func (mg *Maglev) Sync(keys ...VIPKey) error {
-	type want struct {
-		vip  VIPKey
-		key  bpf.KprMaglevKey
-		ids  []uint32
-		addr []backendAddr
-	}
-	var wants []want
-	var drops []VIPKey
-	for _, k := range keys {
-		k.Addr = k.Addr.Unmap()
-		st := mg.lb.svcs[k]
-		if st == nil || st.revNat == 0 || st.kind == uint8(bpf.KprSvcKindSVC_KIND_CLUSTER_IP) {
-			drops = append(drops, k)
-			continue
-		}
-		w := want{vip: k, key: bpf.KprMaglevKey{RevNatId: st.revNat, Scope: uint8(k.Scope)}}
-		seen := map[uint32]bool{}
-		for _, id := range st.slots {
-			e, ok := mg.lb.backendOf[id]
-			if id == 0 || !ok || seen[id] {
-				continue
-			}
-			seen[id] = true
-			w.ids = append(w.ids, id)
-			w.addr = append(w.addr, e.addr)
-		}
-		if len(w.ids) == 0 {
-			drops = append(drops, k)
-			continue
-		}
-		wants = append(wants, w)
-	}
+// backend), none for the others. The LB's writes keep the tables in step
+// (write.go); this is for SyncAll's repair.
+func (mg *Maglev) sync(keys ...VIPKey) error {
 	// Deletes first: a reverse-NAT id a dropped frontend had may be a new
 	// frontend's by now, and its new table must not be deleted after it
 	// was written.
 	var errs []error
-	for _, k := range drops {
-		if err := mg.drop(k); err != nil {
-			errs = append(errs, err)
+	var wants []VIPKey
+	for _, k := range keys {
+		k.Addr = k.Addr.Unmap()
+		if _, ok := mg.want(mg.lb.svcs[k]); !ok {
+			errs = append(errs, mg.drop(k))
+			continue
 		}
+		wants = append(wants, k)
 	}
-	for _, w := range wants {
-		if err := mg.put(w.vip, w.key, w.ids, w.addr); err != nil {
-			errs = append(errs, err)
-		}
+	for _, k := range wants {
+		errs = append(errs, mg.syncTo(k, mg.lb.svcs[k]))
 	}
 	return errors.Join(errs...)
+}
+
+// wantTable is the table a frontend's state calls for: the backend ids of
+// its slots, once each, and their addresses.
+type wantTable struct {
+	key  bpf.KprMaglevKey
+	ids  []uint32
+	addr []backendAddr
+}
+
+// want returns the table st calls for; none (false) for a frontend that is
+// gone, a ClusterIP (no traffic from outside reaches it), or one without
+// backends.
+func (mg *Maglev) want(st *svcState) (wantTable, bool) {
+	if st == nil || st.revNat == 0 || st.kind == uint8(bpf.KprSvcKindSVC_KIND_CLUSTER_IP) {
+		return wantTable{}, false
+	}
+	var w wantTable
+	seen := map[uint32]bool{}
+	for _, id := range st.slots {
+		e, ok := mg.lb.backendOf[id]
+		if id == 0 || !ok || seen[id] {
+			continue
+		}
+		seen[id] = true
+		w.ids = append(w.ids, id)
+		w.addr = append(w.addr, e.addr)
+	}
+	return w, len(w.ids) > 0
+}
+
+// syncTo brings the table of k to what st calls for.
+func (mg *Maglev) syncTo(k VIPKey, st *svcState) error {
+	w, ok := mg.want(st)
+	if !ok {
+		return mg.drop(k)
+	}
+	w.key = bpf.KprMaglevKey{RevNatId: st.revNat, Scope: uint8(k.Scope)}
+	return mg.put(k, w.key, w.ids, w.addr)
 }
 
 // drop removes the frontend's table, if it has one.
@@ -270,7 +297,7 @@ func (mg *Maglev) SyncAll() error {
 			mg.unref(h.table)
 		}
 	}
-	err := mg.Sync(mg.lb.Keys()...)
+	err := mg.sync(mg.lb.Keys()...)
 	wrote := map[bpf.KprMaglevKey]bool{}
 	for _, h := range mg.held {
 		wrote[h.key] = true

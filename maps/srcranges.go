@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -15,13 +16,11 @@ import (
 // full before the source range's own bits.
 const srcRangeFrontendBits = 160
 
-// SourceRanges owns kpr_src_ranges, the LPM trie the tc programs consult
+// SourceRanges holds kpr_src_ranges, the LPM trie the tc programs consult
 // for the loadBalancerSourceRanges of a LoadBalancer frontend whose master
-// entry has Service.SourceRanges set. A frontend's ranges go in before its
-// master asks for them (Add, then LB.Upsert) and leave after it stops
-// asking (LB.Upsert or LB.Delete, then Trim), so a lookup never finds the
-// flag without the ranges it stands for. Like the LB it has one writer, the
-// sync loop.
+// entry asks for them (Service.SourceRanges). Only the LB's write path
+// writes it, in the order write.go gives; this type reads it, and keeps
+// the view of it that the LB compares with.
 type SourceRanges struct {
 	t table[bpf.KprSrcRangeKey, uint8]
 	// held mirrors the map: the ranges of each frontend, sorted.
@@ -89,10 +88,27 @@ func (s *SourceRanges) VIPs() []VIP {
 	return out
 }
 
-// Add writes the entries of ranges that the map does not hold for vip yet;
-// entries it holds beyond them stay (Trim removes those). Every range must
+// holdsExactly reports whether the map holds ranges for vip and nothing
+// else.
+func (s *SourceRanges) holdsExactly(vip VIP, ranges []netip.Prefix) bool {
+	held := s.held[vip.unmapped()]
+	for _, p := range ranges {
+		if !slices.Contains(held, p.Masked()) {
+			return false
+		}
+	}
+	for _, p := range held {
+		if !slices.ContainsFunc(ranges, func(q netip.Prefix) bool { return q.Masked() == p }) {
+			return false
+		}
+	}
+	return true
+}
+
+// add writes the entries of ranges that the map does not hold for vip yet;
+// entries it holds beyond them stay (trim removes those). Every range must
 // be of vip's family.
-func (s *SourceRanges) Add(vip VIP, ranges []netip.Prefix) error {
+func (s *SourceRanges) add(vip VIP, ranges []netip.Prefix) error {
 	if s.readOnly {
 		return errReadOnly
 	}
@@ -126,8 +142,8 @@ func (s *SourceRanges) Add(vip VIP, ranges []netip.Prefix) error {
 	return nil
 }
 
-// Trim deletes the entries the map holds for vip beyond keep (nil: all).
-func (s *SourceRanges) Trim(vip VIP, keep []netip.Prefix) error {
+// trim deletes the entries the map holds for vip beyond keep (nil: all).
+func (s *SourceRanges) trim(vip VIP, keep []netip.Prefix) error {
 	if s.readOnly {
 		return errReadOnly
 	}
@@ -154,6 +170,22 @@ func (s *SourceRanges) Trim(vip VIP, keep []netip.Prefix) error {
 		s.held[vip] = stay
 	}
 	return nil
+}
+
+// RemoveUnaskedRanges deletes the source ranges of every frontend no
+// master asks for them: left by a kpr that stopped between writing a
+// change and trimming, or by a failed trim. No lookup reaches them.
+func (lb *LB) RemoveUnaskedRanges() error {
+	if lb.readOnly {
+		return errReadOnly
+	}
+	var errs []error
+	for vip := range lb.ranges.held {
+		if !lb.othersAskForRanges(vip, nil) {
+			errs = append(errs, lb.ranges.trim(vip, nil))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Usage is the map's fill level.

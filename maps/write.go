@@ -3,28 +3,59 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/kpr-io/kpr/bpf"
 )
 
-// A change is written in seven steps, each safe for a BPF program looking up
-// the same Service at the same moment:
+// This file is the one write path of the maps the programs look Services
+// up in, and this comment the one place their order is promised. A change
+// is written in seven steps, each safe for a BPF program looking up the
+// same Service at the same moment:
 //
-//  1. new backends
+//  1. new backends, and the source ranges the new masters will ask for,
+//     added to what the source-range map holds for their frontends
 //  2. backend slots 1..n (new ones, and old ones overwritten in place)
 //  3. the reverse-NAT entry
 //  4. affinity matches: added for new backends, removed for leaving ones,
 //     so no client sticks to a backend once it leaves
-//  5. the master entry with the new count: from here on lookups see the
-//     new Service
-//  6. slots past the new count
+//  5. with --lb-algorithm maglev, the frontend's Maglev table for the new
+//     backends (a new array, published by one update of kpr_maglev); then
+//     the master entry with the new count and flags: from here on lookups
+//     see the new Service
+//  6. slots past the new count, source ranges no master asks for any
+//     more, and the Maglev tables of frontends that no longer have one
 //  7. backends no slot points at any more
 //
 // A master therefore never points at a slot or a backend that does not
-// exist yet. Steps 1-5 are undone if any of them fails, so a Service is left
-// fully old or fully new. A missing affinity match only costs a client its
-// stickiness for one connect, never a wrong backend.
+// exist yet, and never asks for source ranges the map lacks: a master that
+// asks for ranges drops every client outside the ones it finds, so ranges
+// missing for a moment would drop clients the Service admits, both before
+// and after the change. Between steps 1 and 6 a frontend's ranges are the
+// old and new ones together, which admits for a moment a client that only
+// the old ranges admitted: a connection the Service allowed until then.
+// Steps 1-5 are undone if any of them fails, so a Service is left fully
+// old or fully new; the undo, too, restores the masters before it removes
+// the ranges they no longer ask for, and gives the frontends back the
+// Maglev tables of their old backends before those of the new go. A
+// missing affinity match only costs a client its stickiness for one
+// connect, never a wrong backend.
+//
+// A Maglev table names backend ids; the programs fall back to the backend
+// slots when it names one the backend map lacks. Published before the
+// master, a new frontend's first flows already pick by its table, alike on
+// every node; and since backends are deleted only in step 7, after the
+// tables that named them were replaced, no table ever names a missing one.
+// A table that cannot be written does not fail the change: its frontend is
+// served, its new flows picked at random until Maglev.SyncAll writes it.
+//
+// A delete goes the other way: masters first, so that lookups stop at
+// once, then slots, affinity matches, source ranges, Maglev tables,
+// reverse-NAT entries and the backends nothing points at. A table goes
+// before the reverse-NAT id it is keyed by is freed, so that it never
+// serves another frontend given that id.
 
 var errReadOnly = errors.New("maps opened read-only: only the control plane writes them")
 
@@ -68,6 +99,7 @@ func (lb *LB) UpsertGroups(groups [][]Service) (errs []error) {
 		out := make([]Service, 0, len(g))
 		for _, svc := range g {
 			svc.Addr = svc.Addr.Unmap()
+			svc.SourceRanges = masked(svc.SourceRanges)
 			if err := validate(svc); err != nil {
 				errs[i] = errors.Join(errs[i], err)
 				continue
@@ -305,25 +337,30 @@ func (lb *LB) commit(plans []*plan) error {
 			rVals = append(rVals, bpf.KprRevNatValue{Addr: addrToBPF(p.svc.Addr), Port: portToBPF(p.svc.Port)})
 		}
 	}
+	ranges := lb.rangesBefore(plans)
 	if err := lb.backends.put(bKeys, bVals); err != nil {
-		return lb.rollback(plans, err)
+		return lb.rollback(plans, ranges, err)
+	}
+	if err := lb.addRanges(plans); err != nil {
+		return lb.rollback(plans, ranges, err)
 	}
 	if err := lb.services.put(sKeys, sVals); err != nil {
-		return lb.rollback(plans, err)
+		return lb.rollback(plans, ranges, err)
 	}
 	if err := lb.revNat.put(rKeys, rVals); err != nil {
-		return lb.rollback(plans, err)
+		return lb.rollback(plans, ranges, err)
 	}
 	// Step 4.
 	gained, lost := lb.matchChanges(plans)
 	if err := lb.affinityMatch.put(gained, make([]uint8, len(gained))); err != nil {
-		return lb.rollback(plans, err)
+		return lb.rollback(plans, ranges, err)
 	}
 	if err := lb.affinityMatch.delete(lost); err != nil {
-		return lb.rollback(plans, err)
+		return lb.rollback(plans, ranges, err)
 	}
 
 	// Step 5: the switch-over.
+	lb.publishTables(plans)
 	mKeys := make([]bpf.KprSvcKey, 0, len(plans))
 	mVals := make([]bpf.KprSvcValue, 0, len(plans))
 	for _, p := range plans {
@@ -332,7 +369,7 @@ func (lb *LB) commit(plans []*plan) error {
 			AffinityTimeout: p.svc.AffinityTimeout, Kind: p.kind, Flags: p.svc.flags()})
 	}
 	if err := lb.services.put(mKeys, mVals); err != nil {
-		return lb.rollback(plans, err)
+		return lb.rollback(plans, ranges, err)
 	}
 
 	// The maps now serve the new state; account for it, then tidy up.
@@ -368,10 +405,133 @@ func (lb *LB) commit(plans []*plan) error {
 		delete(lb.matches, m)
 	}
 	// Steps 6 and 7.
+	lb.dropTables(plans)
 	if err := lb.services.delete(surplus); err != nil {
 		return fmt.Errorf("services are updated, but removing surplus slots failed (a resync retries): %w", err)
 	}
+	if err := lb.trimRanges(plans, ranges); err != nil {
+		return fmt.Errorf("services are updated, but removing source ranges no longer asked for failed (the next sync retries): %w", err)
+	}
 	return lb.release(released)
+}
+
+// publishTables is step 5's part for the Maglev tables: each frontend
+// whose new state has a table gets it, before its master switches.
+func (lb *LB) publishTables(plans []*plan) {
+	if lb.maglev == nil {
+		return
+	}
+	for _, p := range plans {
+		next := &svcState{revNat: p.revNat, kind: p.kind, slots: p.slots}
+		if _, ok := lb.maglev.want(next); ok {
+			lb.maglev.report(lb.maglev.syncTo(p.svc.VIPKey, next))
+		}
+	}
+}
+
+// dropTables is step 6's part for the Maglev tables: the frontends whose
+// new state, written now, has none lose theirs.
+func (lb *LB) dropTables(plans []*plan) {
+	if lb.maglev == nil {
+		return
+	}
+	for _, p := range plans {
+		if _, ok := lb.maglev.want(lb.svcs[p.svc.VIPKey]); !ok {
+			lb.maglev.report(lb.maglev.drop(p.svc.VIPKey))
+		}
+	}
+}
+
+// restoreTables gives the frontends of plans the tables of their old
+// state, for a rollback once their masters are restored.
+func (lb *LB) restoreTables(plans []*plan) {
+	if lb.maglev == nil {
+		return
+	}
+	for _, p := range plans {
+		lb.maglev.report(lb.maglev.syncTo(p.svc.VIPKey, p.old))
+	}
+}
+
+// masked returns ranges masked, as the source-range map holds them.
+func masked(ranges []netip.Prefix) []netip.Prefix {
+	if len(ranges) == 0 {
+		return nil
+	}
+	out := make([]netip.Prefix, len(ranges))
+	for i, p := range ranges {
+		out[i] = p.Masked()
+	}
+	return out
+}
+
+// rangesBefore returns, for every frontend whose source ranges the plans
+// may change, the ranges the map holds for it now: what step 6 trims to
+// the new ranges, or the undo back to these.
+func (lb *LB) rangesBefore(plans []*plan) map[VIP][]netip.Prefix {
+	var out map[VIP][]netip.Prefix
+	for _, p := range plans {
+		held := lb.ranges.held[p.svc.VIP]
+		if len(p.svc.SourceRanges) == 0 && len(held) == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[VIP][]netip.Prefix{}
+		}
+		if _, ok := out[p.svc.VIP]; !ok {
+			out[p.svc.VIP] = slices.Clone(held)
+		}
+	}
+	return out
+}
+
+// addRanges is step 1's part for the source-range map: each frontend gets
+// the ranges its new masters ask for, beside the ones it has.
+func (lb *LB) addRanges(plans []*plan) error {
+	for _, p := range plans {
+		if len(p.svc.SourceRanges) > 0 {
+			if err := lb.ranges.add(p.svc.VIP, p.svc.SourceRanges); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// trimRanges is step 6's part for the source-range map: each frontend of
+// before keeps only the ranges the plans' masters ask for. A master of the
+// frontend that the plans do not write (its other scope) may ask for any
+// range the map holds, so then they all stay.
+func (lb *LB) trimRanges(plans []*plan, before map[VIP][]netip.Prefix) error {
+	if len(before) == 0 {
+		return nil
+	}
+	asked := map[VIP][]netip.Prefix{}
+	written := map[VIPKey]bool{}
+	for _, p := range plans {
+		asked[p.svc.VIP] = append(asked[p.svc.VIP], p.svc.SourceRanges...)
+		written[p.svc.VIPKey] = true
+	}
+	var errs []error
+	for vip := range before {
+		if lb.othersAskForRanges(vip, written) {
+			continue
+		}
+		errs = append(errs, lb.ranges.trim(vip, asked[vip]))
+	}
+	return errors.Join(errs...)
+}
+
+// othersAskForRanges reports whether a master of vip other than those
+// skip names asks for source ranges.
+func (lb *LB) othersAskForRanges(vip VIP, skip map[VIPKey]bool) bool {
+	for _, scope := range []Scope{ScopeInternal, ScopeExternal} {
+		key := VIPKey{VIP: vip, Scope: scope}
+		if st := lb.svcs[key]; st != nil && !skip[key] && st.flags&svcFlagSourceRanges != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // matchChanges lists the affinity match entries the plans add and remove.
@@ -435,10 +595,10 @@ func (lb *LB) dropBackends(ids []uint32) error {
 }
 
 // rollback undoes steps 1-5 after a failed write: old slots get their old
-// backend ids back, new slots, backends, reverse-NAT entries and affinity
-// matches go, and removed matches return. Masters that were already
-// switched are switched back first.
-func (lb *LB) rollback(plans []*plan, cause error) error {
+// backend ids back, new slots, backends, reverse-NAT entries, affinity
+// matches and source ranges go, and removed matches return. Masters that
+// were already switched are switched back first.
+func (lb *LB) rollback(plans []*plan, ranges map[VIP][]netip.Prefix, cause error) error {
 	var restoreKeys, dropKeys []bpf.KprSvcKey
 	var restoreVals []bpf.KprSvcValue
 	var dropRevNats, dropBackends []uint32
@@ -474,17 +634,31 @@ func (lb *LB) rollback(plans []*plan, cause error) error {
 	errs := []error{cause,
 		lb.services.delete(dropKeys),
 		lb.services.put(restoreKeys, restoreVals),
+		lb.restoreRanges(ranges),
+	}
+	lb.restoreTables(plans)
+	errs = append(errs,
 		lb.affinityMatch.delete(gained),
 		lb.affinityMatch.put(lost, make([]uint8, len(lost))),
 		lb.revNat.delete(dropRevNats),
 		lb.backends.delete(dropBackends),
-	}
+	)
 	lb.abandon(plans)
 	return fmt.Errorf("writing services failed and was rolled back: %w", errors.Join(errs...))
 }
 
+// restoreRanges gives each frontend of before the source ranges it had.
+func (lb *LB) restoreRanges(before map[VIP][]netip.Prefix) error {
+	var errs []error
+	for vip, held := range before {
+		errs = append(errs, lb.ranges.trim(vip, held))
+	}
+	return errors.Join(errs...)
+}
+
 // Delete removes the given VIPKeys: master first, so lookups stop at
-// once, then slots, the reverse-NAT entry and orphaned backends.
+// once, then slots, affinity matches, the source ranges no master asks for
+// any more, the reverse-NAT entry and orphaned backends.
 func (lb *LB) Delete(keys ...VIPKey) error {
 	if lb.readOnly {
 		return errReadOnly
@@ -526,11 +700,19 @@ func (lb *LB) Delete(keys ...VIPKey) error {
 	for _, key := range gone {
 		lb.svcEntries -= 1 + len(lb.svcs[key].slots)
 		delete(lb.svcs, key)
+		if lb.maglev != nil {
+			lb.maglev.report(lb.maglev.drop(key))
+		}
 	}
 	var errs []error
 	errs = append(errs, lb.services.delete(slots), lb.affinityMatch.delete(matches))
 	for _, m := range matches {
 		delete(lb.matches, m)
+	}
+	for _, key := range gone {
+		if len(lb.ranges.held[key.VIP]) > 0 && !lb.othersAskForRanges(key.VIP, nil) {
+			errs = append(errs, lb.ranges.trim(key.VIP, nil))
+		}
 	}
 	freed := make([]uint32, 0, len(revNats))
 	for id := range revNats {

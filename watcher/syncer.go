@@ -260,11 +260,12 @@ func (s *syncer) full() (int, error) {
 	return len(all), nil
 }
 
+// compareServiceNames orders Services as dataplane.ServicePortName.Compare
+// orders their ports, so that Services are computed in the order their
+// ports are resolved and written.
 func compareServiceNames(a, b serviceName) int {
-	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
-		return c
-	}
-	return strings.Compare(a.Name, b.Name)
+	return dataplane.ServicePortName{Namespace: a.Namespace, Name: a.Name}.Compare(
+		dataplane.ServicePortName{Namespace: b.Namespace, Name: b.Name})
 }
 
 // pass is a periodic full reconcile done in steps, so that changes keep

@@ -219,7 +219,7 @@ func normalise(s State) State {
 	out := make(State, len(s))
 	for k, v := range s {
 		bs := slices.Clone(v.Backends)
-		sort.Slice(bs, func(i, j int) bool { return backendLess(bs[i], bs[j]) })
+		slices.SortFunc(bs, dataplane.Backend.Compare)
 		aff := v.AffinityTimeout
 		if len(bs) == 0 {
 			bs, aff = nil, 0
@@ -239,13 +239,6 @@ func normalise(s State) State {
 		out[k] = Serving{Backends: bs, AffinityTimeout: aff, SourceRanges: ranges}
 	}
 	return out
-}
-
-func backendLess(a, b dataplane.Backend) bool {
-	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c < 0
-	}
-	return a.Port < b.Port
 }
 
 // diff describes, one frontend a line in a stable order, how got differs

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -363,15 +362,17 @@ func expected(sps ...*dataplane.ServicePort) State {
 		if sp == nil {
 			continue
 		}
+		// Backends program whole seconds, rounded up.
+		affinity := time.Duration(dataplane.AffinitySeconds(sp.AffinityTimeout)) * time.Second
 		for _, f := range sp.Frontends {
 			k := Key{Addr: f.Addr.Unmap(), Port: f.Port, Protocol: f.Protocol}
-			out[k] = Serving{Backends: f.Backends, AffinityTimeout: sp.AffinityTimeout}
+			out[k] = Serving{Backends: f.Backends, AffinityTimeout: affinity}
 			k.Traffic = External
 			ext := f.ExternalBackends
 			if ext == nil {
 				ext = f.Backends
 			}
-			out[k] = Serving{Backends: ext, AffinityTimeout: sp.AffinityTimeout, SourceRanges: sp.SourceRangesFor(f)}
+			out[k] = Serving{Backends: ext, AffinityTimeout: affinity, SourceRanges: sp.SourceRangesFor(f)}
 		}
 	}
 	return normalise(out)
@@ -386,12 +387,12 @@ func keysOf(sps ...*dataplane.ServicePort) map[Key]bool {
 	return out
 }
 
-// sortedNames is the names of m in String order.
+// sortedNames is the names of m in name order.
 func sortedNames(m map[dataplane.ServicePortName]*dataplane.ServicePort) []dataplane.ServicePortName {
 	out := make([]dataplane.ServicePortName, 0, len(m))
 	for n := range m {
 		out = append(out, n)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	slices.SortFunc(out, dataplane.ServicePortName.Compare)
 	return out
 }

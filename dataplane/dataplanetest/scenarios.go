@@ -157,6 +157,17 @@ func scenarios() []scenario {
 					withAffinity(time.Minute, serves(apiIP, pod3)))},
 		}},
 
+		// Every backend programs whole seconds (dataplane.AffinitySeconds):
+		// part of a second rounds up, so that a client sticks at least as
+		// long as asked and affinity under a second is still on.
+		{name: "ClientIP affinity timeouts round up to whole seconds", steps: []step{
+			{do: apply(sticky(1500*time.Millisecond, web, clusterIP(webIP, pod1, pod2))),
+				want: withAffinity(2*time.Second, serves(webIP, pod1, pod2))},
+			{do: apply(sticky(200*time.Millisecond, web, clusterIP(webIP, pod1, pod2))),
+				want: withAffinity(time.Second, serves(webIP, pod1, pod2))},
+			{do: reconcileHanded(), want: withAffinity(time.Second, serves(webIP, pod1, pod2))},
+		}},
+
 		{name: "dropping one frontend of a ServicePort keeps the others", steps: []step{
 			{do: apply(svc(web, clusterIP(webIP, pod1, pod2),
 				local(dataplane.NodePort, webNode, list(pod1, pod2), list(pod1)),

@@ -149,7 +149,7 @@ type tableWrite struct {
 // ServicePort's old chains, then the old shared chains.
 func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort, changed []dataplane.ServicePortName, full bool) error {
 	p.writes++
-	slices.SortFunc(changed, compareNames)
+	slices.SortFunc(changed, dataplane.ServicePortName.Compare)
 	nextRendered := map[dataplane.ServicePortName]*renderedPort{}
 	for n, sp := range next {
 		if r := p.rendered[n]; r != nil && r.sp == sp {
@@ -264,7 +264,7 @@ func tableInputOf(fam netfilter.Family, table string, state, other map[dataplane
 		for n := range state {
 			names = append(names, n)
 		}
-		slices.SortFunc(names, compareNames)
+		slices.SortFunc(names, dataplane.ServicePortName.Compare)
 		for _, n := range names {
 			in.ports = append(in.ports, state[n].rules[fam])
 		}
@@ -319,16 +319,6 @@ func mergeNames(a, b []string) []string {
 	out := slices.Concat(a, b)
 	slices.Sort(out)
 	return slices.Compact(out)
-}
-
-func compareNames(a, b dataplane.ServicePortName) int {
-	switch {
-	case a.String() < b.String():
-		return -1
-	case a.String() > b.String():
-		return 1
-	}
-	return 0
 }
 
 func (p *Plane) save(fam netfilter.Family) (map[string]*netfilter.SavedTable, error) {

@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"fmt"
-	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -312,7 +311,7 @@ func (p *policies) set(backends []dataplane.Backend) *backendSet {
 			bs = append(bs, dataplane.Backend{Addr: b.Addr.Unmap(), Port: b.Port})
 		}
 	}
-	slices.SortFunc(bs, compareBackends)
+	slices.SortFunc(bs, dataplane.Backend.Compare)
 	bs = slices.Compact(bs)
 	for _, s := range p.sets {
 		if slices.Equal(s.backends, bs) {
@@ -335,13 +334,6 @@ func (p *policies) chainName(rank int) string {
 		return localChain(p.name)
 	}
 	return prefixLocalPolicy + hash16(portName(p.name)+netfilter.ProtoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
-}
-
-func compareBackends(a, b dataplane.Backend) int {
-	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c
-	}
-	return int(a.Port) - int(b.Port)
 }
 
 // render renders the KUBE-EXT-* chain.
@@ -375,7 +367,7 @@ func (e *extChain) render(name string) chain {
 // chains they jump to, in the order of the sets.
 func (p *policies) chains(sp *dataplane.ServicePort, name, proto string) []chain {
 	var out []chain
-	affinity := affinitySeconds(sp)
+	affinity := dataplane.AffinitySeconds(sp.AffinityTimeout)
 	seps := map[dataplane.Backend]bool{}
 	var sepOrder []dataplane.Backend
 	for _, s := range p.sets {
@@ -390,7 +382,7 @@ func (p *policies) chains(sp *dataplane.ServicePort, name, proto string) []chain
 		if affinity > 0 {
 			for _, b := range s.backends {
 				sep := endpointChain(sp.Name, b)
-				add(netfilter.Comment(name+" -> "+b.String()), "-m", "recent", "--name", sep, "--rcheck", "--seconds", strconv.Itoa(affinity), "--reap", "-j", sep)
+				add(netfilter.Comment(name+" -> "+b.String()), "-m", "recent", "--name", sep, "--rcheck", "--seconds", strconv.FormatUint(uint64(affinity), 10), "--reap", "-j", sep)
 			}
 		}
 		for i, b := range s.backends {
@@ -425,12 +417,3 @@ func (p *policies) chains(sp *dataplane.ServicePort, name, proto string) []chain
 // probability is the chance that a rule picks the first of left remaining
 // endpoints, so that each is picked equally often; kube-proxy's format.
 func probability(left int) string { return fmt.Sprintf("%0.10f", 1.0/float64(left)) }
-
-// affinitySeconds is the ClientIP affinity timeout in whole seconds (at
-// least 1 when on), as the recent match takes it.
-func affinitySeconds(sp *dataplane.ServicePort) int {
-	if sp.AffinityTimeout <= 0 {
-		return 0
-	}
-	return max(1, int(math.Ceil(sp.AffinityTimeout.Seconds())))
-}

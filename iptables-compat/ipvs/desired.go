@@ -3,7 +3,6 @@ package ipvs
 import (
 	"fmt"
 	"hash/fnv"
-	"math"
 	"net/netip"
 	"slices"
 
@@ -115,7 +114,7 @@ type markAllocator func(fe ServiceKey) uint32
 // out.
 func desire(sp *dataplane.ServicePort, scheduler string, ipv6 bool, alloc markAllocator) (*contribution, error) {
 	c := &contribution{services: map[ServiceKey]*wantService{}, internal: map[ServiceKey]uint32{}}
-	timeout := affinitySeconds(sp)
+	timeout := dataplane.AffinitySeconds(sp.AffinityTimeout)
 	for _, fe := range sp.Frontends {
 		key := addrKey(fe.Addr, fe.Protocol, fe.Port)
 		if !servable(fe) || (key.IPv6 && !ipv6) {
@@ -189,24 +188,8 @@ func familyBackends(bs []dataplane.Backend, ipv6 bool) []dataplane.Backend {
 			out = append(out, dataplane.Backend{Addr: a, Port: b.Port})
 		}
 	}
-	slices.SortFunc(out, compareBackends)
+	slices.SortFunc(out, dataplane.Backend.Compare)
 	return slices.Compact(out)
-}
-
-func compareBackends(a, b dataplane.Backend) int {
-	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c
-	}
-	return int(a.Port) - int(b.Port)
-}
-
-// affinitySeconds is the ClientIP affinity timeout in whole seconds, at
-// least 1 when on: IPVS's persistence timeout.
-func affinitySeconds(sp *dataplane.ServicePort) uint32 {
-	if sp.AffinityTimeout <= 0 {
-		return 0
-	}
-	return uint32(max(1, math.Ceil(sp.AffinityTimeout.Seconds())))
 }
 
 // preferredMark is where the search for a frontend's mark starts, so that

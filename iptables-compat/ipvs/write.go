@@ -258,7 +258,7 @@ func sortedBackends(m map[dataplane.Backend]Dest) []dataplane.Backend {
 	for b := range m {
 		out = append(out, b)
 	}
-	slices.SortFunc(out, compareBackends)
+	slices.SortFunc(out, dataplane.Backend.Compare)
 	return out
 }
 
