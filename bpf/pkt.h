@@ -4,6 +4,10 @@
  * as parse() there reads it (struct pkt), the verdict that lets a packet
  * through, the TCP flags conntrack reads, the counters, and the hash that
  * picks a new flow's backend and SNAT port.
+ *
+ * pkt.h, ct.h, nat.h, fib.h and icmp.h are the tc object's alone: the
+ * constants the loader sets and the maps they define are its own, and
+ * reach Go as TcNodeport's. What the socket hooks share is in lb.h.
  */
 #pragma once
 
@@ -41,6 +45,7 @@ struct pkt {
 	__u8 v6;
 };
 
+/* Count an event in kpr_tc_stats (struct nat_stats), per CPU. */
 #define STAT_INC(field)                                                \
 	do {                                                           \
 		__u32 zero = 0;                                        \
@@ -48,7 +53,6 @@ struct pkt {
 		if (s)                                                 \
 			s->field++;                                    \
 	} while (0)
-
 
 /*
  * The backend of a new flow is a function of the flow: should its conntrack
