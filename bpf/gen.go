@@ -6,7 +6,8 @@
 // sock_term.c the socket-termination iterator (SockTerm), tc_nodeport.c the
 // packet-level translation at tc for traffic from other machines
 // (TcNodeport). They share the pinned maps of maps.h and the types of
-// types.h.
+// types.h; the socket hooks and the tc programs share their backend pick
+// (lb.h), and the tc programs keep each concern in a header of its own.
 package bpf
 
 // The structs and enums of types.h reach Go only through bpf2go: never

@@ -20,6 +20,7 @@
 #include "types.h"
 #include "maps.h"
 #include "addr.h"
+#include "lb.h"
 
 #define ECONNREFUSED 111
 
@@ -218,26 +219,6 @@ static __always_inline int reject(void)
 	return 0;
 }
 
-/*
- * One socket keeps one backend: the slot is a pure function of the socket
- * cookie, so every datagram of an unconnected socket takes the same one.
- * Cookies are handed out in sequence, and clients often open sockets in
- * pairs or larger groups and use only one of each (a resolver opening one
- * per family), so the cookies kpr sees step by 2, 4 or 8. A multiplicative
- * hash keeps the low bits and hash % count would then name one slot for
- * all of them; a full 64-bit finalizer (splitmix64's) makes every output
- * bit depend on every input bit, so any stride spreads evenly.
- */
-static __always_inline __u32 cookie_hash(__u64 cookie)
-{
-	cookie ^= cookie >> 30;
-	cookie *= 0xbf58476d1ce4e5b9ULL;
-	cookie ^= cookie >> 27;
-	cookie *= 0x94d049bb133111ebULL;
-	cookie ^= cookie >> 31;
-	return (__u32)cookie;
-}
-
 /* 127.0.0.0/8 (v4-mapped) or ::1, in network byte order. */
 static __always_inline int is_loopback(const __u32 addr[4])
 {
@@ -255,50 +236,6 @@ static __always_inline int frontend_visible(struct bpf_sock_addr *ctx, const __u
 	if (!is_loopback(addr))
 		return 1;
 	return host_netns_cookie && bpf_get_netns_cookie(ctx) == host_netns_cookie;
-}
-
-/* The backend this client last used for the Service, if the affinity has
- * not timed out and that backend still serves the Service in this scope. */
-static __always_inline __u32 affinity_lookup(struct bpf_sock_addr *ctx,
-					      const struct svc_value *master,
-					      __u8 scope)
-{
-	struct affinity_key key = {
-		.client = bpf_get_netns_cookie(ctx),
-		.rev_nat_id = master->rev_nat_id,
-	};
-	struct affinity_match_key match = {
-		.rev_nat_id = master->rev_nat_id,
-		.scope = scope,
-	};
-	struct affinity_value *val;
-
-	val = bpf_map_lookup_elem(&kpr_affinity, &key);
-	if (!val)
-		return 0;
-	if (bpf_ktime_get_ns() - val->last_used_ns >
-	    (__u64)master->affinity_timeout * 1000000000ULL)
-		return 0;
-	match.backend_id = val->backend_id;
-	if (!bpf_map_lookup_elem(&kpr_affinity_match, &match))
-		return 0;
-	return match.backend_id;
-}
-
-static __always_inline void affinity_update(struct bpf_sock_addr *ctx,
-					    const struct svc_value *master,
-					    __u32 backend_id)
-{
-	struct affinity_key key = {
-		.client = bpf_get_netns_cookie(ctx),
-		.rev_nat_id = master->rev_nat_id,
-	};
-	struct affinity_value val = {
-		.last_used_ns = bpf_ktime_get_ns(),
-		.backend_id = backend_id,
-	};
-
-	bpf_map_update_elem(&kpr_affinity, &key, &val, BPF_ANY);
 }
 
 /* Remember the frontend for this socket and backend, unless already known:
@@ -330,16 +267,22 @@ static __always_inline void sock_rev_remember(__u64 cookie, const struct backend
 /*
  * Look up the frontend in key and pick a backend for it. key->addr, port and
  * proto must be set; on LB_TRANSLATED *out points at the chosen backend.
+ *
+ * One socket keeps one backend: a UDP socket's slot is a function of its
+ * cookie, so every datagram of an unconnected socket takes the same one.
+ * A TCP socket picks once, at connect, so a random slot does.
  */
 static __always_inline enum lb_result lb_select(struct bpf_sock_addr *ctx,
 						struct svc_key *key,
 						const struct backend **out)
 {
-	const struct svc_value *master, *slot;
+	const struct svc_value *master;
 	const struct backend *be = NULL;
+	struct affinity_key client = {};
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	__u32 backend_id = 0, pick;
 	__u32 rev_nat_id;
+	__u64 now = 0;
 
 	key->scope = sock_scope;
 	key->slot = 0;
@@ -352,24 +295,21 @@ static __always_inline enum lb_result lb_select(struct bpf_sock_addr *ctx,
 		return LB_REJECT;
 
 	if (master->affinity_timeout) {
-		backend_id = affinity_lookup(ctx, master, key->scope);
+		now = bpf_ktime_get_ns();
+		client.client = bpf_get_netns_cookie(ctx);
+		client.rev_nat_id = master->rev_nat_id;
+		backend_id = lb_affinity_lookup(&kpr_affinity, &client, master, key->scope, now);
 		if (backend_id)
 			be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
 	}
 	if (!be) {
-		pick = key->proto == IPPROTO_UDP ? cookie_hash(cookie) : bpf_get_prandom_u32();
-		key->slot = (pick % master->count) + 1;
-		slot = bpf_map_lookup_elem(&kpr_services, key);
-		key->slot = 0;
-		if (!slot)
-			return LB_REJECT;
-		backend_id = slot->backend_id;
-		be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
+		pick = key->proto == IPPROTO_UDP ? lb_hash64(cookie) : bpf_get_prandom_u32();
+		be = lb_pick_slot(key, master, pick, &backend_id);
 		if (!be)
 			return LB_REJECT;
 	}
 	if (master->affinity_timeout)
-		affinity_update(ctx, master, backend_id);
+		lb_affinity_update(&kpr_affinity, &client, backend_id, now);
 
 	rev_nat_id = master->rev_nat_id;
 	sock_rev_remember(cookie, be, key, rev_nat_id);

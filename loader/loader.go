@@ -110,18 +110,12 @@ func Load(opts Options) (*Loaded, error) {
 		return nil, fmt.Errorf("parse embedded BPF object: %w", err)
 	}
 	applySizes(spec, opts.Sizes)
-	if err := spec.Variables[bpf.KprVarHaveSetRetval].Set(report.Has(FeatureSetRetval)); err != nil {
-		return nil, fmt.Errorf("configure BPF object: %w", err)
-	}
-	if err := spec.Variables[bpf.KprVarHaveTaskHelpers].Set(report.Has(FeatureTaskHelpers)); err != nil {
-		return nil, fmt.Errorf("configure BPF object: %w", err)
-	}
 	hostCookie, err := hostNetNSCookie(opts.HostNetNS, log)
 	if err != nil {
 		return nil, err
 	}
-	if err := spec.Variables[bpf.KprVarHostNetnsCookie].Set(hostCookie); err != nil {
-		return nil, fmt.Errorf("configure BPF object: %w", err)
+	if err := configureHooks(spec, report, hostCookie); err != nil {
+		return nil, err
 	}
 
 	// Pinned maps of another size or layout get new maps, filled with
@@ -206,6 +200,22 @@ func Load(opts Options) (*Loaded, error) {
 		zap.String("bpfRoot", opts.BPFRoot), zap.String("cgroupRoot", opts.CgroupRoot),
 		zap.Bool("udpSocketTermination", loaded.SockTerm != nil))
 	return loaded, nil
+}
+
+// configureHooks sets the socket hooks' constants: what the kernel offers
+// (report) and the host namespace's cookie. The verifier prunes the code
+// the constants rule out, so they must be set before the programs load.
+func configureHooks(spec *ebpf.CollectionSpec, report Report, hostCookie uint64) error {
+	for name, v := range map[string]any{
+		bpf.KprVarHaveSetRetval:   report.Has(FeatureSetRetval),
+		bpf.KprVarHaveTaskHelpers: report.Has(FeatureTaskHelpers),
+		bpf.KprVarHostNetnsCookie: hostCookie,
+	} {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return fmt.Errorf("configure BPF object: %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // hostNetNSCookie is the cookie the programs compare a socket's namespace

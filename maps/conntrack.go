@@ -185,7 +185,7 @@ func DeleteUDPFlows(m *ebpf.Map, removed []dataplane.RemovedBackend) (int, error
 
 // replyKey is the key of the reply entry of the flow whose forward entry is
 // k, v: the backend answering the client, or the node address and port the
-// flow was SNATed to (ct_reply_key in bpf/tc_nodeport.c).
+// flow was SNATed to (ct_reply_key in bpf/ct.h).
 func replyKey(k bpf.KprCtKey, v bpf.KprCtValue) bpf.KprCtKey {
 	r := bpf.KprCtKey{Saddr: v.Addr, Sport: v.Port, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto, Dir: ctDirReply}
 	if v.Flags&ctFlagSNAT != 0 {

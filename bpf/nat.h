@@ -1,0 +1,141 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Address translation for the tc programs: the rewrite of an address and
+ * port with its checksums (the DNAT of a flow and its reverse), and the
+ * SNAT of a flow to a backend on another node: its port allocation, and
+ * the reply that comes back to that port.
+ */
+#pragma once
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <linux/stddef.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "types.h"
+#include "maps.h"
+#include "pkt.h"
+#include "ct.h"
+#include "fib.h"
+
+/* The source ports SNATed flows get, host byte order, set by the loader.
+ * Above the kernel's default ephemeral range (32768-60999), so that they
+ * do not meet the node's own connections to the same backend. */
+volatile const __u16 snat_port_min = 61000;
+volatile const __u16 snat_port_max = 65535;
+
+/* How many ports a new SNATed flow tries before it is dropped. */
+#define SNAT_TRIES 16
+
+/*
+ * Rewrite one address and port of the packet: the destination (dst != 0)
+ * or the source. The IPv4 header checksum and the TCP or UDP checksum
+ * (whose pseudo-header holds the address) are fixed incrementally; a UDP
+ * checksum of 0 (none, IPv4 only) stays 0. Returns 0 on success.
+ */
+static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, int dst,
+				   const __u32 old_addr[4], const __u32 new_addr[4],
+				   __u16 old_port, __u16 new_port)
+{
+	__u32 csum_off = p->l4_off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check)
+							      : offsetof(struct udphdr, check));
+	__u32 port_off = p->l4_off + (dst ? 2 : 0);
+	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__u32 addr_off;
+	__s64 diff;
+
+	if (p->v6) {
+		addr_off = p->l3_off + (dst ? offsetof(struct ipv6hdr, daddr)
+					    : offsetof(struct ipv6hdr, saddr));
+		diff = bpf_csum_diff((__be32 *)old_addr, 16, (__be32 *)new_addr, 16, 0);
+		if (diff < 0)
+			return -1;
+		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | l4_flags))
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, new_addr, 16, 0))
+			return -1;
+	} else {
+		addr_off = p->l3_off + (dst ? offsetof(struct iphdr, daddr)
+					    : offsetof(struct iphdr, saddr));
+		if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check),
+					old_addr[3], new_addr[3], 4))
+			return -1;
+		if (bpf_l4_csum_replace(skb, csum_off, old_addr[3], new_addr[3],
+					BPF_F_PSEUDO_HDR | l4_flags | 4))
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, &new_addr[3], 4, 0))
+			return -1;
+	}
+	if (old_port != new_port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port, l4_flags | 2))
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0))
+			return -1;
+	}
+	return 0;
+}
+
+/*
+ * Store the reply entry of a SNATed flow under a free port of the SNAT
+ * range: the flow's hash picks where to start, and taken ports are skipped.
+ * A port whose holder expired is taken over. Returns the port (network
+ * order) in rkey->dport, or -1 when none of SNAT_TRIES was free.
+ */
+static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
+				      const struct ct_value *rev, __u64 now)
+{
+	__u32 range = (__u32)snat_port_max - snat_port_min + 1;
+	__u32 start = flow_hash(p);
+	const struct ct_value *old;
+	int i;
+
+	for (i = 0; i < SNAT_TRIES; i++) {
+		rkey->dport = bpf_htons((__u16)(snat_port_min + (start + i) % range));
+		if (!bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_NOEXIST))
+			return 0;
+		old = bpf_map_lookup_elem(&kpr_conntrack, rkey);
+		if (old && now > old->expires_ns &&
+		    !bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
+			return 0;
+	}
+	return -1;
+}
+
+static __always_inline int snat_port(__u16 port)
+{
+	__u16 h = bpf_ntohs(port);
+
+	return h >= snat_port_min && h <= snat_port_max;
+}
+
+/* Ingress: a reply of a SNATed flow, from the backend on another node to
+ * the node address and port the flow was given. Returns -1 when the packet
+ * is no such reply. */
+static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ct_key rkey = {};
+	struct ct_value *rev;
+	struct ct_value from;
+
+	ct_key_of(&rkey, p->saddr, p->sport, p->daddr, p->dport, p->proto, CT_DIR_REPLY);
+	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+	if (!rev || !(rev->flags & CT_F_SNAT))
+		return -1;
+	from = *rev;
+	note_reply(rev, &from, p, from.nat_addr, from.nat_port);
+	/* To the client, from the frontend. */
+	if (rewrite(skb, p, 1, p->daddr, from.nat_addr, p->dport, from.nat_port) ||
+	    rewrite(skb, p, 0, p->saddr, from.addr, p->sport, from.port)) {
+		STAT_INC(drop_rewrite);
+		return TC_ACT_SHOT;
+	}
+	STAT_INC(reversed);
+	return fib_redirect(skb, p, from.addr, from.nat_addr);
+}
+
