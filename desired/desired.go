@@ -35,9 +35,10 @@ type Node struct {
 	Zone string
 	// Addresses are the addresses NodePorts are served on, as
 	// NodePortAddresses.Select picks them: node IPs and, where the
-	// configuration allows, 127.0.0.1 and ::1. The BPF programs serve a
-	// loopback frontend only to sockets of the node's own network
-	// namespace.
+	// configuration allows, 127.0.0.1 and ::1. A loopback frontend is
+	// for the node's own sockets: every backend serves it only inside the
+	// node's network namespace (in a pod, 127.0.0.1 stays the pod's), as
+	// kube-proxy's route_localnet rules do.
 	Addresses []netip.Addr
 	// IPs are all of the node's InternalIP and ExternalIP addresses: the
 	// addresses ExternalIPsNodeLocal counts as this node's.

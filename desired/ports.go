@@ -219,11 +219,10 @@ func (t *translation) frontendAddrs() {
 }
 
 // externalIPAllowed applies the node's ExternalIPPolicy to one
-// spec.externalIPs entry. A refused address gets no frontend at all, so
-// connections to it go where they were addressed. (kpr has no programs for
-// traffic from outside the node yet; once it has, such an address will
-// need a frontend for that traffic alone.) Not a Problem: the Service is
-// fine, the node is configured not to serve it.
+// spec.externalIPs entry. A refused address gets no frontend at all, for
+// the node's own sockets and for traffic from other machines alike, so
+// connections to it go where they were addressed. Not a Problem: the
+// Service is fine, the node is configured not to serve it.
 func (t *translation) externalIPAllowed(s string) bool {
 	switch t.node.ExternalIPs {
 	case ExternalIPsNone:
