@@ -1,6 +1,6 @@
 // Package dataplane is the contract between kpr's control plane and its
-// dataplane backends (the eBPF backend in ebpfplane today, iptables and IPVS
-// under iptables-compat later).
+// dataplane backends: the eBPF backend in ebpfplane, and the iptables and
+// IPVS backends under iptables-compat.
 //
 // It holds the desired-state types the control plane computes from the
 // Kubernetes API (ServicePort, Frontend, Backend), the Dataplane interface

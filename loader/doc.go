@@ -5,12 +5,11 @@
 // A second Load against the same pins adopts them: maps keep their contents
 // and the new programs are swapped into the existing links in place, so no
 // connect() ever runs without a program. A pinned map whose size or layout
-// no longer matches is carried over into a new map (carry.go).
+// no longer matches is carried over into a new map, entries and all.
 //
-// One file per hook, as cilium/ebpf's link package has one per attach kind:
-// loader.go orchestrates Load; cgroup.go attaches the socket hooks to the
-// cgroup and detaches them; iter.go loads the socket-termination iterator;
-// pins.go knows the pinned maps (which there are, opening and removing
-// them); carry.go replaces pinned maps that changed; probe.go says what
-// the kernel can do.
+// It also attaches the tc programs to the node's devices (tcx where the
+// kernel has it, clsact and cls_bpf elsewhere), loads the socket-termination
+// iterator, removes everything it pinned (Cleanup), and says what the
+// kernel can do (Probe). It keeps one source file per attach kind, as
+// cilium/ebpf's link package does.
 package loader

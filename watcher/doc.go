@@ -8,9 +8,4 @@
 // differ from what the dataplane holds. Every SyncPeriod, and first after
 // start-up, a full reconcile hands the dataplane the complete state so it can
 // repair drift and drop Services deleted while kpr was down.
-//
-// Files: watcher.go (API), informers.go (informers and event handlers),
-// cachetrim.go (what the informer caches keep of each object), tracker.go
-// (dirty-Service bookkeeping), node.go (this node's facts), syncer.go
-// (desired state and dataplane calls), runner.go (the loop).
 package watcher

@@ -1,7 +1,8 @@
-// Command kpr is a pure-eBPF replacement for kube-proxy. `kpr run` is the
-// node daemon; dump, probe and cleanup are for operators.
+// Command kpr is a pure-eBPF replacement for kube-proxy, with iptables and
+// IPVS fallbacks. `kpr run` is the node daemon; status, explain, trace,
+// dump, probe and cleanup are for operators.
 //
-// Files: main.go (the root command and logging), run.go (`kpr run`),
-// mode.go (the mode factory: which dataplane runs), ebpf.go (building the
-// eBPF backend), dump.go, probe.go and cleanup.go (operator commands).
+// Which backends exist, how each is chosen, built, inspected and cleaned
+// up is one table of modes; everything else here is backend-neutral
+// (docs/design.md, "How a backend plugs in").
 package main

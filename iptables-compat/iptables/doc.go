@@ -5,10 +5,12 @@
 // KUBE-NODEPORTS, KUBE-MARK-MASQ, KUBE-POSTROUTING), so that tools and
 // runbooks written for kube-proxy's iptables mode read it unchanged.
 //
-// Rendering (render.go) is a pure function of the desired state. The Plane
-// (plane.go) runs iptables-restore and iptables-save through a Runner,
-// so that tests use an in-memory stand-in, and removes the conntrack
-// entries of UDP backends that left through a ConntrackCleaner.
+// Rendering is a pure function of the desired state. The Plane runs
+// iptables-restore and iptables-save through a netfilter.Runner, so that
+// tests use an in-memory stand-in, and removes the conntrack entries of UDP
+// backends that left through a netfilter.ConntrackCleaner. What it shares
+// with the IPVS backend (save parsing, restore input, chain removal,
+// variant detection) lives in iptables-compat/netfilter.
 //
 // It must not import the eBPF backend's packages (bpf, maps, loader,
 // ebpfplane, cilium/ebpf); make lint enforces it.

@@ -12,12 +12,12 @@
 // the iptables mode's KUBE-SERVICES and kube-proxy's kube-ipvs0 are never
 // mistaken for this backend's, nor this backend's for theirs.
 //
-// The desired state (desired.go) is a pure function of the ServicePorts;
-// the Plane (plane.go) diffs it against what the kernel holds and writes
-// the difference through a Kernel (kernel.go) and a netfilter.Runner, so
-// that tests use in-memory stand-ins or a network namespace of their own.
-// Removed real servers drain (reaper.go): weight 0 first, deleted once they
-// have no connections left, UDP ones at once.
+// The desired state is a pure function of the ServicePorts; the Plane
+// diffs it against what the kernel holds and writes the difference through
+// a Kernel and a netfilter.Runner, so that tests use in-memory stand-ins or
+// a network namespace of their own. Removed real servers drain (the
+// reaper): weight 0 first, deleted once they have no connections left, UDP
+// ones at once.
 //
 // It must not import the eBPF backend's packages (bpf, maps, loader,
 // ebpfplane, cilium/ebpf); make lint enforces it.

@@ -3,9 +3,4 @@
 // BPF maps, and how long an EndpointSlice update takes from the API to the
 // maps (issue 3). The benchmarks are in bench_test.go; the results and the
 // command that produced them are in docs/control-plane-performance.md.
-//
-// Files: population.go (the synthetic Services and slices in the API),
-// mapreader.go (point lookups in the pinned maps), measure.go (timing a
-// started kpr and single updates), procstat.go (CPU and memory of the kpr
-// process), stats.go (percentiles).
 package syncperf
