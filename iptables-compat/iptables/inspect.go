@@ -317,3 +317,49 @@ func (t *Tables) Sizes() []Size {
 	}
 	return out
 }
+
+// The iptables mode answers `kpr explain` and `kpr status` through its
+// Inspector, from one reading of the tables.
+
+var _ dataplane.Inspector = (*Inspector)(nil)
+
+// InspectPorts is what the rules do with each frontend of ports, and every
+// rule in which they differ from what the Plane writes.
+func (in *Inspector) InspectPorts(ports []dataplane.ServicePort) (dataplane.Inspection, error) {
+	out := dataplane.Inspection{Key: "rules", Title: "iptables rules", Rows: []dataplane.InspectedRow{}, Divergences: []string{},
+		Agrees: "the rules hold exactly what kpr writes for this Service"}
+	for i := range ports {
+		pr := in.tables.Inspect(&ports[i])
+		for _, fr := range pr.Frontends {
+			out.Rows = append(out.Rows, fr)
+		}
+		out.Divergences = append(out.Divergences, pr.Divergences...)
+	}
+	return out, nil
+}
+
+// InspectNode is how many chains and rules kpr's tables hold per family.
+func (in *Inspector) InspectNode() []dataplane.Inspection {
+	out := dataplane.Inspection{Key: "rules", Title: "iptables rules in kpr's chains (KUBE-*)", Rows: []dataplane.InspectedRow{}}
+	for _, s := range in.tables.Sizes() {
+		out.Rows = append(out.Rows, s)
+	}
+	return []dataplane.Inspection{out}
+}
+
+// Columns says where the frontend's traffic goes.
+func (r FrontendRules) Columns() []string {
+	state := "no rule sends it anywhere"
+	if r.Jump != "" {
+		state = r.Jump + " -> " + dataplane.DescribeBackends(r.Backends)
+	}
+	if r.Rejected {
+		state += "; new connections rejected"
+	}
+	return []string{r.Frontend + ": " + state}
+}
+
+// Columns says how many chains and rules the family holds.
+func (s Size) Columns() []string {
+	return []string{fmt.Sprintf("%s: %d chains, %d rules", s.Family, s.Chains, s.Rules)}
+}
