@@ -16,6 +16,9 @@ type Inspector interface {
 	// fill, one Inspection per kind of table. A kind that cannot be read
 	// says why in its Error; the others are still reported.
 	InspectNode() []Inspection
+	// Close releases what the reading holds (map handles, netlink
+	// sockets).
+	Close()
 }
 
 // Inspection is one backend's reading of one kind of its state.

@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/dataplane/leftovers"
 )
 
 // The pinned maps: which there are, opening them, removing them. The list
@@ -103,4 +104,15 @@ func Cleanup(bpfRoot string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RemoveLeftovers is the eBPF mode's part of a switch to another mode and
+// of `kpr cleanup`: Cleanup. The pins are their own record of what the
+// mode wrote, so it always runs (Found), and where nothing is pinned it
+// has nothing to do.
+func RemoveLeftovers(bpfRoot string) (leftovers.Removed, error) {
+	if err := Cleanup(bpfRoot); err != nil {
+		return leftovers.Removed{Found: true}, fmt.Errorf("cleanup of %s: %w", bpfRoot, err)
+	}
+	return leftovers.Removed{Found: true}, nil
 }

@@ -6,26 +6,19 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/kpr-io/kpr/apiclient"
-	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
-	"github.com/kpr-io/kpr/ebpfplane"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
-	"github.com/kpr-io/kpr/loader"
-	"github.com/kpr-io/kpr/maps"
 )
 
 // explainFlags are the flags of `kpr explain`: the ones of `kpr run` that
@@ -34,12 +27,6 @@ type explainFlags struct {
 	run    runFlags
 	output string
 }
-
-// The dataplane explain compared the translation with.
-const (
-	comparedMaps  = "ebpf"
-	comparedRules = "iptables"
-)
 
 func newExplainCommand(g *globalFlags) *cobra.Command {
 	f := &explainFlags{}
@@ -100,39 +87,38 @@ type explainOutput struct {
 	Node        string               `json:"node"`
 	Explanation *desired.Explanation `json:"explanation"`
 	Problems    []string             `json:"problems,omitempty"`
-	// Dataplane is what the translation was compared with: "ebpf" (the
-	// pinned maps) or "iptables" (the rules in the node's tables); empty
-	// when neither was found.
+	// Dataplane is the mode whose state the translation was compared
+	// with: "ebpf" (the pinned maps), "iptables" (the rules in the
+	// node's tables), "ipvs" (the virtual servers); empty when none was
+	// found. What it holds for each frontend is in the output under the
+	// key the mode names ("maps", "rules", "virtualServers").
 	Dataplane string `json:"dataplane,omitempty"`
-	// Maps is what the pinned maps hold for each frontend and scope.
-	Maps []mapEntryCheck `json:"maps"`
-	// Rules is what the iptables rules do with each frontend.
-	Rules []iptables.FrontendRules `json:"rules,omitempty"`
-	// MapsError says why no dataplane could be read.
+	// MapsError says why no dataplane could be read or compared.
 	MapsError string `json:"mapsError,omitempty"`
-	// Divergences name every difference between the translation and the
-	// maps or rules; empty when the dataplane holds what kpr wants.
+	// Divergences name every difference between the translation and
+	// what the dataplane holds; empty when it holds what kpr wants.
 	Divergences []string `json:"divergences"`
+	// Held is the mode's reading (dataplane.Inspector.InspectPorts).
+	Held *dataplane.Inspection `json:"-"`
+}
+
+// MarshalJSON puts the mode's rows under its own key.
+func (o explainOutput) MarshalJSON() ([]byte, error) {
+	type fields explainOutput
+	var held []dataplane.Inspection
+	if o.Held != nil {
+		held = append(held, *o.Held)
+	}
+	return marshalWithInspections(fields(o), held)
 }
 
 // dataplaneAt is where the daemon's dataplane is: its pins, and the
-// network namespace whose tables its iptables mode programs.
+// network namespace whose tables its netfilter modes program.
 type dataplaneAt struct {
 	bpfRoot, hostNetNS string
 	// masquerade is the daemon's --masquerade-all and --cluster-cidr,
 	// which the iptables mode's rules follow.
 	masquerade netfilter.Masquerade
-}
-
-// mapEntryCheck is one frontend and scope: what kpr wants in the maps
-// and what is there.
-type mapEntryCheck struct {
-	Frontend string   `json:"frontend"`
-	Scope    string   `json:"scope"`
-	Want     []string `json:"want"`
-	Have     []string `json:"have"`
-	Present  bool     `json:"present"`
-	Matches  bool     `json:"matches"`
 }
 
 // target is what the user asked about: a Service (and maybe one port) or
@@ -194,7 +180,7 @@ func explain(ctx context.Context, client *apiclient.Clients, at dataplaneAt, nod
 			return nil, fmt.Errorf("Service %s/%s has no port named %q that kpr serves", svc.Namespace, svc.Name, tgt.port)
 		}
 	}
-	out := &explainOutput{Node: nodeName, Explanation: ex, Maps: []mapEntryCheck{}, Divergences: []string{}}
+	out := &explainOutput{Node: nodeName, Explanation: ex, Divergences: []string{}}
 	for _, p := range problems {
 		out.Problems = append(out.Problems, p.String())
 	}
@@ -204,47 +190,21 @@ func explain(ctx context.Context, client *apiclient.Clients, at dataplaneAt, nod
 	return out, nil
 }
 
-// compareDataplane compares ports with the pinned maps when there are
-// any, else with the iptables rules when kpr's iptables mode recorded
-// writing them (`kpr run` removes the other mode's state once it has
-// synced, so at most one is found for long).
+// compareDataplane has the mode whose state is on the node compare it
+// with ports.
 func compareDataplane(out *explainOutput, at dataplaneAt, ports []dataplane.ServicePort) error {
-	pinned, mapsErr := loader.OpenPinnedMaps(at.bpfRoot)
-	if mapsErr == nil {
-		defer pinned.Close()
-		out.Dataplane = comparedMaps
-		return compareMaps(out, pinned, ports)
-	}
-	marker, err := iptablesMarker(at.bpfRoot, at.hostNetNS)
+	b, in, err := inspectDataplane(at)
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(marker); err != nil {
-		return fmt.Errorf("nothing to compare with: no eBPF maps (%v) and no record of kpr's iptables mode for this network namespace (%v); "+
-			"kpr never ran here, or give the daemon's --bpf-root and --host-netns", mapsErr, err)
-	}
-	out.Dataplane = comparedRules
-	return compareRules(out, at, ports)
-}
-
-// compareRules reads the iptables rules through the iptables backend's
-// own reader, which compares them with what that backend writes.
-func compareRules(out *explainOutput, at dataplaneAt, ports []dataplane.ServicePort) error {
-	opts, err := iptables.NodeOptions(netfilter.RunnerIn(context.Background(), at.hostNetNS), zap.NewNop())
+	defer in.Close()
+	out.Dataplane = string(b)
+	held, err := in.InspectPorts(ports)
 	if err != nil {
-		return err
+		return fmt.Errorf("compare with the %s mode's state: %w", b, err)
 	}
-	opts.Masquerade = at.masquerade
-	tables, err := iptables.ReadTables(opts)
-	if err != nil {
-		return fmt.Errorf("read the iptables rules: %w", err)
-	}
-	out.Rules = []iptables.FrontendRules{}
-	for i := range ports {
-		pr := tables.Inspect(&ports[i])
-		out.Rules = append(out.Rules, pr.Frontends...)
-		out.Divergences = append(out.Divergences, pr.Divergences...)
-	}
+	out.Held = &held
+	out.Divergences = append(out.Divergences, held.Divergences...)
 	return nil
 }
 
@@ -266,44 +226,6 @@ func serviceAt(ctx context.Context, client *apiclient.Clients, node desired.Node
 		}
 	}
 	return nil, "", fmt.Errorf("no Service has a frontend at %s on node %s", ap, node.Name)
-}
-
-// compareMaps fills in what the pinned maps hold for ports, entry by entry
-// as the eBPF backend writes them, and every divergence.
-func compareMaps(out *explainOutput, pinned *bpf.KprMaps, ports []dataplane.ServicePort) error {
-	lb, err := maps.OpenReadOnly(pinned)
-	if err != nil {
-		return err
-	}
-	for i := range ports {
-		for _, want := range ebpfplane.Entries(&ports[i]) {
-			c := mapEntryCheck{Frontend: want.VIP.String(), Scope: want.Scope.String(), Want: backendList(want.Backends), Have: []string{}}
-			have, ok := lb.Get(want.VIPKey)
-			c.Present = ok
-			c.Matches = lb.Matches(want)
-			if ok {
-				c.Have = backendList(have.Backends)
-			}
-			switch {
-			case !ok:
-				out.Divergences = append(out.Divergences, fmt.Sprintf("%s %s scope: missing from the service map (deleted by hand, refused as map full, or not synced yet); "+
-					"connections to it are not translated. The next full reconcile rewrites it.", c.Frontend, c.Scope))
-			case !c.Matches:
-				out.Divergences = append(out.Divergences, fmt.Sprintf("%s %s scope: the maps hold backends %v (kind %s, affinity %ds), kpr wants %v (kind %s, affinity %ds)",
-					c.Frontend, c.Scope, c.Have, have.Kind, have.AffinityTimeout, c.Want, want.Kind, want.AffinityTimeout))
-			}
-			out.Maps = append(out.Maps, c)
-		}
-	}
-	return nil
-}
-
-func backendList(bs []dataplane.Backend) []string {
-	out := make([]string, 0, len(bs))
-	for _, b := range bs {
-		out = append(out, netip.AddrPortFrom(b.Addr, b.Port).String())
-	}
-	return out
 }
 
 func writeExplain(w io.Writer, res *explainOutput) {
@@ -357,54 +279,19 @@ func writeExplain(w io.Writer, res *explainOutput) {
 		}
 		fmt.Fprintln(w, "  frontends:")
 		for _, fe := range p.Frontends {
-			fmt.Fprintf(w, "    %s %s, %s scope, %s set -> %s\n", fe.Kind, fe.Frontend, fe.Scope, fe.Set, backendsOrReject(fe.Backends))
+			fmt.Fprintf(w, "    %s %s, %s scope, %s set -> %s\n", fe.Kind, fe.Frontend, fe.Scope, fe.Set, dataplane.DescribeBackends(fe.Backends))
 		}
 	}
 	for _, p := range res.Problems {
 		fmt.Fprintf(w, "\nproblem: %s\n", p)
 	}
-	if res.Dataplane == comparedRules {
-		writeRules(w, res)
+	if res.Held == nil {
+		fmt.Fprintf(w, "\ndataplane:\n  %s\n", res.MapsError)
 		return
 	}
-	fmt.Fprintln(w, "\nmaps:")
-	if res.MapsError != "" {
-		fmt.Fprintf(w, "  %s\n", res.MapsError)
-		return
-	}
-	for _, m := range res.Maps {
-		state := "matches"
-		switch {
-		case !m.Present:
-			state = "MISSING"
-		case !m.Matches:
-			state = "DIFFERS: holds " + backendsOrReject(m.Have)
-		}
-		fmt.Fprintf(w, "  %s %s: %s\n", m.Frontend, m.Scope, state)
-	}
+	writeInspection(w, *res.Held)
 	if len(res.Divergences) == 0 {
-		fmt.Fprintln(w, "  the maps hold exactly what kpr wants for this Service")
-	}
-	for _, d := range res.Divergences {
-		fmt.Fprintf(w, "  DIVERGENCE: %s\n", d)
-	}
-}
-
-// writeRules is the iptables mode's counterpart of the maps section.
-func writeRules(w io.Writer, res *explainOutput) {
-	fmt.Fprintln(w, "\niptables rules:")
-	for _, r := range res.Rules {
-		state := "no rule sends it anywhere"
-		if r.Jump != "" {
-			state = r.Jump + " -> " + backendsOrReject(r.Backends)
-		}
-		if r.Rejected {
-			state += "; new connections rejected"
-		}
-		fmt.Fprintf(w, "  %s: %s\n", r.Frontend, state)
-	}
-	if len(res.Divergences) == 0 {
-		fmt.Fprintln(w, "  the rules hold exactly what kpr writes for this Service")
+		fmt.Fprintf(w, "  %s\n", res.Held.Agrees)
 	}
 	for _, d := range res.Divergences {
 		fmt.Fprintf(w, "  DIVERGENCE: %s\n", d)
@@ -426,13 +313,6 @@ func conditions(e desired.EndpointDecision) string {
 		return "-"
 	}
 	return strings.Join(c, ",")
-}
-
-func backendsOrReject(bs []string) string {
-	if len(bs) == 0 {
-		return "(none: connections are refused)"
-	}
-	return strings.Join(bs, " ")
 }
 
 func orDash(s string) string {

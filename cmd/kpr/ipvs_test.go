@@ -1,8 +1,6 @@
 package main
 
 import (
-	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -21,29 +19,5 @@ func TestIPVSSchedulerFlag(t *testing.T) {
 	}
 	if f, _, _, err := parseRun(t, "--mode=ipvs"); err != nil || f.ipvs.scheduler != "rr" {
 		t.Errorf("without --ipvs-scheduler the scheduler is %q (%v), want rr", f.ipvs.scheduler, err)
-	}
-}
-
-// The IPVS mode's record of the namespace it wrote is its own, beside the
-// iptables mode's: removing one mode's state never reads the other's
-// record.
-func TestIPVSRecordIsApartFromIPTables(t *testing.T) {
-	root := t.TempDir() + "/bpf"
-	ipt, err := iptablesMarker(root, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := modeMarker(root, "", ipvsMarkerKind)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v == ipt || !strings.Contains(v, "-ipvs-netns-") || strings.Contains(filepath.Base(v), ".") {
-		t.Errorf("IPVS record %s, iptables record %s: want distinct, the IPVS one naming ipvs and without dots (bpffs)", v, ipt)
-	}
-	if err := recordModeState(root, "", ipvsMarkerKind); err != nil {
-		t.Fatal(err)
-	}
-	if _, found, err := removeIPTablesState(root, ""); found || err != nil {
-		t.Errorf("the IPVS record was taken for the iptables mode's (found %v, %v)", found, err)
 	}
 }

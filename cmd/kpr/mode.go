@@ -69,36 +69,33 @@ type choice struct {
 // back, need IPVS in the kernel: a node where the mode picked cannot
 // serve Services refuses to start.
 func chooseDataplane(mode, fallback string, report loader.Report) (choice, error) {
-	fb, err := fallbackBackend(fallback)
+	fb, err := fallbackMode(fallback)
 	if err != nil {
 		return choice{}, err
 	}
-	switch mode {
-	case modeAuto:
-		if err := report.RequireSocketLB(); err != nil {
-			if fb == backendIPVS {
-				if ipvsErr := requireIPVS(report); ipvsErr != nil {
-					return choice{}, fmt.Errorf("--mode auto: the eBPF dataplane cannot run here (%v), and neither can --fallback-mode ipvs: %w; "+
-						"run kpr with --fallback-mode iptables", err, ipvsErr)
+	if mode == modeAuto {
+		ebpf := modeOf(backendEBPF)
+		if err := ebpf.require(report); err != nil {
+			if fb.require != nil {
+				if fbErr := fb.require(report); fbErr != nil {
+					return choice{}, fmt.Errorf("--mode auto: the eBPF dataplane cannot run here (%v), and neither can --fallback-mode %s: %w; "+
+						"run kpr with --fallback-mode %s", err, fb.backend, fbErr, defaultFallback)
 				}
 			}
-			return choice{fb, causeEBPFUnavailable, fmt.Sprintf("the eBPF dataplane cannot run here, so --mode auto runs --fallback-mode %s: %v", fb, err)}, nil
+			return choice{fb.backend, causeEBPFUnavailable, fmt.Sprintf("the eBPF dataplane cannot run here, so --mode auto runs --fallback-mode %s: %v", fb.backend, err)}, nil
 		}
 		return choice{backendEBPF, causeEBPFSupported, "the kernel has every feature the eBPF dataplane needs"}, nil
-	case string(backendEBPF):
-		if err := report.RequireSocketLB(); err != nil {
-			return choice{}, fmt.Errorf("--mode ebpf: %w; on this node run kpr with --mode iptables, or --mode auto to fall back by itself", err)
-		}
-		return choice{backendEBPF, causeRequested, "--mode ebpf asked for it, and the kernel has every feature it needs"}, nil
-	case string(backendIPTables):
-		return choice{backendIPTables, causeRequested, "--mode iptables asked for it; it needs no eBPF feature"}, nil
-	case string(backendIPVS):
-		if err := requireIPVS(report); err != nil {
-			return choice{}, fmt.Errorf("--mode ipvs: %w; on this node run kpr with --mode iptables, or --mode auto", err)
-		}
-		return choice{backendIPVS, causeRequested, "--mode ipvs asked for it; it needs no eBPF feature, and the kernel has IPVS"}, nil
 	}
-	return choice{}, fmt.Errorf("--mode %q: want auto, ebpf, iptables or ipvs", mode)
+	m := modeOf(backend(mode))
+	if m == nil {
+		return choice{}, fmt.Errorf("--mode %q: want %s", mode, modeNames(false, modeAuto))
+	}
+	if m.require != nil {
+		if err := m.require(report); err != nil {
+			return choice{}, fmt.Errorf("--mode %s: %w; %s", mode, err, m.refused)
+		}
+	}
+	return choice{m.backend, causeRequested, m.requested}, nil
 }
 
 // probeFeatures is what the kernel supports of what any mode needs: the
@@ -123,17 +120,14 @@ func requireIPVS(report loader.Report) error {
 	return fmt.Errorf("kernel %s has no IPVS (%s)", report.Kernel, why)
 }
 
-// fallbackBackend checks --fallback-mode. It is checked whatever --mode
-// is, so that a value that cannot work fails on every node alike, not
-// only on the nodes that happen to need it.
-func fallbackBackend(fallback string) (backend, error) {
-	switch fallback {
-	case string(backendIPTables):
-		return backendIPTables, nil
-	case string(backendIPVS):
-		return backendIPVS, nil
+// fallbackMode checks --fallback-mode. It is checked whatever --mode is,
+// so that a value that cannot work fails on every node alike, not only on
+// the nodes that happen to need it.
+func fallbackMode(fallback string) (*mode, error) {
+	if m := modeOf(backend(fallback)); m != nil && m.fallback {
+		return m, nil
 	}
-	return "", fmt.Errorf("--fallback-mode %q: want iptables or ipvs", fallback)
+	return nil, fmt.Errorf("--fallback-mode %q: want %s", fallback, modeNames(true))
 }
 
 // builtDataplane is a constructed backend, ready for the watcher.
@@ -147,22 +141,16 @@ type builtDataplane struct {
 	setDevices func(devices []string) error
 }
 
-// newDataplane builds the backend c names, as kube-proxy's createProxier
-// does for its modes. A new backend adds its constructor here and its
-// feature check to chooseDataplane.
+// newDataplane builds the backend c names through its row in the mode
+// table, as kube-proxy's createProxier does for its modes.
 // ctx ends the dataplane's commands (iptables-restore and the like), so
 // that kpr run exits on SIGTERM without waiting for a long one.
 func newDataplane(ctx context.Context, c choice, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
-	switch c.backend {
-	case backendEBPF:
-		return newEBPFDataplane(g, f, m, log)
-	case backendIPTables:
-		return newIPTablesDataplane(ctx, g, f, log)
-	case backendIPVS:
-		return newIPVSDataplane(ctx, g, f, log)
+	if mode := modeOf(c.backend); mode != nil {
+		return mode.build(ctx, g, f, m, log)
 	}
-	// chooseDataplane only picks backends built above.
-	return builtDataplane{}, fmt.Errorf("dataplane %q has no constructor in this build: chooseDataplane and newDataplane disagree; report this as a kpr bug", c.backend)
+	// chooseDataplane only picks backends of the mode table.
+	return builtDataplane{}, fmt.Errorf("dataplane %q has no row in the mode table of this build: chooseDataplane and newDataplane disagree; report this as a kpr bug", c.backend)
 }
 
 // newIPTablesDataplane programs the iptables of the node's network
@@ -193,7 +181,7 @@ func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log 
 	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)
 	// Recorded before the first rule is written, so that an eBPF-mode kpr
 	// or `kpr cleanup` later removes the chains even if this one crashes.
-	if err := recordIPTablesState(g.bpfRoot, f.hostNetNS); err != nil {
+	if err := iptables.Record(g.bpfRoot, f.hostNetNS); err != nil {
 		log.Warn("Switching this node to the eBPF mode later will leave kpr's chains", zap.Error(err))
 	}
 	plane, err := iptables.New(opts)

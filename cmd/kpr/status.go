@@ -5,28 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
-	"github.com/kpr-io/kpr/bpf"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/loader"
-	"github.com/kpr-io/kpr/maps"
-	"github.com/kpr-io/kpr/netnsexec"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -71,40 +60,47 @@ type statusOutput struct {
 	Daemon      *daemonStatus `json:"daemon,omitempty"`
 	DaemonError string        `json:"daemonError,omitempty"`
 	// Kernel is probed here when no daemon answered.
-	Kernel    *loader.Report `json:"kernel,omitempty"`
-	BPFRoot   string         `json:"bpfRoot"`
-	Links     []linkStatus   `json:"links"`
-	Maps      []mapStatus    `json:"maps"`
-	PinsError string         `json:"pinsError,omitempty"`
-	// Rules are the chains and rules of kpr's iptables mode per family,
-	// when it recorded writing this network namespace's tables.
-	Rules      []iptables.Size `json:"rules,omitempty"`
-	RulesError string          `json:"rulesError,omitempty"`
-	// SockCounters are the socket hooks' datapath counters since the
-	// dataplane was first loaded; SockCountersError says why they could
-	// not be read.
-	SockCounters      []maps.SockHookStats `json:"sockCounters"`
-	SockCountersError string               `json:"sockCountersError,omitempty"`
+	Kernel  *loader.Report      `json:"kernel,omitempty"`
+	BPFRoot string              `json:"bpfRoot"`
+	Links   []loader.LinkStatus `json:"links"`
+	// Dataplane is the mode whose state on the node was read: its
+	// tables and their fill are in the output under the keys the mode
+	// names ("maps" and "sockCounters", "rules", "ipvs"), each with its
+	// own "...Error" if it could not be read. DataplaneError says why no
+	// mode's state was found.
+	Dataplane      string `json:"dataplane,omitempty"`
+	DataplaneError string `json:"dataplaneError,omitempty"`
+	// Tables are the mode's readings (dataplane.Inspector.InspectNode).
+	Tables []dataplane.Inspection `json:"-"`
 }
 
-type linkStatus struct {
-	Pin      string `json:"pin"`
-	Type     string `json:"type"` // the attach type, for a cgroup or tcx link
-	Program  string `json:"program"`
-	CgroupID uint64 `json:"cgroupId,omitempty"`
-	// Cgroup is the cgroup's path under the cgroup2 mount, when found.
-	Cgroup string `json:"cgroup,omitempty"`
-	// Ifindex and Device are a tcx link's device (the name as found in
-	// --host-netns).
-	Ifindex uint32 `json:"ifindex,omitempty"`
-	Device  string `json:"device,omitempty"`
-	Error   string `json:"error,omitempty"`
+// MarshalJSON puts each of the mode's readings under its own key.
+func (st statusOutput) MarshalJSON() ([]byte, error) {
+	type fields statusOutput
+	return marshalWithInspections(fields(st), st.Tables)
 }
 
-type mapStatus struct {
-	Map        string `json:"map"`
-	Entries    int    `json:"entries"`
-	MaxEntries int    `json:"maxEntries"`
+// marshalWithInspections encodes v, a struct, with each inspection's rows
+// under the inspection's key, and its error, if any, under the key with
+// "Error" added.
+func marshalWithInspections(v any, ins []dataplane.Inspection) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	obj := map[string]json.RawMessage{}
+	if err := json.Unmarshal(b, &obj); err != nil {
+		return nil, err
+	}
+	for _, in := range ins {
+		if obj[in.Key], err = json.Marshal(in.Rows); err != nil {
+			return nil, err
+		}
+		if in.Error != "" {
+			obj[in.Key+"Error"], _ = json.Marshal(in.Error)
+		}
+	}
+	return json.Marshal(obj)
 }
 
 func newStatusCommand(g *globalFlags) *cobra.Command {
@@ -135,7 +131,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 }
 
 func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusOutput {
-	st := statusOutput{BPFRoot: bpfRoot, Links: []linkStatus{}, Maps: []mapStatus{}, SockCounters: []maps.SockHookStats{}}
+	st := statusOutput{BPFRoot: bpfRoot}
 	d, err := fetchDaemonStatus(ctx, addr)
 	if err != nil {
 		st.DaemonError = err.Error()
@@ -144,51 +140,16 @@ func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusO
 	} else {
 		st.Daemon = d
 	}
-	st.Links = pinnedLinks(bpfRoot, hostNetNS)
-	st.Maps, err = pinnedMapUsage(bpfRoot)
+	st.Links = loader.PinnedLinks(bpfRoot, hostNetNS)
+	b, in, err := inspectDataplane(dataplaneAt{bpfRoot: bpfRoot, hostNetNS: hostNetNS})
 	if err != nil {
-		st.PinsError = err.Error()
-		if st.Rules, err = iptablesSizes(bpfRoot, hostNetNS); err != nil {
-			st.RulesError = err.Error()
-		}
+		st.DataplaneError = err.Error()
+		return st
 	}
-	st.SockCounters, err = pinnedSockStats(bpfRoot)
-	if err != nil {
-		st.SockCountersError = err.Error()
-	}
+	defer in.Close()
+	st.Dataplane = string(b)
+	st.Tables = in.InspectNode()
 	return st
-}
-
-// iptablesSizes reads the size of kpr's iptables rules, the iptables
-// mode's counterpart of map fill, if that mode recorded writing the tables
-// of hostNetNS; nil if it did not.
-func iptablesSizes(bpfRoot, hostNetNS string) ([]iptables.Size, error) {
-	marker, err := iptablesMarker(bpfRoot, hostNetNS)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := os.Stat(marker); err != nil {
-		return nil, nil
-	}
-	opts, err := iptables.NodeOptions(netfilter.RunnerIn(context.Background(), hostNetNS), zap.NewNop())
-	if err != nil {
-		return nil, err
-	}
-	tables, err := iptables.ReadTables(opts)
-	if err != nil {
-		return nil, fmt.Errorf("read the iptables rules: %w", err)
-	}
-	return tables.Sizes(), nil
-}
-
-// pinnedSockStats reads the socket hooks' counters from their pin.
-func pinnedSockStats(bpfRoot string) ([]maps.SockHookStats, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(bpfRoot, bpf.KprMapKprSockStats), &ebpf.LoadPinOptions{ReadOnly: true})
-	if err != nil {
-		return []maps.SockHookStats{}, fmt.Errorf("open the counters' pin: %w (is kpr running with --bpf-root %s?)", err, bpfRoot)
-	}
-	defer m.Close()
-	return maps.SockStats(m)
 }
 
 func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) {
@@ -214,112 +175,8 @@ func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) 
 	return &d, nil
 }
 
-// pinnedLinks lists the links kpr pinned under bpfRoot/links, with the
-// program each runs and the cgroup or device it is attached to.
-func pinnedLinks(bpfRoot, hostNetNS string) []linkStatus {
-	out := []linkStatus{}
-	cgroups := cgroupPaths{}
-	pins, _ := filepath.Glob(filepath.Join(bpfRoot, "links", "*"))
-	sort.Strings(pins)
-	for _, pin := range pins {
-		ls := linkStatus{Pin: pin}
-		l, err := link.LoadPinnedLink(pin, nil)
-		if err != nil {
-			ls.Error = err.Error()
-			out = append(out, ls)
-			continue
-		}
-		if info, err := l.Info(); err != nil {
-			ls.Error = err.Error()
-		} else {
-			if c := info.Cgroup(); c != nil {
-				ls.Type = ebpf.AttachType(c.AttachType).String()
-				ls.CgroupID = c.CgroupId
-				ls.Cgroup = cgroups.path(c.CgroupId)
-			} else if tc := info.TCX(); tc != nil {
-				ls.Type = ebpf.AttachType(tc.AttachType).String()
-				ls.Ifindex = tc.Ifindex
-				ls.Device = deviceName(hostNetNS, tc.Ifindex)
-			} else {
-				ls.Type = fmt.Sprintf("link type %d", info.Type)
-			}
-			if p, err := ebpf.NewProgramFromID(info.Program); err == nil {
-				if pi, err := p.Info(); err == nil {
-					ls.Program = pi.Name
-				}
-				p.Close()
-			}
-		}
-		l.Close()
-		out = append(out, ls)
-	}
-	return out
-}
-
-// cgroupPaths finds cgroups by id (a cgroup2 directory's inode number).
-type cgroupPaths map[uint64]string
-
-func (c cgroupPaths) path(id uint64) string {
-	if p, ok := c[id]; ok {
-		return p
-	}
-	root, err := loader.FindCgroup2Mount()
-	if err != nil {
-		return ""
-	}
-	found := ""
-	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return nil
-		}
-		var st unix.Stat_t
-		if unix.Stat(path, &st) == nil && st.Ino == id {
-			found = path
-			return fs.SkipAll
-		}
-		return nil
-	})
-	c[id] = found
-	return found
-}
-
-// deviceName is the name of the device ifindex in the network namespace
-// at netnsPath (this one if empty), "" if there is none.
-func deviceName(netnsPath string, ifindex uint32) string {
-	name := ""
-	lookup := func() error {
-		if iface, err := net.InterfaceByIndex(int(ifindex)); err == nil {
-			name = iface.Name
-		}
-		return nil
-	}
-	if netnsPath == "" {
-		_ = lookup()
-	} else {
-		_ = netnsexec.InPath(netnsPath, lookup)
-	}
-	return name
-}
-
-func pinnedMapUsage(bpfRoot string) ([]mapStatus, error) {
-	m, err := loader.OpenPinnedMaps(bpfRoot)
-	if err != nil {
-		return []mapStatus{}, err
-	}
-	defer m.Close()
-	lb, err := maps.OpenReadOnly(m)
-	if err != nil {
-		return []mapStatus{}, err
-	}
-	out := []mapStatus{}
-	for _, u := range lb.Usage() {
-		out = append(out, mapStatus{Map: u.Map, Entries: u.Entries, MaxEntries: u.MaxEntries})
-	}
-	return out, nil
-}
-
 // attachedTo says where the link's program runs.
-func (l linkStatus) attachedTo() string {
+func attachedTo(l loader.LinkStatus) string {
 	switch {
 	case l.CgroupID != 0 && l.Cgroup != "":
 		return fmt.Sprintf("cgroup %s (id %d)", l.Cgroup, l.CgroupID)
@@ -403,54 +260,31 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 			fmt.Fprintf(tw, "  %s\terror: %s\n", filepath.Base(l.Pin), l.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "  %s\t%s\tprogram %s\t%s\n", filepath.Base(l.Pin), l.Type, l.Program, l.attachedTo())
+		fmt.Fprintf(tw, "  %s\t%s\tprogram %s\t%s\n", filepath.Base(l.Pin), l.Type, l.Program, attachedTo(l))
 	}
 	tw.Flush()
-	if len(st.Rules) > 0 || st.RulesError != "" {
-		writeRuleSizes(w, st) // the iptables mode has no maps
-	} else {
-		writeMapFill(w, st)
+	if st.DataplaneError != "" {
+		fmt.Fprintf(w, "\ndataplane:\n  %s\n", st.DataplaneError)
+	}
+	for _, t := range st.Tables {
+		writeInspection(w, t)
 	}
 }
 
-func writeRuleSizes(w io.Writer, st statusOutput) {
-	fmt.Fprintln(w, "\niptables rules in kpr's chains (KUBE-*):")
-	if st.RulesError != "" {
-		fmt.Fprintf(w, "  cannot read them: %s\n", st.RulesError)
-	}
-	for _, r := range st.Rules {
-		fmt.Fprintf(w, "  %s: %d chains, %d rules\n", r.Family, r.Chains, r.Rules)
-	}
-}
-
-func writeMapFill(w io.Writer, st statusOutput) {
-	fmt.Fprintln(w, "\nmaps:")
-	if st.PinsError != "" {
-		fmt.Fprintf(w, "  cannot read the pinned maps: %s\n", st.PinsError)
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, m := range st.Maps {
-		pct := 0.0
-		if m.MaxEntries > 0 {
-			pct = 100 * float64(m.Entries) / float64(m.MaxEntries)
-		}
-		fmt.Fprintf(tw, "  %s\t%d / %d\t%.1f%%\n", m.Map, m.Entries, m.MaxEntries, pct)
-	}
-	tw.Flush()
-	writeSockCounters(w, st)
-}
-
-// writeSockCounters is the counters section of `kpr status`.
-func writeSockCounters(w io.Writer, st statusOutput) {
-	fmt.Fprintln(w, "\nsocket hook counters (since the dataplane was first loaded):")
-	if st.SockCountersError != "" {
-		fmt.Fprintf(w, "  cannot read them: %s\n", st.SockCountersError)
+// writeInspection writes one reading of a mode's state: its title, and
+// its rows aligned in columns, or why it could not be read.
+func writeInspection(w io.Writer, in dataplane.Inspection) {
+	fmt.Fprintf(w, "\n%s:\n", in.Title)
+	if in.Error != "" {
+		fmt.Fprintf(w, "  cannot read them: %s\n", in.Error)
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  hook\ttranslated\trejected (no endpoints)\tpassed")
-	for _, c := range st.SockCounters {
-		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\n", c.Hook, c.Translated, c.Rejected, c.Passed)
+	if len(in.Header) > 0 {
+		fmt.Fprintln(tw, "  "+strings.Join(in.Header, "\t"))
+	}
+	for _, r := range in.Rows {
+		fmt.Fprintln(tw, "  "+strings.Join(r.Columns(), "\t"))
 	}
 	tw.Flush()
 }

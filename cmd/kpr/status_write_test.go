@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -18,7 +19,7 @@ func TestWriteStatusShowsAttachmentsAndStuckWatches(t *testing.T) {
 		Daemon: &daemonStatus{Version: "v1", Mode: "ebpf", Reason: "r", StartedAt: now.Add(-time.Hour),
 			Watcher: watcher.Status{API: watcher.APIStatus{Connected: true, LastHeard: &heard, Stuck: true}}},
 		BPFRoot: "/sys/fs/bpf/kpr",
-		Links: []linkStatus{
+		Links: []loader.LinkStatus{
 			{Pin: "/sys/fs/bpf/kpr/links/kpr_connect4", Type: "CGroupInet4Connect", Program: "kpr_connect4", CgroupID: 7, Cgroup: "/sys/fs/cgroup/kubepods"},
 			{Pin: "/sys/fs/bpf/kpr/links/tc-ingress-eth0", Type: "TCXIngress", Program: "kpr_tc_ingress", Ifindex: 2, Device: "eth0"},
 			{Pin: "/sys/fs/bpf/kpr/links/tc-egress-eth1", Type: "TCXEgress", Program: "kpr_tc_egress", Ifindex: 3},

@@ -347,6 +347,9 @@ func (in *Inspector) InspectNode() []dataplane.Inspection {
 	return []dataplane.Inspection{out}
 }
 
+// Close releases nothing: the reading is in memory.
+func (in *Inspector) Close() {}
+
 // Columns says where the frontend's traffic goes.
 func (r FrontendRules) Columns() []string {
 	state := "no rule sends it anywhere"

@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/dataplane/leftovers"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // recordMode names the iptables mode's record of the network namespaces it
@@ -28,7 +29,7 @@ func Record(bpfRoot, netnsPath string) error {
 // RemoveLeftovers removes kpr's chains from the tables of the network
 // namespace at netnsPath, which r runs in, if the iptables mode recorded
 // writing them, and then the record. Count is the chains deleted.
-func RemoveLeftovers(bpfRoot, netnsPath string, r Runner) (leftovers.Removed, error) {
+func RemoveLeftovers(bpfRoot, netnsPath string, r netfilter.Runner) (leftovers.Removed, error) {
 	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
 	if err != nil {
 		return leftovers.Removed{}, err
@@ -44,7 +45,7 @@ type Inspector struct{ tables *Tables }
 // which r runs in, if the iptables mode recorded writing them; the error
 // wraps leftovers.ErrNotRecorded if it did not. masq is the daemon's
 // --masquerade-all and --cluster-cidr, which its rules follow.
-func OpenInspector(bpfRoot, netnsPath string, r Runner, masq Masquerade) (*Inspector, error) {
+func OpenInspector(bpfRoot, netnsPath string, r netfilter.Runner, masq netfilter.Masquerade) (*Inspector, error) {
 	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
 	if err != nil {
 		return nil, err

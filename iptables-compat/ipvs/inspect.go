@@ -9,7 +9,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/leftovers"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // Reading the kernel back for `kpr explain` and `kpr status`: the virtual
@@ -22,7 +22,7 @@ import (
 type Inspector struct {
 	p     *Plane
 	cur   *kstate
-	saved map[iptables.Family]map[string]*savedTable
+	saved map[netfilter.Family]map[string]*netfilter.SavedTable
 	close func()
 }
 
@@ -31,7 +31,7 @@ var _ dataplane.Inspector = (*Inspector)(nil)
 // OpenInspector reads the network namespace at netnsPath, whose iptables
 // binaries r runs, if the IPVS mode recorded writing it; the error wraps
 // leftovers.ErrNotRecorded if it did not. Close releases it.
-func OpenInspector(bpfRoot, netnsPath string, r iptables.Runner) (*Inspector, error) {
+func OpenInspector(bpfRoot, netnsPath string, r netfilter.Runner) (*Inspector, error) {
 	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
 	if err != nil {
 		return nil, err
@@ -39,7 +39,7 @@ func OpenInspector(bpfRoot, netnsPath string, r iptables.Runner) (*Inspector, er
 	if err := rec.Check(); err != nil {
 		return nil, err
 	}
-	node, err := iptables.NodeOptions(r, zap.NewNop())
+	fams, err := netfilter.NodeFamilies(r, zap.NewNop())
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +47,7 @@ func OpenInspector(bpfRoot, netnsPath string, r iptables.Runner) (*Inspector, er
 	if err != nil {
 		return nil, err
 	}
-	in, err := newInspector(k, r, node.Families)
+	in, err := newInspector(k, r, fams)
 	if err != nil {
 		k.Close()
 		return nil, err
@@ -57,7 +57,7 @@ func OpenInspector(bpfRoot, netnsPath string, r iptables.Runner) (*Inspector, er
 }
 
 // newInspector reads what k and r reach, for the families given.
-func newInspector(k Kernel, r iptables.Runner, fams map[iptables.Family]iptables.Tools) (*Inspector, error) {
+func newInspector(k Kernel, r netfilter.Runner, fams map[netfilter.Family]netfilter.Tools) (*Inspector, error) {
 	p, err := New(Options{Kernel: k, Runner: r, Families: fams})
 	if err != nil {
 		return nil, err
@@ -241,7 +241,7 @@ func (in *Inspector) InspectNode() []dataplane.Inspection {
 		for _, table := range tables {
 			n := 0
 			for _, chain := range chainsOf(table) {
-				n += len(in.saved[fam][table].chainRules(chain))
+				n += len(in.saved[fam][table].ChainRules(chain))
 			}
 			rows = append(rows, Fill{fmt.Sprintf("%s %s rules in %s* chains", fam, table, chainPrefix), n})
 		}

@@ -7,25 +7,26 @@ import (
 	"testing"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
-var inspectFamilies = map[iptables.Family]iptables.Tools{
-	iptables.IPv4: iptables.ToolsFor(iptables.NFT, iptables.IPv4),
-	iptables.IPv6: iptables.ToolsFor(iptables.NFT, iptables.IPv6),
+var inspectFamilies = map[netfilter.Family]netfilter.Tools{
+	netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4),
+	netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6),
 }
 
 // programmed is a fake kernel and tables holding what a Plane wrote for sp.
-func programmed(t *testing.T, sp *dataplane.ServicePort) (*fakeKernel, *fakeIPTables) {
+func programmed(t *testing.T, sp *dataplane.ServicePort) (*fakeKernel, *netfiltertest.IPTables) {
 	t.Helper()
-	k, run := newFakeKernel(), newFakeIPTables()
+	k, run := newFakes()
 	if err := fakePlane(t, k, run).Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
 		t.Fatal(err)
 	}
 	return k, run
 }
 
-func inspectPorts(t *testing.T, k *fakeKernel, run *fakeIPTables, sp *dataplane.ServicePort) dataplane.Inspection {
+func inspectPorts(t *testing.T, k *fakeKernel, run *netfiltertest.IPTables, sp *dataplane.ServicePort) dataplane.Inspection {
 	t.Helper()
 	in, err := newInspector(k, run, inspectFamilies)
 	if err != nil {
@@ -128,8 +129,9 @@ func TestInspectPortsNamesEveryDivergence(t *testing.T) {
 func TestInspectPortsNamesAnUnmarkedLocalFrontend(t *testing.T) {
 	sp := goldenCases()["local-policy-source-ranges"]
 	k, run := programmed(t, sp)
-	in := "*nat\n-F " + chainInternal + "\nCOMMIT\n"
-	if err := run.restore("iptables", strings.ReplaceAll(in, "-F "+chainInternal, ":"+chainInternal+" - [0:0]")); err != nil {
+	// As iptables -t nat -F KPR-IPVS-INTERNAL by hand.
+	flush := "*nat\n:" + chainInternal + " - [0:0]\nCOMMIT\n"
+	if _, err := run.Run("iptables-nft-restore", []string{"--noflush"}, []byte(flush)); err != nil {
 		t.Fatal(err)
 	}
 	got := inspectPorts(t, k, run, sp)

@@ -2,7 +2,7 @@ package ipvs
 
 import (
 	"github.com/kpr-io/kpr/dataplane/leftovers"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // recordMode names the IPVS mode's record of the network namespaces it
@@ -25,7 +25,7 @@ func Record(bpfRoot, netnsPath string) error {
 // RemoveLeftovers removes kpr's IPVS state (Cleanup) from the network
 // namespace at netnsPath, which r runs in, if the IPVS mode recorded
 // writing it, and then the record. Count is the virtual servers deleted.
-func RemoveLeftovers(bpfRoot, netnsPath string, r iptables.Runner) (leftovers.Removed, error) {
+func RemoveLeftovers(bpfRoot, netnsPath string, r netfilter.Runner) (leftovers.Removed, error) {
 	return removeLeftovers(bpfRoot, netnsPath, func() (Kernel, func(), error) {
 		k, err := NewNetlinkKernel(netnsPath)
 		if err != nil {
@@ -37,7 +37,7 @@ func RemoveLeftovers(bpfRoot, netnsPath string, r iptables.Runner) (leftovers.Re
 
 // removeLeftovers is RemoveLeftovers with the kernel opened by open, only
 // when there is a record.
-func removeLeftovers(bpfRoot, netnsPath string, open func() (Kernel, func(), error), r iptables.Runner) (leftovers.Removed, error) {
+func removeLeftovers(bpfRoot, netnsPath string, open func() (Kernel, func(), error), r netfilter.Runner) (leftovers.Removed, error) {
 	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
 	if err != nil {
 		return leftovers.Removed{}, err
