@@ -59,3 +59,13 @@ func DescribeBackends(bs []string) string {
 	}
 	return strings.Join(bs, " ")
 }
+
+// BackendStrings spells backends as address:port, for an inspection's
+// rows.
+func BackendStrings(bs []Backend) []string {
+	out := make([]string, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, b.String())
+	}
+	return out
+}

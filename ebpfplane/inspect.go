@@ -2,7 +2,6 @@ package ebpfplane
 
 import (
 	"fmt"
-	"net/netip"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/loader"
@@ -71,12 +70,12 @@ func (in *Inspector) InspectPorts(ports []dataplane.ServicePort) (dataplane.Insp
 		Agrees: "the maps hold exactly what kpr wants for this Service"}
 	for i := range ports {
 		for _, want := range expand(&ports[i]) {
-			c := MapEntry{Frontend: want.VIP.String(), Scope: want.Scope.String(), Want: backendList(want.Backends), Have: []string{}}
+			c := MapEntry{Frontend: want.VIP.String(), Scope: want.Scope.String(), Want: dataplane.BackendStrings(want.Backends), Have: []string{}}
 			have, ok := in.lb.Get(want.VIPKey)
 			c.Present = ok
 			c.Matches = in.lb.Matches(want)
 			if ok {
-				c.Have = backendList(have.Backends)
+				c.Have = dataplane.BackendStrings(have.Backends)
 			}
 			switch {
 			case !ok:
@@ -90,14 +89,6 @@ func (in *Inspector) InspectPorts(ports []dataplane.ServicePort) (dataplane.Insp
 		}
 	}
 	return out, nil
-}
-
-func backendList(bs []dataplane.Backend) []string {
-	out := make([]string, 0, len(bs))
-	for _, b := range bs {
-		out = append(out, netip.AddrPortFrom(b.Addr, b.Port).String())
-	}
-	return out
 }
 
 // MapFill is how full one map is.

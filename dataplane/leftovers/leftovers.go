@@ -107,3 +107,33 @@ func (r Record) Remove(what string, remove func() (int, error)) (Removed, error)
 	}
 	return Removed{Found: true, Count: n}, nil
 }
+
+// Write records, beside bpfRoot, that mode writes the network namespace at
+// netnsPath (kpr's own if empty): For, then Record.Write.
+func Write(bpfRoot, netnsPath, mode string) error {
+	r, err := For(bpfRoot, netnsPath, mode)
+	if err != nil {
+		return err
+	}
+	return r.Write()
+}
+
+// Check returns nil if mode recorded writing the network namespace at
+// netnsPath, an error wrapping ErrNotRecorded if it did not.
+func Check(bpfRoot, netnsPath, mode string) error {
+	r, err := For(bpfRoot, netnsPath, mode)
+	if err != nil {
+		return err
+	}
+	return r.Check()
+}
+
+// Remove runs remove, which deletes what, if mode recorded writing the
+// network namespace at netnsPath, and then the record (Record.Remove).
+func Remove(bpfRoot, netnsPath, mode, what string, remove func() (int, error)) (Removed, error) {
+	r, err := For(bpfRoot, netnsPath, mode)
+	if err != nil {
+		return Removed{}, err
+	}
+	return r.Remove(what, remove)
+}

@@ -18,23 +18,13 @@ const recordMode = "iptables"
 // of the network namespace at netnsPath (kpr's own if empty). It is called
 // before the first rule is written, so that a kpr in another mode or
 // `kpr cleanup` later removes the chains even if this one crashes.
-func Record(bpfRoot, netnsPath string) error {
-	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
-	if err != nil {
-		return err
-	}
-	return rec.Write()
-}
+func Record(bpfRoot, netnsPath string) error { return leftovers.Write(bpfRoot, netnsPath, recordMode) }
 
 // RemoveLeftovers removes kpr's chains from the tables of the network
 // namespace at netnsPath, which r runs in, if the iptables mode recorded
 // writing them, and then the record. Count is the chains deleted.
 func RemoveLeftovers(bpfRoot, netnsPath string, r netfilter.Runner) (leftovers.Removed, error) {
-	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
-	if err != nil {
-		return leftovers.Removed{}, err
-	}
-	return rec.Remove("the chains kpr's iptables mode wrote", func() (int, error) { return Cleanup(r) })
+	return leftovers.Remove(bpfRoot, netnsPath, recordMode, "the chains kpr's iptables mode wrote", func() (int, error) { return Cleanup(r) })
 }
 
 // Inspector is the iptables mode's dataplane.Inspector: one reading of the
@@ -46,11 +36,7 @@ type Inspector struct{ tables *Tables }
 // wraps leftovers.ErrNotRecorded if it did not. masq is the daemon's
 // --masquerade-all and --cluster-cidr, which its rules follow.
 func OpenInspector(bpfRoot, netnsPath string, r netfilter.Runner, masq netfilter.Masquerade) (*Inspector, error) {
-	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
-	if err != nil {
-		return nil, err
-	}
-	if err := rec.Check(); err != nil {
+	if err := leftovers.Check(bpfRoot, netnsPath, recordMode); err != nil {
 		return nil, err
 	}
 	opts, err := NodeOptions(r, zap.NewNop())

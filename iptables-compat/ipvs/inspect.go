@@ -2,7 +2,6 @@ package ipvs
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 
 	"go.uber.org/zap"
@@ -32,11 +31,7 @@ var _ dataplane.Inspector = (*Inspector)(nil)
 // binaries r runs, if the IPVS mode recorded writing it; the error wraps
 // leftovers.ErrNotRecorded if it did not. Close releases it.
 func OpenInspector(bpfRoot, netnsPath string, r netfilter.Runner) (*Inspector, error) {
-	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
-	if err != nil {
-		return nil, err
-	}
-	if err := rec.Check(); err != nil {
+	if err := leftovers.Check(bpfRoot, netnsPath, recordMode); err != nil {
 		return nil, err
 	}
 	fams, err := netfilter.NodeFamilies(r, zap.NewNop())
@@ -169,7 +164,7 @@ func (in *Inspector) InspectPorts(ports []dataplane.ServicePort) (dataplane.Insp
 
 // virtualServer compares the virtual server kpr wants with the kernel's.
 func (in *Inspector) virtualServer(frontend string, want *wantService, diverge func(string, ...any)) VirtualServer {
-	v := VirtualServer{Frontend: frontend, VirtualServer: want.Key.String(), Want: backendStrings(want.backends), Have: []string{}}
+	v := VirtualServer{Frontend: frontend, VirtualServer: want.Key.String(), Want: dataplane.BackendStrings(want.backends), Have: []string{}}
 	have := in.cur.services[want.Key]
 	if have == nil {
 		diverge("%s: no virtual server %s (deleted by hand, or not synced yet); connections to it are not served by IPVS. "+
@@ -185,7 +180,7 @@ func (in *Inspector) virtualServer(frontend string, want *wantService, diverge f
 			v.Draining = append(v.Draining, b.String())
 		}
 	}
-	v.Have = backendStrings(serving)
+	v.Have = dataplane.BackendStrings(serving)
 	v.Matches = slices.Equal(v.Have, v.Want) && have.Timeout == want.Timeout
 	if !slices.Equal(v.Have, v.Want) {
 		diverge("%s: virtual server %s sends to %v, kpr wants %v", frontend, want.Key, v.Have, v.Want)
@@ -194,14 +189,6 @@ func (in *Inspector) virtualServer(frontend string, want *wantService, diverge f
 		diverge("%s: virtual server %s has a persistence timeout of %ds, kpr wants %ds", frontend, want.Key, have.Timeout, want.Timeout)
 	}
 	return v
-}
-
-func backendStrings(bs []dataplane.Backend) []string {
-	out := make([]string, 0, len(bs))
-	for _, b := range bs {
-		out = append(out, netip.AddrPortFrom(b.Addr, b.Port).String())
-	}
-	return out
 }
 
 // Fill is how many of one kind of IPVS-mode object the node holds.

@@ -14,13 +14,7 @@ const recordMode = "ipvs"
 // namespace at netnsPath (kpr's own if empty). It is called before the
 // first virtual server is written, so that a kpr in another mode or
 // `kpr cleanup` later removes the state even if this one crashes.
-func Record(bpfRoot, netnsPath string) error {
-	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
-	if err != nil {
-		return err
-	}
-	return rec.Write()
-}
+func Record(bpfRoot, netnsPath string) error { return leftovers.Write(bpfRoot, netnsPath, recordMode) }
 
 // RemoveLeftovers removes kpr's IPVS state (Cleanup) from the network
 // namespace at netnsPath, which r runs in, if the IPVS mode recorded
@@ -38,11 +32,7 @@ func RemoveLeftovers(bpfRoot, netnsPath string, r netfilter.Runner) (leftovers.R
 // removeLeftovers is RemoveLeftovers with the kernel opened by open, only
 // when there is a record.
 func removeLeftovers(bpfRoot, netnsPath string, open func() (Kernel, func(), error), r netfilter.Runner) (leftovers.Removed, error) {
-	rec, err := leftovers.For(bpfRoot, netnsPath, recordMode)
-	if err != nil {
-		return leftovers.Removed{}, err
-	}
-	return rec.Remove("kpr's IPVS state", func() (int, error) {
+	return leftovers.Remove(bpfRoot, netnsPath, recordMode, "kpr's IPVS state", func() (int, error) {
 		k, closeKernel, err := open()
 		if err != nil {
 			return 0, err
