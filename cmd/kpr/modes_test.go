@@ -13,6 +13,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/leftovers"
+	"github.com/kpr-io/kpr/desired"
 )
 
 // Every backend --mode names has a whole row: a constructor, a way to
@@ -176,6 +177,18 @@ func TestInspectionsGoThroughTheFirstModeFound(t *testing.T) {
 	}
 	if rows, ok := got["things"].([]any); !ok || len(rows) != 1 || got["dataplane"] != "b" {
 		t.Errorf("explain JSON %s: want mode b's row under \"things\"", j)
+	}
+	out.Explanation = &desired.Explanation{Service: "shop/web"}
+	var table bytes.Buffer
+	writeExplain(&table, out)
+	if want := "\nthings:\n  10.96.0.1:80: matches\n  all good\n"; !strings.HasSuffix(table.String(), want) {
+		t.Errorf("explain table ends %q, want %q", table.String(), want)
+	}
+	out.Divergences = []string{"10.96.0.1:80 lost its rule"}
+	table.Reset()
+	writeExplain(&table, out)
+	if want := "  10.96.0.1:80: matches\n  DIVERGENCE: 10.96.0.1:80 lost its rule\n"; !strings.HasSuffix(table.String(), want) {
+		t.Errorf("explain table ends %q, want %q", table.String(), want)
 	}
 
 	st := statusOutput{Links: nil}
