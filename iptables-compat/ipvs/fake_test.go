@@ -240,3 +240,10 @@ func fakePlane(t *testing.T, k *fakeKernel, run netfilter.Runner) *Plane {
 	}
 	return p
 }
+
+// inspectFamilies are the nft tools of both families, as the inspector
+// tests read the tables.
+var inspectFamilies = map[netfilter.Family]netfilter.Tools{
+	netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4),
+	netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6),
+}

@@ -7,14 +7,8 @@ import (
 	"testing"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
-
-var inspectFamilies = map[netfilter.Family]netfilter.Tools{
-	netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4),
-	netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6),
-}
 
 // programmed is a fake kernel and tables holding what a Plane wrote for sp.
 func programmed(t *testing.T, sp *dataplane.ServicePort) (*fakeKernel, *netfiltertest.IPTables) {
