@@ -33,6 +33,9 @@ type Inspection struct {
 	// Rows are the backend's own records, encoded as JSON as they are
 	// and written for people by their Columns method.
 	Rows []InspectedRow
+	// None, if set, is the table output's line for no rows ("none
+	// pinned"), where an empty table would leave the reader guessing.
+	None string
 	// Error says why the rows could not be read.
 	Error string
 	// Divergences name every difference between what the dataplane holds

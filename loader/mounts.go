@@ -9,10 +9,13 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kpr-io/kpr/dataplane/leftovers"
 )
 
-// DefaultBPFRoot is where kpr pins its maps and links unless told otherwise.
-const DefaultBPFRoot = "/sys/fs/bpf/kpr"
+// DefaultBPFRoot is where kpr pins its maps and links unless told
+// otherwise: the directory of every mode's leftovers records.
+const DefaultBPFRoot = leftovers.DefaultRoot
 
 // defaultCgroup2Mount is where kpr mounts cgroup2 when the machine has none.
 const defaultCgroup2Mount = "/run/kpr/cgroupv2"

@@ -28,10 +28,10 @@ type nodeDevices struct {
 // without it), where the tc programs attach. It returns nil when they are
 // not wanted: another backend than eBPF, or --tc-attach none.
 func newNodeDevices(f *runFlags, c choice, log *zap.Logger) (*nodeDevices, error) {
-	if c.backend != backendEBPF || f.tcAttach == tcAttachNone {
+	if c.backend != backendEBPF || f.ebpf.tcAttach == tcAttachNone {
 		return nil, nil
 	}
-	follower, err := nodeaddrs.New(f.hostNetNS, f.devices, log)
+	follower, err := nodeaddrs.New(f.hostNetNS, f.ebpf.devices, log)
 	if err != nil {
 		return nil, err
 	}
@@ -40,11 +40,11 @@ func newNodeDevices(f *runFlags, c choice, log *zap.Logger) (*nodeDevices, error
 		follower.Close()
 		return nil, fmt.Errorf("find the node's devices for the tc programs (or name them with --devices): %w", err)
 	}
-	if len(f.devices) == 0 {
+	if len(f.ebpf.devices) == 0 {
 		log.Info("tc programs go to the devices that carry node addresses (--devices names others)",
 			zap.Strings("devices", initial.DeviceNames()), zap.Stringers("addresses", initial.Addrs))
 		// Load attaches to these.
-		f.detectedDevices = initial.DeviceNames()
+		f.ebpf.detectedDevices = initial.DeviceNames()
 	}
 	return &nodeDevices{follower: follower, initial: initial}, nil
 }

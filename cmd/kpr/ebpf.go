@@ -1,18 +1,157 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/dataplane/leftovers"
 	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/ebpfplane/sockterm"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/maps/maglev"
 	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/netnsexec"
 )
+
+// ebpfMode is the eBPF mode's row of the mode table.
+var ebpfMode = mode{
+	backend:    backendEBPF,
+	addFlags:   func(fl *pflag.FlagSet, f *runFlags) { addEBPFFlags(fl, &f.ebpf) },
+	checkFlags: func(f *runFlags) error { _, err := f.tcOptions(); return err },
+	addCleanupFlags: func(fl *pflag.FlagSet, f *runFlags) {
+		fl.StringVar(&f.ebpf.cgroupRoot, "cgroup-root", "", "cgroup v2 directory the programs were attached to (default: the cgroup2 root)")
+		fl.StringSliceVar(&f.ebpf.devices, "devices", nil, "devices to remove kpr's clsact tc filters (kernels without tcx) from, with the qdisc kpr added; "+
+			"empty means every device of --host-netns; tcx links go with the pins either way")
+	},
+	probe:      probeEBPF,
+	require:    loader.Report.RequireSocketLB,
+	requested:  "--mode ebpf asked for it, and the kernel has every feature it needs",
+	refused:    "on this node run kpr with --mode iptables, or --mode auto to fall back by itself",
+	probeNotes: printEBPFProbeNotes,
+	build: func(_ context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
+		return newEBPFDataplane(g, f, m, log)
+	},
+	leftovers: modeLeftovers{
+		remove:  func(at dataplaneAt) (leftovers.Removed, error) { return loader.RemoveLeftovers(at.bpfRoot) },
+		state:   "any pinned programs and maps of an earlier eBPF-mode kpr",
+		removed: func(_ int, at dataplaneAt) string { return "removed kpr dataplane pinned under " + at.bpfRoot },
+		sweep:   sweepEBPF,
+	},
+	inspect:  func(at dataplaneAt) (dataplane.Inspector, error) { return ebpfplane.OpenInspector(at.bpfRoot) },
+	attached: func(at dataplaneAt) dataplane.Inspection { return ebpfplane.InspectLinks(at.bpfRoot, at.run.hostNetNS) },
+	commands: func(g *globalFlags) []*cobra.Command { return []*cobra.Command{newDumpCommand(g), newTraceCommand(g)} },
+}
+
+// probeEBPF probes the kernel's features as loader.Load will find them.
+// Load mounts cgroup2 when none is mounted and --cgroup-root is empty, and
+// only then probes; so does `kpr run` here, or a node that boots without
+// cgroup2 would be told that its kernel lacks bpf_link for cgroup
+// programs. (Load probes again on its own; a probe takes milliseconds.)
+// Failing to mount it is fatal to `kpr run`: the eBPF mode needs it, and
+// --mode auto could not tell a kernel without the features from a node
+// not yet prepared.
+func probeEBPF(r *kernelReport, run *runFlags) error {
+	if run != nil && run.ebpf.cgroupRoot == "" {
+		if _, err := loader.EnsureCgroup2(); err != nil {
+			return err
+		}
+	}
+	p := loader.Probe()
+	r.Kernel = p.Kernel
+	r.Features = append(r.Features, p.Features...)
+	return nil
+}
+
+// sweepEBPF is the eBPF mode's part of `kpr cleanup` beyond its pins. The
+// tcx links went with the pins; clsact filters are found on the devices
+// themselves: the named ones, or every device of the node, since kpr run
+// may have picked them itself. Only kpr's own filters (and a qdisc left
+// empty by them) go. Then programs whose pins were lost, which still
+// translate, are found through the cgroup itself.
+func sweepEBPF(at dataplaneAt, out func(line string)) error {
+	devices := at.run.ebpf.devices
+	where := "every device"
+	if len(devices) > 0 {
+		where = strings.Join(devices, ",")
+	}
+	removeTC := func() error { return loader.CleanupTC(at.bpfRoot, devices) }
+	var err error
+	if at.run.hostNetNS != "" {
+		err = netnsexec.InPath(at.run.hostNetNS, removeTC)
+	} else {
+		err = removeTC()
+	}
+	if err != nil {
+		return fmt.Errorf("remove kpr's tc programs from %s: %w", where, err)
+	}
+	cgroupRoot := at.run.ebpf.cgroupRoot
+	if cgroupRoot == "" {
+		root, err := loader.FindCgroup2Mount()
+		if err != nil || root == "" {
+			return err
+		}
+		cgroupRoot = root
+	}
+	detached, err := loader.DetachCgroup(cgroupRoot)
+	if detached > 0 {
+		out(fmt.Sprintf("detached %d unpinned kpr programs from %s", detached, cgroupRoot))
+	}
+	return err
+}
+
+// ebpfFlags are the settings of the eBPF mode.
+type ebpfFlags struct {
+	cgroupRoot string
+	sizes      loader.MapSizes
+	// The packet-level programs for traffic from other machines.
+	devices   []string
+	tcAttach  string
+	conntrack loader.ConntrackTimeouts
+	snatPorts string
+	// How the tc programs pick the backend of a new flow.
+	lbAlgorithm     string
+	maglevTableSize uint32
+
+	// detectedDevices are the devices the nodeaddrs rule picked at start,
+	// without --devices (devices.go).
+	detectedDevices []string
+}
+
+func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
+	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
+	fl.Uint32Var(&f.sizes.Services, "map-size-services", 0, "entries of the service map (frontends plus backend slots); 0 keeps the default 262144")
+	fl.Uint32Var(&f.sizes.Backends, "map-size-backends", 0, "entries of the backend map; 0 keeps the default 131072")
+	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend); 0 keeps the default 131072")
+	fl.Uint32Var(&f.sizes.SockRev, "map-size-sockrev", 0, "entries of the per-socket reverse map (LRU); 0 keeps the default 131072")
+	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
+	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map (LRU, two per flow); 0 keeps the default 131072")
+	fl.StringSliceVar(&f.devices, "devices", nil, "network devices (of --host-netns) whose traffic from other machines to NodePorts, ExternalIPs and "+
+		"LoadBalancer IPs kpr translates per packet (tc programs); empty means every device that carries a node address, "+
+		"skipping loopback, down, bridge, tunnel and pod devices, followed while kpr runs (docs/tc-dataplane.md)")
+	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to the devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, clsact, "+
+		"or none (no tc programs: traffic from other machines is not served)")
+	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps 61000-65535")
+	fl.StringVar(&f.lbAlgorithm, "lb-algorithm", lbRandom, "how the tc programs pick the backend of a new flow from outside: random (a hash of the flow over the backends), "+
+		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
+	fl.Uint32Var(&f.maglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "slots of each Service's Maglev table (--lb-algorithm maglev): a prime, "+
+		"at least 100 times the backends of the largest Service for even shares, the same on every node; each table takes 4 bytes a slot")
+	fl.DurationVar(&f.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", 0, "lifetime of an answered TCP flow in the tc programs' conntrack; 0 keeps 24h, as kube-proxy sets it")
+	fl.DurationVar(&f.conntrack.TCPSyn, "conntrack-tcp-timeout-syn", 0, "lifetime of a TCP flow whose SYN got no answer yet; 0 keeps 2m (netfilter's SYN_SENT)")
+	fl.DurationVar(&f.conntrack.TCPFin, "conntrack-tcp-timeout-fin", 0, "lifetime of a TCP flow after a FIN; 0 keeps 2m (netfilter's TIME_WAIT)")
+	fl.DurationVar(&f.conntrack.TCPRst, "conntrack-tcp-timeout-rst", 0, "lifetime of a TCP flow after a RST; 0 keeps 10s (netfilter's CLOSE)")
+	fl.DurationVar(&f.conntrack.UDP, "conntrack-udp-timeout", 0, "lifetime of a UDP flow without an answer; 0 keeps 30s (netfilter's udp_timeout)")
+	fl.DurationVar(&f.conntrack.UDPStream, "conntrack-udp-timeout-stream", 0, "lifetime of an answered UDP flow; 0 keeps 2m (netfilter's udp_timeout_stream)")
+}
 
 // newEBPFDataplane loads kpr's BPF programs, or adopts the pinned ones, and
 // builds the eBPF backend over their maps, with UDP socket termination
@@ -22,7 +161,7 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	if err != nil {
 		return builtDataplane{}, err
 	}
-	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.cgroupRoot, HostNetNS: f.hostNetNS, Sizes: f.sizes, TC: tc, Log: log})
+	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.ebpf.cgroupRoot, HostNetNS: f.hostNetNS, Sizes: f.ebpf.sizes, TC: tc, Log: log})
 	if err != nil {
 		return builtDataplane{}, err
 	}
@@ -38,7 +177,7 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 		log.Warn("--masquerade-all has no effect in the eBPF mode: the socket hooks translate without SNAT, and the tc programs SNAT only flows to backends on other nodes")
 	}
 	plane := ebpfplane.New(lb, log.Named("dataplane"))
-	if err := setLBAlgorithm(f, plane, lb, loaded, log); err != nil {
+	if err := setLBAlgorithm(&f.ebpf, plane, lb, loaded, log); err != nil {
 		loaded.Close()
 		return builtDataplane{}, err
 	}
@@ -77,4 +216,134 @@ func (c countingTerminator) Terminate(removed []dataplane.RemovedBackend) (int, 
 	n, err := c.SocketTerminator.Terminate(removed)
 	c.destroyed.Add(float64(n))
 	return n, err
+}
+
+// tcOptions are the tc programs' options from the flags, nil without
+// --devices.
+func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
+	if err := f.ebpf.checkLBAlgorithm(); err != nil {
+		return nil, err
+	}
+	if f.ebpf.tcAttach == tcAttachNone {
+		if len(f.ebpf.devices) > 0 {
+			return nil, fmt.Errorf("--devices %s names devices for the tc programs, which --tc-attach none leaves out: drop one of them",
+				strings.Join(f.ebpf.devices, ","))
+		}
+		return nil, nil
+	}
+	devices := f.ebpf.devices
+	if len(devices) == 0 {
+		devices = f.ebpf.detectedDevices
+	}
+	// The devices are the node's own: in --host-netns where it is given.
+	opts := &loader.TCOptions{Devices: devices, NetNS: f.hostNetNS, Timeouts: f.ebpf.conntrack, MaglevTableSize: f.ebpf.maglevTableSize}
+	switch f.ebpf.tcAttach {
+	case "auto":
+		opts.Mode = loader.TCAttachAuto
+	case "tcx":
+		opts.Mode = loader.TCAttachTCX
+	case "clsact":
+		opts.Mode = loader.TCAttachLegacy
+	default:
+		return nil, fmt.Errorf("--tc-attach %q: give auto, tcx, clsact or none", f.ebpf.tcAttach)
+	}
+	if f.ebpf.snatPorts != "" {
+		var first, last uint16
+		if _, err := fmt.Sscanf(f.ebpf.snatPorts, "%d-%d", &first, &last); err != nil {
+			return nil, fmt.Errorf("--snat-port-range %q: give FIRST-LAST, such as 61000-65535", f.ebpf.snatPorts)
+		}
+		opts.SNATPorts = [2]uint16{first, last}
+	}
+	return opts, nil
+}
+
+// The values of --lb-algorithm.
+const (
+	lbRandom = "random"
+	lbMaglev = "maglev"
+)
+
+func (f *ebpfFlags) checkLBAlgorithm() error {
+	switch f.lbAlgorithm {
+	case lbRandom, "": // "": runFlags not filled by the flag set
+		return nil
+	case lbMaglev:
+	default:
+		return fmt.Errorf("--lb-algorithm %q: give random or maglev", f.lbAlgorithm)
+	}
+	if f.tcAttach == tcAttachNone {
+		return errors.New("--lb-algorithm maglev picks backends in the tc programs, for traffic from outside, which --tc-attach none leaves out: drop one of them")
+	}
+	if err := maglev.ValidateTableSize(f.maglevTableSize); err != nil {
+		return fmt.Errorf("--maglev-table-size: %w", err)
+	}
+	return nil
+}
+
+// setLBAlgorithm makes the eBPF backend write Maglev tables for
+// --lb-algorithm maglev, or, for random, removes the tables an earlier kpr
+// with maglev left in the pinned map, which the programs would go on using.
+func setLBAlgorithm(f *ebpfFlags, plane *ebpfplane.Plane, lb *maps.LB, loaded *loader.Loaded, log *zap.Logger) error {
+	if f.lbAlgorithm != lbMaglev {
+		n, err := maps.RemoveMaglevTables(loaded.Maps.KprMaglev)
+		if n > 0 {
+			log.Info("removed the Maglev tables of an earlier kpr: --lb-algorithm is random", zap.Int("tables", n))
+		}
+		return err
+	}
+	mg, err := maps.NewMaglev(lb, loaded.Maps.KprMaglev, f.maglevTableSize)
+	if err != nil {
+		return err
+	}
+	plane.SetMaglev(mg)
+	log.Info("new flows from outside pick backends by Maglev consistent hashing", zap.Uint32("tableSize", f.maglevTableSize))
+	return nil
+}
+
+// printEBPFProbeNotes says what the eBPF dataplane does on the probed
+// kernel, where it runs without some feature.
+func printEBPFProbeNotes(out io.Writer, report kernelReport) {
+	if !report.Has(loader.FeatureSetRetval) {
+		fmt.Fprintln(out, "Connects to a Service without endpoints fail with EPERM (no bpf_set_retval).")
+	} else {
+		fmt.Fprintln(out, "Connects to a Service without endpoints fail with ECONNREFUSED.")
+	}
+	if report.Has(loader.FeatureUDPSockTerm) {
+		fmt.Fprintln(out, "Connected UDP sockets of a removed backend are destroyed, so clients reconnect.")
+	} else {
+		fmt.Fprintln(out, "Connected UDP sockets of a removed backend keep sending to it (needs Linux 6.5+).")
+	}
+	printTCSummary(out, report)
+}
+
+// tcAttachOf is what --tc-attach auto picks on the probed kernel.
+func tcAttachOf(r kernelReport) string {
+	for _, need := range []string{loader.FeatureFibLookup, loader.FeatureRedirect, loader.FeatureRedirectNeigh} {
+		if !r.Has(need) {
+			return ""
+		}
+	}
+	switch {
+	case r.Has(loader.FeatureTCX):
+		return loader.TCAttachTCX.String()
+	case r.Has(loader.FeatureClsact):
+		return loader.TCAttachLegacy.String()
+	}
+	return ""
+}
+
+// printTCSummary says what the tc programs, which serve traffic from other
+// machines, can do here.
+func printTCSummary(out io.Writer, r kernelReport) {
+	mode := tcAttachOf(r)
+	if mode == "" {
+		fmt.Fprintln(out, "The tc programs cannot run: NodePorts, ExternalIPs and LoadBalancer IPs are not served to other machines.")
+		return
+	}
+	fmt.Fprintf(out, "The tc programs attach with %s.\n", mode)
+	if r.Has(loader.FeatureFibLookupSrc) {
+		fmt.Fprintln(out, "Flows to a backend on another node are SNATed to this node's address.")
+	} else {
+		fmt.Fprintln(out, "Flows to a backend on another node are not SNATed (needs Linux 6.7+).")
+	}
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
 // explainFlags are the flags of `kpr explain`: the ones of `kpr run` that
@@ -51,12 +50,9 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cidrs, err := f.run.clusterCIDRs()
-			if err != nil {
-				return err
-			}
-			at := dataplaneAt{bpfRoot: g.bpfRoot, hostNetNS: f.run.hostNetNS,
-				masquerade: netfilter.Masquerade{All: f.run.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}}
+			// The modes' rows read what they need of the daemon's
+			// settings from the flags explain shares with kpr run.
+			at := dataplaneAt{bpfRoot: g.bpfRoot, run: f.run}
 			res, err := explain(cmd.Context(), client, at, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
 			if err != nil {
 				return err
@@ -110,15 +106,6 @@ func (o explainOutput) MarshalJSON() ([]byte, error) {
 		held = append(held, *o.Held)
 	}
 	return marshalWithInspections(fields(o), held)
-}
-
-// dataplaneAt is where the daemon's dataplane is: its pins, and the
-// network namespace whose tables its netfilter modes program.
-type dataplaneAt struct {
-	bpfRoot, hostNetNS string
-	// masquerade is the daemon's --masquerade-all and --cluster-cidr,
-	// which the iptables mode's rules follow.
-	masquerade netfilter.Masquerade
 }
 
 // target is what the user asked about: a Service (and maybe one port) or

@@ -7,10 +7,61 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/dataplane/leftovers"
 	"github.com/kpr-io/kpr/iptables-compat/ipvs"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/netnsexec"
 )
+
+// ipvsMode is the IPVS mode's row of the mode table.
+var ipvsMode = mode{
+	backend:   backendIPVS,
+	fallback:  true,
+	addFlags:  func(fl *pflag.FlagSet, f *runFlags) { addIPVSFlags(fl, &f.ipvs) },
+	probe:     probeIPVS,
+	require:   requireIPVS,
+	requested: "--mode ipvs asked for it; it needs no eBPF feature, and the kernel has IPVS",
+	refused:   "on this node run kpr with --mode iptables, or --mode auto",
+	build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
+		return newIPVSDataplane(ctx, g, f, log)
+	},
+	leftovers: modeLeftovers{
+		remove: func(at dataplaneAt) (leftovers.Removed, error) {
+			return ipvs.RemoveLeftovers(at.bpfRoot, at.run.hostNetNS, netfilter.RunnerIn(context.Background(), at.run.hostNetNS))
+		},
+		state:      "the IPVS state an earlier IPVS-mode kpr left",
+		countField: "virtualServers",
+		removed: func(n int, _ dataplaneAt) string {
+			return fmt.Sprintf("removed %d kpr IPVS virtual servers, the %s interface, kpr's ipsets and KPR-IPVS chains", n, ipvs.DeviceName)
+		},
+	},
+	inspect: func(at dataplaneAt) (dataplane.Inspector, error) {
+		return ipvs.OpenInspector(at.bpfRoot, at.run.hostNetNS, netfilter.RunnerIn(context.Background(), at.run.hostNetNS))
+	},
+}
+
+// probeIPVS adds whether the kernel has IPVS, which the mode needs (asked
+// in kpr's own network namespace).
+func probeIPVS(r *kernelReport, _ *runFlags) error {
+	r.Add(netfilter.IPVSFeature, "--mode ipvs and --fallback-mode ipvs cannot run", netfilter.IPVSAvailable(""))
+	return nil
+}
+
+// requireIPVS says what the IPVS dataplane lacks on the probed kernel.
+func requireIPVS(report kernelReport) error {
+	if report.Has(netfilter.IPVSFeature) {
+		return nil
+	}
+	why := "not probed"
+	for _, f := range report.Features {
+		if f.Name == netfilter.IPVSFeature {
+			why = f.Error
+		}
+	}
+	return fmt.Errorf("kernel %s has no IPVS (%s)", report.Kernel, why)
+}
 
 // ipvsFlags are the settings of --mode ipvs.
 type ipvsFlags struct {
@@ -38,7 +89,7 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 		k.Close()
 		return builtDataplane{}, fmt.Errorf("--mode ipvs needs iptables for masquerade and source ranges: %w", err)
 	}
-	cidrs, err := f.clusterCIDRs()
+	masq, err := f.masquerade()
 	if err != nil {
 		k.Close()
 		return builtDataplane{}, err
@@ -59,7 +110,7 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 		log.Warn("Switching this node to another mode later will leave kpr's IPVS state", zap.Error(err))
 	}
 	plane, err := ipvs.New(ipvs.Options{Kernel: k, Runner: run, Families: fams, Scheduler: f.ipvs.scheduler,
-		Masquerade: netfilter.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}, Conntrack: conntrack, Log: log})
+		Masquerade: masq, Conntrack: conntrack, Log: log})
 	if err != nil {
 		k.Close()
 		return builtDataplane{}, err

@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/klog/v2"
 
-	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/dataplane/leftovers"
 )
 
 // globalFlags are shared by every subcommand.
@@ -39,11 +39,17 @@ func newRootCommandFor(g *globalFlags, f *runFlags) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.PersistentFlags().StringVar(&g.bpfRoot, "bpf-root", loader.DefaultBPFRoot, "bpffs directory holding kpr's pinned maps and links")
+	// The default is the leftovers' root, not the eBPF loader's: every
+	// mode records its writes under it (dataplane/leftovers).
+	root.PersistentFlags().StringVar(&g.bpfRoot, "bpf-root", leftovers.DefaultRoot, "bpffs directory holding kpr's pinned maps and links")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "json", "log format: json or console")
-	root.AddCommand(newRunCommand(g, f), newDumpCommand(g), newProbeCommand(), newCleanupCommand(g),
-		newStatusCommand(g), newExplainCommand(g), newTraceCommand(g))
+	root.AddCommand(newRunCommand(g, f), newProbeCommand(), newCleanupCommand(g), newStatusCommand(g), newExplainCommand(g))
+	for _, m := range modes {
+		if m.commands != nil {
+			root.AddCommand(m.commands(g)...)
+		}
+	}
 	return root
 }
 

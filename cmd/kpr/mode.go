@@ -7,11 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter"
-	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/metrics"
-	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // backend names one dataplane implementation. The name is what /proxyMode
@@ -68,7 +64,7 @@ type choice struct {
 // back. --mode ipvs, and auto with --fallback-mode ipvs where it falls
 // back, need IPVS in the kernel: a node where the mode picked cannot
 // serve Services refuses to start.
-func chooseDataplane(mode, fallback string, report loader.Report) (choice, error) {
+func chooseDataplane(mode, fallback string, report kernelReport) (choice, error) {
 	fb, err := fallbackMode(fallback)
 	if err != nil {
 		return choice{}, err
@@ -96,28 +92,6 @@ func chooseDataplane(mode, fallback string, report loader.Report) (choice, error
 		}
 	}
 	return choice{m.backend, causeRequested, m.requested}, nil
-}
-
-// probeFeatures is what the kernel supports of what any mode needs: the
-// eBPF dataplane's features, which loader probes, and IPVS.
-func probeFeatures() loader.Report {
-	r := loader.Probe()
-	r.Add(netfilter.IPVSFeature, "--mode ipvs and --fallback-mode ipvs cannot run", netfilter.IPVSAvailable(""))
-	return r
-}
-
-// requireIPVS says what the IPVS dataplane lacks on the probed kernel.
-func requireIPVS(report loader.Report) error {
-	if report.Has(netfilter.IPVSFeature) {
-		return nil
-	}
-	why := "not probed"
-	for _, f := range report.Features {
-		if f.Name == netfilter.IPVSFeature {
-			why = f.Error
-		}
-	}
-	return fmt.Errorf("kernel %s has no IPVS (%s)", report.Kernel, why)
 }
 
 // fallbackMode checks --fallback-mode. It is checked whatever --mode is,
@@ -151,46 +125,6 @@ func newDataplane(ctx context.Context, c choice, g *globalFlags, f *runFlags, m 
 	}
 	// chooseDataplane only picks backends of the mode table.
 	return builtDataplane{}, fmt.Errorf("dataplane %q has no row in the mode table of this build: chooseDataplane and newDataplane disagree; report this as a kpr bug", c.backend)
-}
-
-// newIPTablesDataplane programs the iptables of the node's network
-// namespace: --host-netns, or kpr's own (the node's, under the DaemonSet's
-// hostNetwork: true).
-func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
-	log = log.Named("dataplane")
-	run := netfilter.RunnerIn(ctx, f.hostNetNS)
-	opts, err := iptables.NodeOptions(run, log)
-	if err != nil {
-		return builtDataplane{}, err
-	}
-	if f.hostNetNS != "" {
-		opts.Conntrack = netfilter.ConntrackIn(f.hostNetNS)
-	}
-	cidrs, err := f.clusterCIDRs()
-	if err != nil {
-		return builtDataplane{}, err
-	}
-	opts.Masquerade = netfilter.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}
-	localhost := iptables.EnableLocalhostNodePorts
-	if f.hostNetNS != "" {
-		localhost = func() error { return netnsexec.InPath(f.hostNetNS, iptables.EnableLocalhostNodePorts) }
-	}
-	if err := localhost(); err != nil {
-		log.Warn("NodePorts on 127.0.0.1 will not be served", zap.Error(err))
-	}
-	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)
-	// Recorded before the first rule is written, so that an eBPF-mode kpr
-	// or `kpr cleanup` later removes the chains even if this one crashes.
-	if err := iptables.Record(g.bpfRoot, f.hostNetNS); err != nil {
-		log.Warn("Switching this node to the eBPF mode later will leave kpr's chains", zap.Error(err))
-	}
-	plane, err := iptables.New(opts)
-	if err != nil {
-		return builtDataplane{}, err
-	}
-	// The rules stay when kpr exits, as kube-proxy's do; the next kpr's
-	// first full sync takes them over.
-	return builtDataplane{plane: plane, close: func() error { return nil }}, nil
 }
 
 // logChoice logs the decision. A fallback is a warning: the node runs, but

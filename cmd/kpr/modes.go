@@ -3,38 +3,58 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/leftovers"
-	"github.com/kpr-io/kpr/ebpfplane"
-	"github.com/kpr-io/kpr/iptables-compat/iptables"
-	"github.com/kpr-io/kpr/iptables-compat/ipvs"
-	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/metrics"
 )
 
-// mode is one row of the mode table: all cmd/kpr knows of a backend
-// beyond its flags and its constructor. `kpr run` picks a row
+// mode is one row of the mode table: all cmd/kpr knows of a backend. Each
+// backend's row is in its own file here (ebpf.go, iptables.go, ipvs.go),
+// with its constructor, its flags and its probe; `kpr run` picks a row
 // (chooseDataplane) and builds it; the switch from another mode, `kpr
 // cleanup`, `kpr explain` and `kpr status` loop over the rows. A new
-// backend is a new folder and one row here.
+// backend is a new folder, and a new file here with one row, added to
+// modes.
 type mode struct {
 	backend backend
 	// fallback: --fallback-mode may name it, for nodes where eBPF
 	// cannot run.
 	fallback bool
+	// addFlags registers the mode's own flags of `kpr run` into its
+	// part of runFlags; nil for a mode without any.
+	addFlags func(fl *pflag.FlagSet, f *runFlags)
+	// addCleanupFlags, if set, registers the flags of `kpr cleanup` that
+	// say where its sweep looks, into the same fields as addFlags.
+	addCleanupFlags func(fl *pflag.FlagSet, f *runFlags)
+	// checkFlags, if set, checks the mode's flags. It runs whatever mode
+	// runs, so that a value that cannot work fails on every node alike,
+	// not only on the nodes that happen to run the mode.
+	checkFlags func(f *runFlags) error
+	// probe adds what the kernel has of the features the mode needs to
+	// the report; nil for a mode that needs none the kernel can be asked
+	// about. run is nil for the operators' commands; for `kpr run` it is
+	// the daemon's flags, so that the probe sees the node as the
+	// constructor will (the eBPF mode mounts cgroup2 first).
+	probe func(r *kernelReport, run *runFlags) error
 	// require says what the probed kernel lacks for the mode; nil means
 	// it needs no feature the probe knows (its binaries are found when
 	// it is built).
-	require func(loader.Report) error
+	require func(kernelReport) error
 	// requested is the reason logged when --mode names the mode and the
 	// kernel has what it needs; refused follows the error when it does
 	// not, saying what to run instead.
 	requested, refused string
+	// probeNotes, if set, tells `kpr probe`'s reader what the mode does
+	// on the probed kernel when --mode auto would run it.
+	probeNotes func(out io.Writer, r kernelReport)
 	// build constructs the backend. ctx ends the backend's commands
 	// (iptables-restore and the like), so that kpr run exits on SIGTERM
 	// without waiting for a long one.
@@ -44,15 +64,41 @@ type mode struct {
 	// inspect reads what the mode holds on the node, for explain and
 	// status; the error says why there is nothing of the mode's there.
 	inspect func(at dataplaneAt) (dataplane.Inspector, error)
+	// commands, if set, are operator commands of the mode's own, which
+	// read its state in its own terms (the eBPF mode's dump and trace,
+	// in ebpf_*.go).
+	commands func(g *globalFlags) []*cobra.Command
+	// attached, if set, reads what the mode keeps hooked into the
+	// kernel (the eBPF mode's pinned links), which `kpr status` shows
+	// whichever mode's state it reads: a hook outlives the tables it
+	// reads, and one an earlier mode left still acts.
+	attached func(at dataplaneAt) dataplane.Inspection
+}
+
+// kernelReport is the kernel probe's report, the mode table's input: the
+// features each mode's probe found (loader probes the eBPF ones).
+type kernelReport = loader.Report
+
+// dataplaneAt is where the daemon's state is on the node, for the code
+// that reads or removes it apart from the daemon: the pins and records
+// under --bpf-root, and the settings of `kpr run` that say where else it
+// wrote, as far as the command at hand takes them: --host-netns (the
+// network namespace of the netfilter modes' tables and of the tc
+// devices), and what a mode's row reads of its own (the eBPF mode's
+// --devices and --cgroup-root for `kpr cleanup`; the iptables mode's
+// --masquerade-all and --cluster-cidr for `kpr explain`).
+type dataplaneAt struct {
+	bpfRoot string
+	run     runFlags
 }
 
 // modeLeftovers is how a mode's state goes once another mode serves, or
 // at `kpr cleanup`.
 type modeLeftovers struct {
-	// remove removes the mode's state from the node, its pins under
-	// bpfRoot and its records there of the network namespace at
-	// netnsPath.
-	remove func(bpfRoot, netnsPath string) (leftovers.Removed, error)
+	// remove removes the mode's state from the node: its pins and its
+	// records under at.bpfRoot, and what those name in the network
+	// namespace at.run.hostNetNS.
+	remove func(at dataplaneAt) (leftovers.Removed, error)
 	// state names it in the log: "the chains an earlier iptables-mode
 	// kpr left".
 	state string
@@ -60,71 +106,20 @@ type modeLeftovers struct {
 	// does not count.
 	countField string
 	// removed is `kpr cleanup`'s line for it.
-	removed func(count int, bpfRoot string) string
+	removed func(count int, at dataplaneAt) string
+	// sweep, if set, is `kpr cleanup`'s search, after every mode's
+	// remove, for state of the mode that its records no longer name (the
+	// eBPF mode's clsact filters on the devices, and programs whose pins
+	// were lost); it says what it found on out. The mode switch leaves
+	// it out: it removes only what the records name.
+	sweep func(at dataplaneAt, out func(line string)) error
 }
 
 // modes are the backends of this build, in the order explain and status
 // look for their state (the eBPF mode's pins first: a kpr that switched
-// to it has them before it removed the other modes' state).
-var modes = []mode{
-	{
-		backend:   backendEBPF,
-		require:   loader.Report.RequireSocketLB,
-		requested: "--mode ebpf asked for it, and the kernel has every feature it needs",
-		refused:   "on this node run kpr with --mode iptables, or --mode auto to fall back by itself",
-		build: func(_ context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
-			return newEBPFDataplane(g, f, m, log)
-		},
-		leftovers: modeLeftovers{
-			remove:  func(bpfRoot, _ string) (leftovers.Removed, error) { return loader.RemoveLeftovers(bpfRoot) },
-			state:   "any pinned programs and maps of an earlier eBPF-mode kpr",
-			removed: func(_ int, bpfRoot string) string { return "removed kpr dataplane pinned under " + bpfRoot },
-		},
-		inspect: func(at dataplaneAt) (dataplane.Inspector, error) { return ebpfplane.OpenInspector(at.bpfRoot) },
-	},
-	{
-		backend:   backendIPTables,
-		fallback:  true,
-		requested: "--mode iptables asked for it; it needs no eBPF feature",
-		build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
-			return newIPTablesDataplane(ctx, g, f, log)
-		},
-		leftovers: modeLeftovers{
-			remove: func(bpfRoot, netnsPath string) (leftovers.Removed, error) {
-				return iptables.RemoveLeftovers(bpfRoot, netnsPath, netfilter.RunnerIn(context.Background(), netnsPath))
-			},
-			state:      "the chains an earlier iptables-mode kpr left",
-			countField: "chains",
-			removed:    func(n int, _ string) string { return fmt.Sprintf("removed %d kpr iptables chains", n) },
-		},
-		inspect: func(at dataplaneAt) (dataplane.Inspector, error) {
-			return iptables.OpenInspector(at.bpfRoot, at.hostNetNS, netfilter.RunnerIn(context.Background(), at.hostNetNS), at.masquerade)
-		},
-	},
-	{
-		backend:   backendIPVS,
-		fallback:  true,
-		require:   requireIPVS,
-		requested: "--mode ipvs asked for it; it needs no eBPF feature, and the kernel has IPVS",
-		refused:   "on this node run kpr with --mode iptables, or --mode auto",
-		build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
-			return newIPVSDataplane(ctx, g, f, log)
-		},
-		leftovers: modeLeftovers{
-			remove: func(bpfRoot, netnsPath string) (leftovers.Removed, error) {
-				return ipvs.RemoveLeftovers(bpfRoot, netnsPath, netfilter.RunnerIn(context.Background(), netnsPath))
-			},
-			state:      "the IPVS state an earlier IPVS-mode kpr left",
-			countField: "virtualServers",
-			removed: func(n int, _ string) string {
-				return fmt.Sprintf("removed %d kpr IPVS virtual servers, the %s interface, kpr's ipsets and KPR-IPVS chains", n, ipvs.DeviceName)
-			},
-		},
-		inspect: func(at dataplaneAt) (dataplane.Inspector, error) {
-			return ipvs.OpenInspector(at.bpfRoot, at.hostNetNS, netfilter.RunnerIn(context.Background(), at.hostNetNS))
-		},
-	},
-}
+// to it has them before it removed the other modes' state). Each row is in
+// the backend's file.
+var modes = []mode{ebpfMode, iptablesMode, ipvsMode}
 
 // modeOf is the row of backend b; nil if this build has none.
 func modeOf(b backend) *mode {
@@ -157,7 +152,7 @@ func modeNames(fallbackOnly bool, extra ...string) string {
 // switch go on through the state it leaves in the kernel (conntrack
 // entries, translated sockets). Failures are logged, never fatal: the old
 // state does no harm to the new mode's correctness.
-func removePreviousModeState(firstSync <-chan struct{}, done <-chan struct{}, b backend, bpfRoot, netnsPath string, log *zap.Logger) {
+func removePreviousModeState(firstSync <-chan struct{}, done <-chan struct{}, b backend, at dataplaneAt, log *zap.Logger) {
 	select {
 	case <-firstSync:
 	case <-done:
@@ -168,31 +163,93 @@ func removePreviousModeState(firstSync <-chan struct{}, done <-chan struct{}, b 
 			continue
 		}
 		l := m.leftovers
-		removed, err := l.remove(bpfRoot, netnsPath)
+		removed, err := l.remove(at)
 		switch {
 		case err != nil:
 			log.Warn("Could not remove "+l.state, zap.Error(err))
 		case removed.Found && l.countField != "":
 			log.Info("Removed "+l.state, zap.Int(l.countField, removed.Count))
 		case removed.Found:
-			log.Info("Removed "+l.state, zap.String("bpfRoot", bpfRoot))
+			log.Info("Removed "+l.state, zap.String("bpfRoot", at.bpfRoot))
 		}
 	}
 }
 
 // removeEveryModeState is `kpr cleanup`'s part for the modes: each mode's
 // state goes, and each that had some says so on out.
-func removeEveryModeState(out func(line string), bpfRoot, netnsPath string) error {
+func removeEveryModeState(out func(line string), at dataplaneAt) error {
 	for _, m := range modes {
-		removed, err := m.leftovers.remove(bpfRoot, netnsPath)
+		removed, err := m.leftovers.remove(at)
 		if err != nil {
 			return err
 		}
 		if removed.Found {
-			out(m.leftovers.removed(removed.Count, bpfRoot))
+			out(m.leftovers.removed(removed.Count, at))
 		}
 	}
 	return nil
+}
+
+// sweepEveryMode is the last part of `kpr cleanup`: each mode's search for
+// state its records no longer name.
+func sweepEveryMode(out func(line string), at dataplaneAt) error {
+	for _, m := range modes {
+		if m.leftovers.sweep == nil {
+			continue
+		}
+		if err := m.leftovers.sweep(at, out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkModeFlags checks every mode's flags (mode.checkFlags).
+func checkModeFlags(f *runFlags) error {
+	for _, m := range modes {
+		if m.checkFlags == nil {
+			continue
+		}
+		if err := m.checkFlags(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// probeKernel is what the kernel supports of what any mode needs: each
+// row's probe, in table order. run is `kpr run`'s flags, nil for the
+// operators' commands (see mode.probe).
+func probeKernel(run *runFlags) (kernelReport, error) {
+	var r kernelReport
+	for _, m := range modes {
+		if m.probe == nil {
+			continue
+		}
+		if err := m.probe(&r, run); err != nil {
+			return kernelReport{}, err
+		}
+	}
+	return r, nil
+}
+
+// probeFeatures is probeKernel for the operators' commands, which prepare
+// nothing, so that nothing fails.
+func probeFeatures() kernelReport {
+	r, _ := probeKernel(nil)
+	return r
+}
+
+// attachedEverywhere is what every mode keeps hooked into the kernel, for
+// `kpr status`.
+func attachedEverywhere(at dataplaneAt) []dataplane.Inspection {
+	var out []dataplane.Inspection
+	for _, m := range modes {
+		if m.attached != nil {
+			out = append(out, m.attached(at))
+		}
+	}
+	return out
 }
 
 // inspectDataplane opens the Inspector of the first mode whose state is on

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -53,13 +55,13 @@ func fakeModes(t *testing.T, rows ...mode) {
 
 func leftoverRow(b backend, calls *[]string, removed leftovers.Removed, err error) mode {
 	return mode{backend: b, leftovers: modeLeftovers{
-		remove: func(bpfRoot, netnsPath string) (leftovers.Removed, error) {
-			*calls = append(*calls, string(b)+" "+bpfRoot+" "+netnsPath)
+		remove: func(at dataplaneAt) (leftovers.Removed, error) {
+			*calls = append(*calls, string(b)+" "+at.bpfRoot+" "+at.run.hostNetNS)
 			return removed, err
 		},
 		state:      "the state of " + string(b),
 		countField: "things",
-		removed:    func(n int, _ string) string { return "removed " + string(b) + " x" + strings.Repeat("I", n) },
+		removed:    func(n int, _ dataplaneAt) string { return "removed " + string(b) + " x" + strings.Repeat("I", n) },
 	}}
 }
 
@@ -77,7 +79,7 @@ func TestModeSwitchRemovesEveryOtherModesLeftovers(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	synced := make(chan struct{})
 	close(synced)
-	removePreviousModeState(synced, nil, "c", "/bpf", "/ns", zap.New(core))
+	removePreviousModeState(synced, nil, "c", dataplaneAt{bpfRoot: "/bpf", run: runFlags{hostNetNS: "/ns"}}, zap.New(core))
 	if got := strings.Join(calls, ","); got != "a /bpf /ns,b /bpf /ns,d /bpf /ns" {
 		t.Errorf("removed %q, want every mode but c's, in table order", got)
 	}
@@ -101,7 +103,7 @@ func TestModeSwitchWaitsForTheFirstSync(t *testing.T) {
 	fakeModes(t, leftoverRow("a", &calls, leftovers.Removed{Found: true}, nil))
 	done := make(chan struct{})
 	close(done)
-	removePreviousModeState(make(chan struct{}), done, "c", "/bpf", "", zap.NewNop())
+	removePreviousModeState(make(chan struct{}), done, "c", dataplaneAt{bpfRoot: "/bpf"}, zap.NewNop())
 	if len(calls) != 0 {
 		t.Errorf("removed %v before the first sync", calls)
 	}
@@ -116,7 +118,7 @@ func TestCleanupRemovesEveryModesState(t *testing.T) {
 		leftoverRow("b", &calls, leftovers.Removed{}, nil),
 		leftoverRow("c", &calls, leftovers.Removed{Found: true, Count: 1}, nil))
 	var out []string
-	if err := removeEveryModeState(func(l string) { out = append(out, l) }, "/bpf", ""); err != nil {
+	if err := removeEveryModeState(func(l string) { out = append(out, l) }, dataplaneAt{bpfRoot: "/bpf"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.Join(out, ","); got != "removed a xII,removed c xI" || len(calls) != 3 {
@@ -127,7 +129,7 @@ func TestCleanupRemovesEveryModesState(t *testing.T) {
 	fakeModes(t,
 		leftoverRow("a", &calls, leftovers.Removed{}, failed),
 		leftoverRow("b", &calls, leftovers.Removed{Found: true}, nil))
-	if err := removeEveryModeState(func(l string) { out = append(out, l) }, "/bpf", ""); !errors.Is(err, failed) || len(calls) != 1 {
+	if err := removeEveryModeState(func(l string) { out = append(out, l) }, dataplaneAt{bpfRoot: "/bpf"}); !errors.Is(err, failed) || len(calls) != 1 {
 		t.Errorf("cleanup with a failing mode = %v after %v; want the failure, and stopped", err, calls)
 	}
 }
@@ -191,7 +193,7 @@ func TestInspectionsGoThroughTheFirstModeFound(t *testing.T) {
 		t.Errorf("explain table ends %q, want %q", table.String(), want)
 	}
 
-	st := statusOutput{Links: nil}
+	st := statusOutput{}
 	st.Tables = in.InspectNode()
 	var b bytes.Buffer
 	writeStatus(&b, st, time.Time{})
@@ -213,5 +215,55 @@ func TestInspectionsGoThroughTheFirstModeFound(t *testing.T) {
 	err = compareDataplane(out, dataplaneAt{}, nil)
 	if err == nil || !strings.Contains(err.Error(), "a mode: ") || !strings.Contains(err.Error(), "--bpf-root and --host-netns") {
 		t.Errorf("without any mode's state: %v; want each mode's reason and the flags to check", err)
+	}
+}
+
+// Each row brings its own flags and commands: kpr run, kpr cleanup and
+// the root command get them through the table, not by name.
+func TestRowsBringTheirFlagsAndCommands(t *testing.T) {
+	root := newRootCommand()
+	find := func(name string) *cobra.Command {
+		for _, c := range root.Commands() {
+			if c.Name() == name {
+				return c
+			}
+		}
+		t.Fatalf("kpr has no %s command", name)
+		return nil
+	}
+	for _, name := range []string{"lb-algorithm", "map-size-services", "cgroup-root", "devices", "ipvs-scheduler"} {
+		if find("run").Flags().Lookup(name) == nil {
+			t.Errorf("kpr run lacks --%s", name)
+		}
+	}
+	for _, name := range []string{"cgroup-root", "devices", "host-netns"} {
+		if find("cleanup").Flags().Lookup(name) == nil {
+			t.Errorf("kpr cleanup lacks --%s", name)
+		}
+	}
+	find("dump")
+	find("trace")
+}
+
+// kpr status shows what every mode keeps attached, under the row's key,
+// with the row's line for none, whichever mode's state it reads.
+func TestStatusShowsWhatEveryModeKeepsAttached(t *testing.T) {
+	fakeModes(t,
+		mode{backend: "a", inspect: func(dataplaneAt) (dataplane.Inspector, error) { return nil, leftovers.ErrNotRecorded }, attached: func(at dataplaneAt) dataplane.Inspection {
+			return dataplane.Inspection{Key: "hooks", Title: "hooks under " + at.bpfRoot, Rows: []dataplane.InspectedRow{}, None: "(none)"}
+		}},
+		mode{backend: "b", inspect: func(dataplaneAt) (dataplane.Inspector, error) { return nil, leftovers.ErrNotRecorded }})
+	st := collectStatus(context.Background(), "/bpf", "127.0.0.1:1", "")
+	var b bytes.Buffer
+	writeStatus(&b, st, time.Time{})
+	if want := "\nhooks under /bpf:\n  (none)\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, b.String())
+	}
+	j, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(j), `"hooks":[]`) {
+		t.Errorf("status JSON %s: want the empty hooks under \"hooks\"", j)
 	}
 }

@@ -20,11 +20,7 @@ import (
 
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/desired"
-	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/health"
-	"github.com/kpr-io/kpr/loader"
-	"github.com/kpr-io/kpr/maps"
-	"github.com/kpr-io/kpr/maps/maglev"
 	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/watcher"
 )
@@ -33,7 +29,6 @@ type runFlags struct {
 	mode              string
 	kubeconfig        string
 	hostnameOverride  string
-	cgroupRoot        string
 	minSyncPeriod     time.Duration
 	syncPeriod        time.Duration
 	clusterCIDR       string
@@ -44,23 +39,12 @@ type runFlags struct {
 	healthCheckIP     string
 	metricsAddr       string
 	profiling         bool
-	sizes             loader.MapSizes
-	// The packet-level programs for traffic from other machines.
-	devices   []string
-	tcAttach  string
-	conntrack loader.ConntrackTimeouts
-	snatPorts string
-	// How the tc programs pick the backend of a new flow.
-	lbAlgorithm     string
-	maglevTableSize uint32
-	kubeProxy       kubeProxyFlags // compat.go
-	ipvs            ipvsFlags      // ipvs.go
+	kubeProxy         kubeProxyFlags // compat.go
+	// Each mode's own settings, registered by its file.
+	ebpf ebpfFlags // ebpf.go
+	ipvs ipvsFlags // ipvs.go
 
 	fallbackMode string
-
-	// detectedDevices are the devices the nodeaddrs rule picked at start,
-	// without --devices (devices.go).
-	detectedDevices []string
 }
 
 func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
@@ -99,7 +83,6 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	fl.StringVar(&f.fallbackMode, "fallback-mode", defaultFallback, "dataplane --mode auto runs where the eBPF one cannot run (`kpr probe` says why): iptables or ipvs")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster config")
 	fl.StringVar(&f.hostnameOverride, "hostname-override", "", "this node's name in the API; default: the hostname")
-	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
 	fl.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between two syncs; changes arriving meanwhile are coalesced")
 	fl.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "time between full reconciles of the maps against the API")
 	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDR(s), comma separated, at most one per family: the iptables and ipvs modes masquerade traffic to ClusterIPs from outside them, "+
@@ -114,113 +97,13 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	fl.StringVar(&f.healthCheckIP, "healthcheck-bind-ip", "", "address the healthCheckNodePorts of externalTrafficPolicy: Local Services listen on; empty means all addresses")
 	fl.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics and /proxyMode; empty disables")
 	fl.BoolVar(&f.profiling, "profiling", false, "serve Go's profiler on the metrics address under /debug/pprof/, as kube-proxy's --profiling does")
-	fl.Uint32Var(&f.sizes.Services, "map-size-services", 0, "entries of the service map (frontends plus backend slots); 0 keeps the default 262144")
-	fl.Uint32Var(&f.sizes.Backends, "map-size-backends", 0, "entries of the backend map; 0 keeps the default 131072")
-	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend); 0 keeps the default 131072")
-	fl.Uint32Var(&f.sizes.SockRev, "map-size-sockrev", 0, "entries of the per-socket reverse map (LRU); 0 keeps the default 131072")
-	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
-	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map (LRU, two per flow); 0 keeps the default 131072")
-	fl.StringSliceVar(&f.devices, "devices", nil, "network devices (of --host-netns) whose traffic from other machines to NodePorts, ExternalIPs and "+
-		"LoadBalancer IPs kpr translates per packet (tc programs); empty means every device that carries a node address, "+
-		"skipping loopback, down, bridge, tunnel and pod devices, followed while kpr runs (docs/tc-dataplane.md)")
-	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to the devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, clsact, "+
-		"or none (no tc programs: traffic from other machines is not served)")
-	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps 61000-65535")
-	fl.StringVar(&f.lbAlgorithm, "lb-algorithm", lbRandom, "how the tc programs pick the backend of a new flow from outside: random (a hash of the flow over the backends), "+
-		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
-	fl.Uint32Var(&f.maglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "slots of each Service's Maglev table (--lb-algorithm maglev): a prime, "+
-		"at least 100 times the backends of the largest Service for even shares, the same on every node; each table takes 4 bytes a slot")
-	fl.DurationVar(&f.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", 0, "lifetime of an answered TCP flow in the tc programs' conntrack; 0 keeps 24h, as kube-proxy sets it")
-	fl.DurationVar(&f.conntrack.TCPSyn, "conntrack-tcp-timeout-syn", 0, "lifetime of a TCP flow whose SYN got no answer yet; 0 keeps 2m (netfilter's SYN_SENT)")
-	fl.DurationVar(&f.conntrack.TCPFin, "conntrack-tcp-timeout-fin", 0, "lifetime of a TCP flow after a FIN; 0 keeps 2m (netfilter's TIME_WAIT)")
-	fl.DurationVar(&f.conntrack.TCPRst, "conntrack-tcp-timeout-rst", 0, "lifetime of a TCP flow after a RST; 0 keeps 10s (netfilter's CLOSE)")
-	fl.DurationVar(&f.conntrack.UDP, "conntrack-udp-timeout", 0, "lifetime of a UDP flow without an answer; 0 keeps 30s (netfilter's udp_timeout)")
-	fl.DurationVar(&f.conntrack.UDPStream, "conntrack-udp-timeout-stream", 0, "lifetime of an answered UDP flow; 0 keeps 2m (netfilter's udp_timeout_stream)")
 	addKubeProxyFlags(fl, &f.kubeProxy)
-	addIPVSFlags(fl, &f.ipvs)
+	for _, m := range modes {
+		if m.addFlags != nil {
+			m.addFlags(fl, f)
+		}
+	}
 	return cmd
-}
-
-// tcOptions are the tc programs' options from the flags, nil without
-// --devices.
-func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
-	if err := f.checkLBAlgorithm(); err != nil {
-		return nil, err
-	}
-	if f.tcAttach == tcAttachNone {
-		if len(f.devices) > 0 {
-			return nil, fmt.Errorf("--devices %s names devices for the tc programs, which --tc-attach none leaves out: drop one of them",
-				strings.Join(f.devices, ","))
-		}
-		return nil, nil
-	}
-	devices := f.devices
-	if len(devices) == 0 {
-		devices = f.detectedDevices
-	}
-	// The devices are the node's own: in --host-netns where it is given.
-	opts := &loader.TCOptions{Devices: devices, NetNS: f.hostNetNS, Timeouts: f.conntrack, MaglevTableSize: f.maglevTableSize}
-	switch f.tcAttach {
-	case "auto":
-		opts.Mode = loader.TCAttachAuto
-	case "tcx":
-		opts.Mode = loader.TCAttachTCX
-	case "clsact":
-		opts.Mode = loader.TCAttachLegacy
-	default:
-		return nil, fmt.Errorf("--tc-attach %q: give auto, tcx, clsact or none", f.tcAttach)
-	}
-	if f.snatPorts != "" {
-		var first, last uint16
-		if _, err := fmt.Sscanf(f.snatPorts, "%d-%d", &first, &last); err != nil {
-			return nil, fmt.Errorf("--snat-port-range %q: give FIRST-LAST, such as 61000-65535", f.snatPorts)
-		}
-		opts.SNATPorts = [2]uint16{first, last}
-	}
-	return opts, nil
-}
-
-// The values of --lb-algorithm.
-const (
-	lbRandom = "random"
-	lbMaglev = "maglev"
-)
-
-func (f *runFlags) checkLBAlgorithm() error {
-	switch f.lbAlgorithm {
-	case lbRandom, "": // "": runFlags not filled by the flag set
-		return nil
-	case lbMaglev:
-	default:
-		return fmt.Errorf("--lb-algorithm %q: give random or maglev", f.lbAlgorithm)
-	}
-	if f.tcAttach == tcAttachNone {
-		return errors.New("--lb-algorithm maglev picks backends in the tc programs, for traffic from outside, which --tc-attach none leaves out: drop one of them")
-	}
-	if err := maglev.ValidateTableSize(f.maglevTableSize); err != nil {
-		return fmt.Errorf("--maglev-table-size: %w", err)
-	}
-	return nil
-}
-
-// setLBAlgorithm makes the eBPF backend write Maglev tables for
-// --lb-algorithm maglev, or, for random, removes the tables an earlier kpr
-// with maglev left in the pinned map, which the programs would go on using.
-func setLBAlgorithm(f *runFlags, plane *ebpfplane.Plane, lb *maps.LB, loaded *loader.Loaded, log *zap.Logger) error {
-	if f.lbAlgorithm != lbMaglev {
-		n, err := maps.RemoveMaglevTables(loaded.Maps.KprMaglev)
-		if n > 0 {
-			log.Info("removed the Maglev tables of an earlier kpr: --lb-algorithm is random", zap.Int("tables", n))
-		}
-		return err
-	}
-	mg, err := maps.NewMaglev(lb, loaded.Maps.KprMaglev, f.maglevTableSize)
-	if err != nil {
-		return err
-	}
-	plane.SetMaglev(mg)
-	log.Info("new flows from outside pick backends by Maglev consistent hashing", zap.Uint32("tableSize", f.maglevTableSize))
-	return nil
 }
 
 // gcPercent trades CPU for memory, which a per-node agent is charged for on
@@ -240,12 +123,12 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
-	if _, err := f.tcOptions(); err != nil {
+	if err := checkModeFlags(f); err != nil {
 		return err
 	}
 	// Bad flags and unsuitable kernels fail here, before kpr contacts the
 	// API server.
-	report, err := probeKernel(f.cgroupRoot)
+	report, err := probeKernel(f)
 	if err != nil {
 		return err
 	}
@@ -289,7 +172,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if devices != nil {
 		w.SetLocalAddresses(devices.initial.Addrs)
 	}
-	go removePreviousModeState(w.FirstSync(), ctx.Done(), chosen.backend, g.bpfRoot, f.hostNetNS, log)
+	go removePreviousModeState(w.FirstSync(), ctx.Done(), chosen.backend, dataplaneAt{bpfRoot: g.bpfRoot, run: *f}, log)
 	go tuneStartupGC(ctx, w.CachesSynced(), w.FirstSync(), os.Getenv("GOGC") == "")
 
 	group, ctx := errgroup.WithContext(ctx)
@@ -351,21 +234,6 @@ func (f *runFlags) watcherConfig() (watcher.Config, error) {
 		MinSyncPeriod:     f.minSyncPeriod,
 		SyncPeriod:        f.syncPeriod,
 	}, nil
-}
-
-// probeKernel reports the kernel's features as loader.Load will find them.
-// Load mounts cgroup2 when none is mounted and --cgroup-root is empty, and
-// only then probes; so does this, or a node that boots without cgroup2
-// would be told that its kernel lacks bpf_link for cgroup programs. (Load
-// probes again on its own; a probe takes milliseconds.) Every backend of
-// this build needs cgroup2, so failing to mount it is fatal here.
-func probeKernel(cgroupRoot string) (loader.Report, error) {
-	if cgroupRoot == "" {
-		if _, err := loader.EnsureCgroup2(); err != nil {
-			return loader.Report{}, err
-		}
-	}
-	return probeFeatures(), nil
 }
 
 // metricsHandler serves /metrics and /proxyMode, which names the backend

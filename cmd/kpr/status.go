@@ -7,7 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kpr-io/kpr/dataplane"
-	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -35,12 +34,12 @@ type daemonStatus struct {
 	StartedAt time.Time      `json:"startedAt"`
 	Mode      string         `json:"mode"`
 	Reason    string         `json:"reason"`
-	Kernel    loader.Report  `json:"kernel"`
+	Kernel    kernelReport   `json:"kernel"`
 	Watcher   watcher.Status `json:"watcher"`
 }
 
 // withStatusz serves /statusz in front of next.
-func withStatusz(next http.Handler, c choice, report loader.Report, w *watcher.Watcher) http.Handler {
+func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Watcher) http.Handler {
 	started := time.Now()
 	mux := http.NewServeMux()
 	mux.HandleFunc(statuszPath, func(rw http.ResponseWriter, _ *http.Request) {
@@ -60,9 +59,12 @@ type statusOutput struct {
 	Daemon      *daemonStatus `json:"daemon,omitempty"`
 	DaemonError string        `json:"daemonError,omitempty"`
 	// Kernel is probed here when no daemon answered.
-	Kernel  *loader.Report      `json:"kernel,omitempty"`
-	BPFRoot string              `json:"bpfRoot"`
-	Links   []loader.LinkStatus `json:"links"`
+	Kernel  *kernelReport `json:"kernel,omitempty"`
+	BPFRoot string        `json:"bpfRoot"`
+	// Attached is what every mode keeps hooked into the kernel (the
+	// eBPF mode's pinned links, under "links"), read whichever mode's
+	// state is found.
+	Attached []dataplane.Inspection `json:"-"`
 	// Dataplane is the mode whose state on the node was read: its
 	// tables and their fill are in the output under the keys the mode
 	// names ("maps" and "sockCounters", "rules", "ipvs"), each with its
@@ -74,10 +76,10 @@ type statusOutput struct {
 	Tables []dataplane.Inspection `json:"-"`
 }
 
-// MarshalJSON puts each of the mode's readings under its own key.
+// MarshalJSON puts each of the modes' readings under its own key.
 func (st statusOutput) MarshalJSON() ([]byte, error) {
 	type fields statusOutput
-	return marshalWithInspections(fields(st), st.Tables)
+	return marshalWithInspections(fields(st), append(slices.Clone(st.Attached), st.Tables...))
 }
 
 // marshalWithInspections encodes v, a struct, with each inspection's rows
@@ -140,8 +142,9 @@ func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusO
 	} else {
 		st.Daemon = d
 	}
-	st.Links = loader.PinnedLinks(bpfRoot, hostNetNS)
-	b, in, err := inspectDataplane(dataplaneAt{bpfRoot: bpfRoot, hostNetNS: hostNetNS})
+	at := dataplaneAt{bpfRoot: bpfRoot, run: runFlags{hostNetNS: hostNetNS}}
+	st.Attached = attachedEverywhere(at)
+	b, in, err := inspectDataplane(at)
 	if err != nil {
 		st.DataplaneError = err.Error()
 		return st
@@ -173,21 +176,6 @@ func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) 
 		return nil, fmt.Errorf("decode %s%s: %w", addr, statuszPath, err)
 	}
 	return &d, nil
-}
-
-// attachedTo says where the link's program runs.
-func attachedTo(l loader.LinkStatus) string {
-	switch {
-	case l.CgroupID != 0 && l.Cgroup != "":
-		return fmt.Sprintf("cgroup %s (id %d)", l.Cgroup, l.CgroupID)
-	case l.CgroupID != 0:
-		return fmt.Sprintf("cgroup id %d", l.CgroupID)
-	case l.Ifindex != 0 && l.Device != "":
-		return fmt.Sprintf("device %s (ifindex %d)", l.Device, l.Ifindex)
-	case l.Ifindex != 0:
-		return fmt.Sprintf("ifindex %d (not in this network namespace: give --host-netns)", l.Ifindex)
-	}
-	return "-"
 }
 
 func writeStatus(w io.Writer, st statusOutput, now time.Time) {
@@ -250,19 +238,9 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "\nlinks under %s:\n", st.BPFRoot)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	if len(st.Links) == 0 {
-		fmt.Fprintln(tw, "  (none pinned: no kpr program is attached through the pins)")
+	for _, a := range st.Attached {
+		writeInspection(w, a)
 	}
-	for _, l := range st.Links {
-		if l.Error != "" {
-			fmt.Fprintf(tw, "  %s\terror: %s\n", filepath.Base(l.Pin), l.Error)
-			continue
-		}
-		fmt.Fprintf(tw, "  %s\t%s\tprogram %s\t%s\n", filepath.Base(l.Pin), l.Type, l.Program, attachedTo(l))
-	}
-	tw.Flush()
 	if st.DataplaneError != "" {
 		fmt.Fprintf(w, "\ndataplane:\n  %s\n", st.DataplaneError)
 	}
@@ -282,6 +260,9 @@ func writeInspection(w io.Writer, in dataplane.Inspection) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if len(in.Header) > 0 {
 		fmt.Fprintln(tw, "  "+strings.Join(in.Header, "\t"))
+	}
+	if len(in.Rows) == 0 && in.None != "" {
+		fmt.Fprintln(tw, "  "+in.None)
 	}
 	for _, r := range in.Rows {
 		fmt.Fprintln(tw, "  "+strings.Join(r.Columns(), "\t"))

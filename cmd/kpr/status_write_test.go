@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/watcher"
 )
@@ -19,11 +21,12 @@ func TestWriteStatusShowsAttachmentsAndStuckWatches(t *testing.T) {
 		Daemon: &daemonStatus{Version: "v1", Mode: "ebpf", Reason: "r", StartedAt: now.Add(-time.Hour),
 			Watcher: watcher.Status{API: watcher.APIStatus{Connected: true, LastHeard: &heard, Stuck: true}}},
 		BPFRoot: "/sys/fs/bpf/kpr",
-		Links: []loader.LinkStatus{
+		Attached: []dataplane.Inspection{ebpfplane.LinkInspection("/sys/fs/bpf/kpr", []loader.LinkStatus{
 			{Pin: "/sys/fs/bpf/kpr/links/kpr_connect4", Type: "CGroupInet4Connect", Program: "kpr_connect4", CgroupID: 7, Cgroup: "/sys/fs/cgroup/kubepods"},
 			{Pin: "/sys/fs/bpf/kpr/links/tc-ingress-eth0", Type: "TCXIngress", Program: "kpr_tc_ingress", Ifindex: 2, Device: "eth0"},
 			{Pin: "/sys/fs/bpf/kpr/links/tc-egress-eth1", Type: "TCXEgress", Program: "kpr_tc_egress", Ifindex: 3},
-		},
+			{Pin: "/sys/fs/bpf/kpr/links/kpr_sendmsg4", Error: "no such file"},
+		})},
 	}
 	var b bytes.Buffer
 	writeStatus(&b, st, now)
@@ -31,9 +34,10 @@ func TestWriteStatusShowsAttachmentsAndStuckWatches(t *testing.T) {
 	for _, want := range []string{
 		"api:      connected, last heard from 2026-12-01T11:56:00Z (4m0s ago)",
 		"WATCHES STUCK",
-		"cgroup /sys/fs/cgroup/kubepods (id 7)",
-		"device eth0 (ifindex 2)",
+		"\nlinks under /sys/fs/bpf/kpr:\n  kpr_connect4     CGroupInet4Connect  program kpr_connect4    cgroup /sys/fs/cgroup/kubepods (id 7)\n",
+		"  tc-ingress-eth0  TCXIngress          program kpr_tc_ingress  device eth0 (ifindex 2)\n",
 		"ifindex 3 (not in this network namespace: give --host-netns)",
+		"  kpr_sendmsg4     error: no such file\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)

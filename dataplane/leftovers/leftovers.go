@@ -24,6 +24,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// DefaultRoot is kpr's directory on the node unless --bpf-root names
+// another: the eBPF mode's pins and every mode's records live under it. It
+// is here, beside the records, rather than in the eBPF loader, because
+// every mode needs it: a netfilter-mode kpr records its writes there and
+// `kpr cleanup` finds them there without knowing which mode ran. It is on
+// bpffs because the records must last exactly as long as what they name:
+// until a reboot, like the tables and the pins.
+const DefaultRoot = "/sys/fs/bpf/kpr"
+
 // ErrNotRecorded says a mode left no record in a network namespace: it never
 // wrote there, or its state was removed.
 var ErrNotRecorded = errors.New("no record that this mode wrote the network namespace")

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/dataplane/leftovers"
+	"github.com/kpr-io/kpr/iptables-compat/iptables"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/netnsexec"
+)
+
+// iptablesMode is the iptables mode's row of the mode table. Its settings
+// are kube-proxy's own flags (compat.go) and --cluster-cidr, which the
+// IPVS mode shares; it needs no kernel feature the probe knows.
+var iptablesMode = mode{
+	backend:   backendIPTables,
+	fallback:  true,
+	requested: "--mode iptables asked for it; it needs no eBPF feature",
+	build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
+		return newIPTablesDataplane(ctx, g, f, log)
+	},
+	leftovers: modeLeftovers{
+		remove: func(at dataplaneAt) (leftovers.Removed, error) {
+			return iptables.RemoveLeftovers(at.bpfRoot, at.run.hostNetNS, netfilter.RunnerIn(context.Background(), at.run.hostNetNS))
+		},
+		state:      "the chains an earlier iptables-mode kpr left",
+		countField: "chains",
+		removed:    func(n int, _ dataplaneAt) string { return fmt.Sprintf("removed %d kpr iptables chains", n) },
+	},
+	inspect: inspectIPTables,
+}
+
+// masquerade is what the iptables and IPVS modes masquerade, from
+// --masquerade-all and --cluster-cidr.
+func (f *runFlags) masquerade() (netfilter.Masquerade, error) {
+	cidrs, err := f.clusterCIDRs()
+	if err != nil {
+		return netfilter.Masquerade{}, err
+	}
+	return netfilter.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}, nil
+}
+
+// inspectIPTables reads the rules in the node's tables. Its ClusterIP
+// rules follow the daemon's --masquerade-all and --cluster-cidr, so the
+// comparison needs them (`kpr explain` takes both).
+func inspectIPTables(at dataplaneAt) (dataplane.Inspector, error) {
+	masq, err := at.run.masquerade()
+	if err != nil {
+		return nil, err
+	}
+	return iptables.OpenInspector(at.bpfRoot, at.run.hostNetNS, netfilter.RunnerIn(context.Background(), at.run.hostNetNS), masq)
+}
+
+// newIPTablesDataplane programs the iptables of the node's network
+// namespace: --host-netns, or kpr's own (the node's, under the DaemonSet's
+// hostNetwork: true).
+func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
+	log = log.Named("dataplane")
+	run := netfilter.RunnerIn(ctx, f.hostNetNS)
+	opts, err := iptables.NodeOptions(run, log)
+	if err != nil {
+		return builtDataplane{}, err
+	}
+	if f.hostNetNS != "" {
+		opts.Conntrack = netfilter.ConntrackIn(f.hostNetNS)
+	}
+	if opts.Masquerade, err = f.masquerade(); err != nil {
+		return builtDataplane{}, err
+	}
+	localhost := iptables.EnableLocalhostNodePorts
+	if f.hostNetNS != "" {
+		localhost = func() error { return netnsexec.InPath(f.hostNetNS, iptables.EnableLocalhostNodePorts) }
+	}
+	if err := localhost(); err != nil {
+		log.Warn("NodePorts on 127.0.0.1 will not be served", zap.Error(err))
+	}
+	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)
+	// Recorded before the first rule is written, so that an eBPF-mode kpr
+	// or `kpr cleanup` later removes the chains even if this one crashes.
+	if err := iptables.Record(g.bpfRoot, f.hostNetNS); err != nil {
+		log.Warn("Switching this node to the eBPF mode later will leave kpr's chains", zap.Error(err))
+	}
+	plane, err := iptables.New(opts)
+	if err != nil {
+		return builtDataplane{}, err
+	}
+	// The rules stay when kpr exits, as kube-proxy's do; the next kpr's
+	// first full sync takes them over.
+	return builtDataplane{plane: plane, close: func() error { return nil }}, nil
+}
