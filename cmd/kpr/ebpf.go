@@ -20,7 +20,6 @@ import (
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/maps/maglev"
 	"github.com/kpr-io/kpr/metrics"
-	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // ebpfMode is the eBPF mode's row of the mode table.
@@ -57,9 +56,8 @@ var ebpfMode = mode{
 // only then probes; so does `kpr run` here, or a node that boots without
 // cgroup2 would be told that its kernel lacks bpf_link for cgroup
 // programs. (Load probes again on its own; a probe takes milliseconds.)
-// Failing to mount it is fatal to `kpr run`: the eBPF mode needs it, and
-// --mode auto could not tell a kernel without the features from a node
-// not yet prepared.
+// Every backend of this build needs cgroup2, so failing to mount it is
+// fatal to `kpr run`. The operators' commands (run is nil) mount nothing.
 func probeEBPF(r *kernelReport, run *runFlags) error {
 	if run != nil && run.ebpf.cgroupRoot == "" {
 		if _, err := loader.EnsureCgroup2(); err != nil {
@@ -84,14 +82,7 @@ func sweepEBPF(at dataplaneAt, out func(line string)) error {
 	if len(devices) > 0 {
 		where = strings.Join(devices, ",")
 	}
-	removeTC := func() error { return loader.CleanupTC(at.bpfRoot, devices) }
-	var err error
-	if at.run.hostNetNS != "" {
-		err = netnsexec.InPath(at.run.hostNetNS, removeTC)
-	} else {
-		err = removeTC()
-	}
-	if err != nil {
+	if err := at.run.inHostNetNS(func() error { return loader.CleanupTC(at.bpfRoot, devices) }); err != nil {
 		return fmt.Errorf("remove kpr's tc programs from %s: %w", where, err)
 	}
 	cgroupRoot := at.run.ebpf.cgroupRoot

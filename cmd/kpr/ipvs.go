@@ -12,7 +12,6 @@ import (
 	"github.com/kpr-io/kpr/iptables-compat/ipvs"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/metrics"
-	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // ipvsMode is the IPVS mode's row of the mode table.
@@ -95,11 +94,7 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 		return builtDataplane{}, err
 	}
 	conntrack := netfilter.ConntrackIn(f.hostNetNS)
-	sysctls := ipvs.SetSysctls
-	if f.hostNetNS != "" {
-		sysctls = func() error { return netnsexec.InPath(f.hostNetNS, ipvs.SetSysctls) }
-	}
-	if err := sysctls(); err != nil {
+	if err := f.inHostNetNS(ipvs.SetSysctls); err != nil {
 		log.Warn("IPVS may not masquerade or move drained UDP flows on", zap.Error(err))
 	}
 	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)

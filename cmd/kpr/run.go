@@ -22,6 +22,7 @@ import (
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/netnsexec"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -295,6 +296,15 @@ func tuneStartupGC(ctx context.Context, cachesSynced, firstSync <-chan struct{},
 		debug.FreeOSMemory()
 	case <-ctx.Done():
 	}
+}
+
+// inHostNetNS runs fn in the network namespace of --host-netns, or in
+// kpr's own without it.
+func (f *runFlags) inHostNetNS(fn func() error) error {
+	if f.hostNetNS == "" {
+		return fn()
+	}
+	return netnsexec.InPath(f.hostNetNS, fn)
 }
 
 // clusterCIDRs parses --cluster-cidr: at most one prefix per family, as
