@@ -316,7 +316,13 @@ func probeTCX() error {
 
 // probeClsact adds a clsact qdisc and a direct-action BPF filter to the
 // loopback device of a network namespace made for the probe, which dies
-// with the probe's thread: no device of the node is touched.
+// once the probe's thread has left it: no device of the node is touched.
+//
+// The thread goes back to its own namespace before it is unlocked, rather
+// than being left for the runtime to end: the runtime cannot end the main
+// thread, and a main thread parked in the probe's namespace makes
+// /proc/self/ns/net, which names the node's namespace for the netfilter
+// modes' records, point at a dead one.
 func probeClsact() error {
 	p, err := minimalProgram(ebpf.SchedCLS, ebpf.AttachNone)
 	if err != nil {
@@ -325,21 +331,40 @@ func probeClsact() error {
 	defer p.Close()
 	done := make(chan error, 1)
 	go func() {
-		// The thread is never unlocked, so Go ends it, and with it the
-		// namespace, when this goroutine returns.
 		runtime.LockOSThread()
+		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("open this thread's network namespace: %w", err)
+			return
+		}
+		defer unix.Close(orig)
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			done <- fmt.Errorf("create a network namespace to probe in: %w", err)
 			return
 		}
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			done <- fmt.Errorf("find lo in the probe's namespace: %w", err)
+		probeErr := attachInFreshNamespace(p)
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			// Still in the probe's namespace: stay locked, so that the
+			// runtime ends this thread instead of reusing it.
+			done <- errors.Join(probeErr, fmt.Errorf("return from the probe's network namespace: %w", err))
 			return
 		}
-		done <- attachLegacy(lo, tcDirections[0], p)
+		runtime.UnlockOSThread()
+		done <- probeErr
 	}()
 	return <-done
+}
+
+// attachInFreshNamespace is probeClsact's attach, on a thread inside the
+// namespace made for it.
+func attachInFreshNamespace(p *ebpf.Program) error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo in the probe's namespace: %w", err)
+	}
+	return attachLegacy(lo, tcDirections[0], p)
 }
 
 // probeFibLookupSrc runs a program that calls bpf_fib_lookup with
