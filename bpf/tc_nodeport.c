@@ -297,10 +297,18 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 	int ret;
 
 	ret = parse(skb, &p);
+	if (ret == 0)
+		return TC_PASS;
+	/* A loopback destination from the wire is a martian the kernel drops
+	 * after tc, so kpr must not translate it first: a loopback NodePort
+	 * (--nodeport-addresses 127.0.0.1/8) is for the node's own sockets,
+	 * not for a neighbour that addresses a frame to 127.0.0.1. */
+	if (addr_loopback(p.daddr)) {
+		STAT_INC(drop_loopback);
+		return TC_ACT_SHOT;
+	}
 	if (ret == PARSED_ICMP)
 		return icmp_ingress(skb, &p);
-	if (ret != PARSED_L4)
-		return TC_PASS;
 	if (snat_port(p.dport)) {
 		ret = snat_reply(skb, &p);
 		if (ret != -1)
