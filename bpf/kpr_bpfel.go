@@ -92,6 +92,7 @@ type KprNatStats struct {
 	DropSourceRange  uint64
 	Midstream        uint64
 	DropLoopback     uint64
+	V4Mapped         uint64
 }
 
 type KprRevNatValue struct {

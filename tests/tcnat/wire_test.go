@@ -77,3 +77,38 @@ func TestLoopbackFromTheWireDropped(t *testing.T) {
 		})
 	}
 }
+
+// An IPv6 frame to ::ffff:a.b.c.d never finds the IPv4 frontend a.b.c.d,
+// though the maps key both families by 16 bytes: it is passed (counted)
+// and no flow is made, whether its source is an IPv6 address or an IPv4
+// client's in the v4-mapped form (how the maps key IPv4 flows and source
+// ranges).
+func TestV4MappedIPv6NeverMatchesIPv4(t *testing.T) {
+	top := newTopology(t, 1, loader.TCAttachAuto)
+	fe := netip.AddrPortFrom(nodeAddrs[0].Addr(), 30091)
+	top.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, top.backends(fe.Addr(), dataplane.TCP, top.pods...)...)
+	mapped := netip.AddrPortFrom(netip.AddrFrom16(fe.Addr().As16()), fe.Port())
+	for _, f := range []flow{
+		// From the client's own IPv6 address.
+		{src: netip.AddrPortFrom(clientAddrs[1].Addr(), 40002), dst: mapped, proto: dataplane.TCP, tcpFlags: "S"},
+		// As an IPv4 client would be keyed, which is how an IPv4 flow's
+		// conntrack entry names it too.
+		{src: netip.AddrPortFrom(netip.AddrFrom16(clientAddrs[0].Addr().As16()), 40003), dst: mapped, proto: dataplane.TCP, tcpFlags: "S"},
+	} {
+		t.Run(f.src.Addr().String(), func(t *testing.T) {
+			before := top.stats()
+			top.sendRaw(t, build(t, f))
+			if !top.waitStat(func() uint64 { return top.stats().V4Mapped }, before.V4Mapped) {
+				t.Errorf("%s: not counted as v4-mapped (v4_mapped %d)", f, top.stats().V4Mapped)
+			}
+			if after := top.stats(); after.Translated != before.Translated || after.NewFlows != before.NewFlows {
+				t.Errorf("%s matched the IPv4 frontend %s (translated %d -> %d, new flows %d -> %d)",
+					f, fe, before.Translated, after.Translated, before.NewFlows, after.NewFlows)
+			}
+		})
+	}
+	// The IPv4 frontend itself still works from the same client.
+	if _, err := harness.WhoTCP(top.client.NetNS, fe, 3*time.Second); err != nil {
+		t.Fatalf("TCP to NodePort %s from outside: %v", fe, err)
+	}
+}
