@@ -83,9 +83,10 @@ type TCOptions struct {
 	Mode     TCAttachMode
 	Timeouts ConntrackTimeouts
 	// SNATPorts is the range of source ports (first, last) flows to a
-	// backend on another node get. Zero keeps the default, 61000-65535:
-	// above the kernel's default ephemeral range, so that they never meet
-	// the node's own connections.
+	// backend on another node get. Zero keeps the default compiled into
+	// the programs (DefaultSNATPorts): above the kernel's default
+	// ephemeral range, so that they never meet the node's own connections
+	// (CheckSNATPorts refuses a node whose range reaches them).
 	SNATPorts [2]uint16
 	// MaglevTableSize is the size of the Maglev tables the control plane
 	// writes (maps.Maglev); zero keeps the default, 16381.

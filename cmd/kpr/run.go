@@ -125,7 +125,8 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 		"skipping loopback, down, bridge, tunnel and pod devices, followed while kpr runs (docs/tc-dataplane.md)")
 	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to the devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, clsact, "+
 		"or none (no tc programs: traffic from other machines is not served)")
-	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps 61000-65535")
+	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps "+
+		defaultSNATPorts()+", which must stay outside the node's net.ipv4.ip_local_port_range")
 	fl.StringVar(&f.lbAlgorithm, "lb-algorithm", lbRandom, "how the tc programs pick the backend of a new flow from outside: random (a hash of the flow over the backends), "+
 		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
 	fl.Uint32Var(&f.maglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "slots of each Service's Maglev table (--lb-algorithm maglev): a prime, "+
@@ -178,6 +179,30 @@ func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 		opts.SNATPorts = [2]uint16{first, last}
 	}
 	return opts, nil
+}
+
+// checkSNATPorts refuses a SNAT port range that overlaps the node's
+// ephemeral ports, which read gives (the node's sysctls, read only).
+func checkSNATPorts(f *runFlags, read loader.SysctlReader) error {
+	opts, err := f.tcOptions()
+	if err != nil || opts == nil {
+		return err
+	}
+	r, err := opts.SNATPortRange()
+	if err != nil {
+		return err
+	}
+	return loader.CheckSNATPorts(r, read)
+}
+
+// defaultSNATPorts names the tc programs' own SNAT port range, for
+// --snat-port-range's help.
+func defaultSNATPorts() string {
+	r, err := loader.DefaultSNATPorts()
+	if err != nil {
+		return "the range compiled into the tc programs"
+	}
+	return r.String()
 }
 
 // The values of --lb-algorithm.
@@ -267,6 +292,9 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 	if devices != nil {
 		defer devices.close()
+		if err := checkSNATPorts(f, loader.NetNSSysctlReader(f.hostNetNS)); err != nil {
+			return err
+		}
 	}
 	dp, err := newDataplane(ctx, chosen, g, f, m, log)
 	if err != nil {
