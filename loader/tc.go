@@ -19,6 +19,7 @@ import (
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/netnsexec"
+	"github.com/kpr-io/kpr/nodeaddrs"
 )
 
 // The packet-level programs of bpf/tc_nodeport.c, on the node's external
@@ -343,6 +344,10 @@ func attachTC(bpfRoot string, devices []string, mode TCAttachMode, tc *TC, log *
 		iface, err := netlink.LinkByName(dev)
 		if err != nil {
 			return mode, fmt.Errorf("find device %s to attach the tc programs to: %w (check --devices)", dev, err)
+		}
+		if nodeaddrs.Headerless(iface.Attrs()) {
+			return mode, fmt.Errorf("device %s has no Ethernet header (hardware type %q), and kpr's tc programs read Ethernet frames: "+
+				"leave it out of --devices", dev, iface.Attrs().EncapType)
 		}
 		// Before any program runs: a packet must never find its own
 		// device missing from the set.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -100,10 +101,19 @@ func (f *Follower) links() ([]Link, error) {
 			Loopback:     a.Flags&net.FlagLoopback != 0,
 			HasMaster:    a.MasterIndex != 0,
 			DefaultRoute: defaults[a.Index],
+			Headerless:   Headerless(a),
 			Addrs:        byIndex[a.Index],
 		})
 	}
 	return out, nil
+}
+
+// Headerless says the device's hardware type is not Ethernet, so its frames
+// carry no Ethernet header (netlink names the type: "ether" for Ethernet,
+// veth, bridge, bond, VLAN and the like; "none" for WireGuard and tun;
+// "ipip", "gre", "sit", ... for IP tunnels). Loopback frames have one.
+func Headerless(a *netlink.LinkAttrs) bool {
+	return a.EncapType != "ether" && a.Flags&net.FlagLoopback == 0
 }
 
 // linkUp: administratively up, and not reported down. Devices without a
@@ -204,6 +214,11 @@ func (f *Follower) Run(ctx context.Context, applied State, apply func(State) err
 	return nil
 }
 
+// HeaderlessWarning is logged with the devices the tc programs leave out
+// for want of an Ethernet header.
+const HeaderlessWarning = "devices without an Ethernet header get no tc programs, which read Ethernet frames: " +
+	"NodePorts, ExternalIPs and LoadBalancer IPs are not served from outside through them"
+
 // reconcile reads the state and applies it if it changed; false says the
 // read or the apply failed.
 func (f *Follower) reconcile(applied *State, apply func(State) error) bool {
@@ -214,6 +229,9 @@ func (f *Follower) reconcile(applied *State, apply func(State) error) bool {
 	}
 	if s.Equal(*applied) {
 		return true
+	}
+	if len(s.Headerless) > 0 && !slices.Equal(s.Headerless, applied.Headerless) {
+		f.log.Warn(HeaderlessWarning, zap.Strings("devices", s.HeaderlessNames()))
 	}
 	if err := apply(s); err != nil {
 		f.log.Error("cannot follow the node's devices and addresses; retrying", zap.Strings("devices", s.DeviceNames()),

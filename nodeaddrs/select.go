@@ -28,6 +28,12 @@
 //
 // With --devices, the named devices are used as they are, and their
 // addresses are the node addresses.
+//
+// Either way a device whose frames have no Ethernet header (WireGuard,
+// tun, ipip, gre, sit: any hardware type but Ethernet) is left out and
+// listed in State.Headerless: the tc programs read a 14-byte Ethernet
+// header before the IP one, and on such a device would misread every
+// packet.
 package nodeaddrs
 
 import (
@@ -57,7 +63,10 @@ type Link struct {
 	HasMaster bool
 	// DefaultRoute says a default route (IPv4 or IPv6) leaves through it.
 	DefaultRoute bool
-	Addrs        []Addr
+	// Headerless says its frames start with the IP header: its hardware
+	// type is not Ethernet (WireGuard and tun: none; ipip, gre, sit).
+	Headerless bool
+	Addrs      []Addr
 }
 
 // Addr is one address on a device.
@@ -80,22 +89,32 @@ type State struct {
 	Devices []Device
 	// Addrs are the node addresses on Devices, sorted and unique.
 	Addrs []netip.Addr
+	// Headerless are the devices the rule (or --devices) would have
+	// taken but that have no Ethernet header, which the tc programs need;
+	// sorted by name.
+	Headerless []Device
 }
 
 // DeviceNames lists the devices' names.
-func (s State) DeviceNames() []string {
-	names := make([]string, 0, len(s.Devices))
-	for _, d := range s.Devices {
-		names = append(names, d.Name)
+func (s State) DeviceNames() []string { return names(s.Devices) }
+
+// HeaderlessNames lists the names of the devices left out for want of an
+// Ethernet header.
+func (s State) HeaderlessNames() []string { return names(s.Headerless) }
+
+func names(devices []Device) []string {
+	out := make([]string, 0, len(devices))
+	for _, d := range devices {
+		out = append(out, d.Name)
 	}
-	return names
+	return out
 }
 
 // Equal reports whether two states attach and serve alike. A device that
 // was recreated under its name has another index, and needs attaching
 // again.
 func (s State) Equal(o State) bool {
-	return slices.Equal(s.Devices, o.Devices) && slices.Equal(s.Addrs, o.Addrs)
+	return slices.Equal(s.Devices, o.Devices) && slices.Equal(s.Addrs, o.Addrs) && slices.Equal(s.Headerless, o.Headerless)
 }
 
 // Select applies the rule to links. Non-empty named are the devices the
@@ -111,10 +130,16 @@ func Select(links []Link, named []string) State {
 		} else if len(addrs) == 0 || !native(l) {
 			continue
 		}
+		if l.Headerless {
+			s.Headerless = append(s.Headerless, Device{Name: l.Name, Index: l.Index})
+			continue
+		}
 		s.Devices = append(s.Devices, Device{Name: l.Name, Index: l.Index})
 		s.Addrs = append(s.Addrs, addrs...)
 	}
-	slices.SortFunc(s.Devices, func(a, b Device) int { return strings.Compare(a.Name, b.Name) })
+	byName := func(a, b Device) int { return strings.Compare(a.Name, b.Name) }
+	slices.SortFunc(s.Devices, byName)
+	slices.SortFunc(s.Headerless, byName)
 	slices.SortFunc(s.Addrs, netip.Addr.Compare)
 	s.Addrs = slices.Compact(s.Addrs)
 	return s

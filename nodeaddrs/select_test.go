@@ -98,3 +98,22 @@ func TestLinkUp(t *testing.T) {
 		}
 	}
 }
+
+// A device without an Ethernet header is never used, named or not, and the
+// state says so.
+func TestSelectLeavesOutHeaderlessDevices(t *testing.T) {
+	links := []Link{
+		{Name: "eth0", Index: 2, Kind: "device", Up: true, Addrs: addrs("192.0.2.10")},
+		{Name: "wg0", Index: 3, Kind: "wireguard", Up: true, Headerless: true, Addrs: addrs("10.8.0.1")},
+		{Name: "tun0", Index: 4, Kind: "tun", Up: true, Headerless: true, DefaultRoute: true, Addrs: addrs("198.51.100.9")},
+	}
+	for _, named := range [][]string{nil, {"eth0", "tun0", "wg0"}} {
+		got := Select(links, named)
+		if !slices.Equal(got.DeviceNames(), []string{"eth0"}) || !slices.Equal(got.Addrs, []netip.Addr{netip.MustParseAddr("192.0.2.10")}) {
+			t.Errorf("--devices %v: Select = %+v, want eth0 and its address only", named, got)
+		}
+		if !slices.Equal(got.HeaderlessNames(), []string{"tun0", "wg0"}) {
+			t.Errorf("--devices %v: headerless devices %v, want [tun0 wg0]", named, got.HeaderlessNames())
+		}
+	}
+}

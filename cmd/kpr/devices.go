@@ -40,6 +40,9 @@ func newNodeDevices(f *runFlags, c choice, log *zap.Logger) (*nodeDevices, error
 		follower.Close()
 		return nil, fmt.Errorf("find the node's devices for the tc programs (or name them with --devices): %w", err)
 	}
+	if len(initial.Headerless) > 0 {
+		log.Warn(nodeaddrs.HeaderlessWarning, zap.Strings("devices", initial.HeaderlessNames()))
+	}
 	if len(f.devices) == 0 {
 		log.Info("tc programs go to the devices that carry node addresses (--devices names others)",
 			zap.Strings("devices", initial.DeviceNames()), zap.Stringers("addresses", initial.Addrs))
