@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -28,6 +29,12 @@ type Follower struct {
 	// multicast messages a slow reader misses (ENOBUFS), and a failed
 	// apply is retried then.
 	resync time.Duration
+
+	// nodeIPs are the Node object's InternalIP and ExternalIP addresses
+	// (SetNodeIPs); nodeIPsSet tells Run they changed.
+	mu         sync.Mutex
+	nodeIPs    []netip.Addr
+	nodeIPsSet chan struct{}
 }
 
 // New follows the network namespace at netnsPath (a /proc/PID/ns/net file
@@ -52,7 +59,8 @@ func New(netnsPath string, named []string, log *zap.Logger) (*Follower, error) {
 		ns.Close()
 		return nil, fmt.Errorf("open netlink in network namespace %q: %w", netnsPath, err)
 	}
-	return &Follower{ns: ns, h: h, named: named, log: log, settle: 200 * time.Millisecond, resync: time.Minute}, nil
+	return &Follower{ns: ns, h: h, named: named, log: log, settle: 200 * time.Millisecond, resync: time.Minute,
+		nodeIPsSet: make(chan struct{}, 1)}, nil
 }
 
 // Close releases the namespace and netlink handles.
@@ -61,13 +69,33 @@ func (f *Follower) Close() error {
 	return f.ns.Close()
 }
 
+// SetNodeIPs gives the Node object's InternalIP and ExternalIP addresses:
+// a device that carries one is the node's, whatever its kind. Run reads
+// the state again when they change. Safe from any goroutine; it does not
+// block.
+func (f *Follower) SetNodeIPs(ips []netip.Addr) {
+	f.mu.Lock()
+	changed := !slices.Equal(f.nodeIPs, ips)
+	f.nodeIPs = slices.Clone(ips)
+	f.mu.Unlock()
+	if changed {
+		select {
+		case f.nodeIPsSet <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // Current reads the state now.
 func (f *Follower) Current() (State, error) {
 	links, err := f.links()
 	if err != nil {
 		return State{}, err
 	}
-	return Select(links, f.named), nil
+	f.mu.Lock()
+	nodeIPs := f.nodeIPs
+	f.mu.Unlock()
+	return Select(links, f.named, nodeIPs), nil
 }
 
 func (f *Follower) links() ([]Link, error) {
@@ -188,6 +216,8 @@ func (f *Follower) Run(ctx context.Context, applied State, apply func(State) err
 				resubscribe = true
 			case <-events:
 				arm(f.settle)
+			case <-f.nodeIPsSet:
+				arm(0)
 			case err := <-errs:
 				f.log.Warn("netlink subscription failed; subscribing again", zap.Error(err))
 				resubscribe = true

@@ -22,6 +22,10 @@
 //     give every pod a veth whose host end may carry an address, while a
 //     node whose uplink is a veth (a container, a kind node) routes its
 //     default route through it;
+//   - the last three (names, kinds and veths) do not apply to a device that
+//     carries one of the Node object's InternalIP or ExternalIP addresses:
+//     that is the node's device whatever it is, such as a veth uplink
+//     without a default route, or a bridge that holds the uplink;
 //   - it carries a node address: a unicast address that is neither
 //     loopback nor link-local, nor still tentative (IPv6 duplicate address
 //     detection).
@@ -119,7 +123,9 @@ func (s State) Equal(o State) bool {
 
 // Select applies the rule to links. Non-empty named are the devices the
 // operator named: those that exist are used whatever the rule says.
-func Select(links []Link, named []string) State {
+// nodeIPs are the Node object's InternalIP and ExternalIP addresses (none
+// before kpr has read it).
+func Select(links []Link, named []string, nodeIPs []netip.Addr) State {
 	var s State
 	for _, l := range links {
 		addrs := nodeAddrs(l.Addrs)
@@ -127,7 +133,7 @@ func Select(links []Link, named []string) State {
 			if !slices.Contains(named, l.Name) {
 				continue
 			}
-		} else if len(addrs) == 0 || !native(l) {
+		} else if len(addrs) == 0 || !native(l, addrs, nodeIPs) {
 			continue
 		}
 		if l.Headerless {
@@ -146,10 +152,14 @@ func Select(links []Link, named []string) State {
 }
 
 // native tells a device of the node's own from one of pods, overlays or
-// bridges.
-func native(l Link) bool {
+// bridges; addrs are its node addresses.
+func native(l Link, addrs, nodeIPs []netip.Addr) bool {
 	switch {
-	case !l.Up, l.Loopback, l.HasMaster, slices.Contains(excludedKinds, l.Kind):
+	case !l.Up, l.Loopback, l.HasMaster:
+		return false
+	case slices.ContainsFunc(addrs, func(a netip.Addr) bool { return slices.Contains(nodeIPs, a) }):
+		return true
+	case slices.Contains(excludedKinds, l.Kind):
 		return false
 	case slices.ContainsFunc(excludedPrefixes, func(p string) bool { return strings.HasPrefix(l.Name, p) }):
 		return false
