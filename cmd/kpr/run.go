@@ -329,7 +329,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		group.Go(func() error { return hs.Run(ctx) })
 	}
 	if f.metricsAddr != "" {
-		handler := withStatusz(metricsHandler(m, chosen, f.profiling), chosen, report, w)
+		handler := withStatusz(metricsHandler(m, chosen, f.profiling), chosen, report, w, devices)
 		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, handler) })
 	}
 	group.Go(func() error { return svcHealth.Run(ctx) })
