@@ -26,3 +26,21 @@ static __always_inline void addr_copy(__u32 dst[4], const __u32 src[4])
 	dst[2] = src[2];
 	dst[3] = src[3];
 }
+
+/* Whether a 16-byte address is of the v4-mapped form: an IPv4 address as
+ * the maps hold it. An IPv6 packet that carries one must never be taken
+ * for IPv4, or it would reach IPv4 frontends, conntrack entries and
+ * source ranges. */
+static __always_inline int addr_v4_mapped(const __u32 addr[4])
+{
+	return addr[0] == 0 && addr[1] == 0 && addr[2] == bpf_htonl(0xffff);
+}
+
+/* Whether a 16-byte address is a loopback one: 127.0.0.0/8 in the
+ * v4-mapped form, or ::1. */
+static __always_inline int addr_loopback(const __u32 addr[4])
+{
+	if (addr_v4_mapped(addr))
+		return (bpf_ntohl(addr[3]) >> 24) == 127;
+	return addr[0] == 0 && addr[1] == 0 && addr[2] == 0 && addr[3] == bpf_htonl(1);
+}

@@ -68,6 +68,9 @@ static __always_inline int parse_icmp_error(struct __sk_buff *skb, const struct 
 		in->proto = ip6.nexthdr;
 		__builtin_memcpy(in->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(in->daddr, &ip6.daddr, 16);
+		/* Never an IPv4 flow's entry (parse() says why). */
+		if (addr_v4_mapped(in->saddr) || addr_v4_mapped(in->daddr))
+			return 0;
 		in->l4_off = in->l3_off + sizeof(ip6);
 	}
 	if (in->proto != IPPROTO_TCP && in->proto != IPPROTO_UDP)

@@ -91,6 +91,8 @@ type KprNatStats struct {
 	AffinityHit      uint64
 	DropSourceRange  uint64
 	Midstream        uint64
+	DropLoopback     uint64
+	V4Mapped         uint64
 }
 
 type KprRevNatValue struct {

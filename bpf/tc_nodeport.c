@@ -121,6 +121,14 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		p->proto = ip6->nexthdr;
 		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+		/* The maps hold IPv4 as ::ffff:a.b.c.d, so an IPv6 packet
+		 * with such an address would find IPv4 frontends, flows and
+		 * source ranges: it is left to the kernel, which drops a
+		 * v4-mapped source and has no v4-mapped address of its own. */
+		if (addr_v4_mapped(p->saddr) || addr_v4_mapped(p->daddr)) {
+			STAT_INC(v4_mapped);
+			return 0;
+		}
 		p->l4_off = ETH_HLEN + sizeof(*ip6);
 		p->v6 = 1;
 		l4 = (__u8 *)(ip6 + 1);
@@ -297,10 +305,18 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 	int ret;
 
 	ret = parse(skb, &p);
+	if (ret == 0)
+		return TC_PASS;
+	/* A loopback destination from the wire is a martian the kernel drops
+	 * after tc, so kpr must not translate it first: a loopback NodePort
+	 * (--nodeport-addresses 127.0.0.1/8) is for the node's own sockets,
+	 * not for a neighbour that addresses a frame to 127.0.0.1. */
+	if (addr_loopback(p.daddr)) {
+		STAT_INC(drop_loopback);
+		return TC_ACT_SHOT;
+	}
 	if (ret == PARSED_ICMP)
 		return icmp_ingress(skb, &p);
-	if (ret != PARSED_L4)
-		return TC_PASS;
 	if (snat_port(p.dport)) {
 		ret = snat_reply(skb, &p);
 		if (ret != -1)

@@ -232,6 +232,10 @@ struct nat_stats {
 				  * its loadBalancerSourceRanges, dropped */
 	__u64 midstream;	/* TCP segments other than a SYN to a frontend,
 				 * of no flow kpr knows, passed untranslated */
+	__u64 drop_loopback;	/* packets from the wire to a loopback address
+				 * (127.0.0.0/8, ::1), dropped as the kernel would */
+	__u64 v4_mapped;	/* IPv6 packets with a v4-mapped address
+				 * (::ffff:a.b.c.d), passed untranslated */
 };
 
 /*

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/netnsexec"
+	"github.com/kpr-io/kpr/nodeaddrs"
 )
 
 // The packet-level programs of bpf/tc_nodeport.c, on the node's external
@@ -83,9 +84,10 @@ type TCOptions struct {
 	Mode     TCAttachMode
 	Timeouts ConntrackTimeouts
 	// SNATPorts is the range of source ports (first, last) flows to a
-	// backend on another node get. Zero keeps the default, 61000-65535:
-	// above the kernel's default ephemeral range, so that they never meet
-	// the node's own connections.
+	// backend on another node get. Zero keeps the default compiled into
+	// the programs (DefaultSNATPorts): above the kernel's default
+	// ephemeral range, so that they never meet the node's own connections
+	// (CheckSNATPorts refuses a node whose range reaches them).
 	SNATPorts [2]uint16
 	// MaglevTableSize is the size of the Maglev tables the control plane
 	// writes (maps.Maglev); zero keeps the default, 16381.
@@ -342,6 +344,10 @@ func attachTC(bpfRoot string, devices []string, mode TCAttachMode, tc *TC, log *
 		iface, err := netlink.LinkByName(dev)
 		if err != nil {
 			return mode, fmt.Errorf("find device %s to attach the tc programs to: %w (check --devices)", dev, err)
+		}
+		if nodeaddrs.Headerless(iface.Attrs()) {
+			return mode, fmt.Errorf("device %s has no Ethernet header (hardware type %q), and kpr's tc programs read Ethernet frames: "+
+				"leave it out of --devices", dev, iface.Attrs().EncapType)
 		}
 		// Before any program runs: a packet must never find its own
 		// device missing from the set.

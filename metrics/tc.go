@@ -55,7 +55,7 @@ var (
 		"Flows the tc programs started: new (every one), snat (to a backend on another node), affinity (to the client's ClientIP affinity backend)",
 		[]string{"kind"}, nil)
 	tcPassedDesc = prometheus.NewDesc("kpr_tc_passed_total",
-		"Packets the tc programs passed untranslated that look like Service traffic: cluster_ip_outside (a ClusterIP from outside), fragment (IP fragments)",
+		"Packets the tc programs passed untranslated that look like Service traffic: cluster_ip_outside (a ClusterIP from outside), fragment (IP fragments), tcp_midstream (a TCP segment other than a SYN of no known flow), v4_mapped (IPv6 with a ::ffff:a.b.c.d address, never taken for IPv4)",
 		[]string{"reason"}, nil)
 	tcRedirectedDesc = prometheus.NewDesc("kpr_tc_redirected_packets_total",
 		"Packets the tc programs sent out through a FIB lookup and redirect", nil, nil)
@@ -84,9 +84,11 @@ var tcCounters = []tcCounter{
 	{"DropRewrite", tcDropsDesc, "rewrite"},
 	{"DropSnatPorts", tcDropsDesc, "snat_ports"},
 	{"DropSourceRange", tcDropsDesc, "source_range"},
+	{"DropLoopback", tcDropsDesc, "loopback"},
 	{"ClusterIpOutside", tcPassedDesc, "cluster_ip_outside"},
 	{"Fragment", tcPassedDesc, "fragment"},
 	{"Midstream", tcPassedDesc, "tcp_midstream"},
+	{"V4Mapped", tcPassedDesc, "v4_mapped"},
 	{"Redirected", tcRedirectedDesc, ""},
 	{"DropCtInsert", tcInsertFailuresDesc, ""},
 }

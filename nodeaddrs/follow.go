@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -27,6 +29,12 @@ type Follower struct {
 	// multicast messages a slow reader misses (ENOBUFS), and a failed
 	// apply is retried then.
 	resync time.Duration
+
+	// nodeIPs are the Node object's InternalIP and ExternalIP addresses
+	// (SetNodeIPs); nodeIPsSet tells Run they changed.
+	mu         sync.Mutex
+	nodeIPs    []netip.Addr
+	nodeIPsSet chan struct{}
 }
 
 // New follows the network namespace at netnsPath (a /proc/PID/ns/net file
@@ -51,7 +59,8 @@ func New(netnsPath string, named []string, log *zap.Logger) (*Follower, error) {
 		ns.Close()
 		return nil, fmt.Errorf("open netlink in network namespace %q: %w", netnsPath, err)
 	}
-	return &Follower{ns: ns, h: h, named: named, log: log, settle: 200 * time.Millisecond, resync: time.Minute}, nil
+	return &Follower{ns: ns, h: h, named: named, log: log, settle: 200 * time.Millisecond, resync: time.Minute,
+		nodeIPsSet: make(chan struct{}, 1)}, nil
 }
 
 // Close releases the namespace and netlink handles.
@@ -60,13 +69,33 @@ func (f *Follower) Close() error {
 	return f.ns.Close()
 }
 
+// SetNodeIPs gives the Node object's InternalIP and ExternalIP addresses:
+// a device that carries one is the node's, whatever its kind. Run reads
+// the state again when they change. Safe from any goroutine; it does not
+// block.
+func (f *Follower) SetNodeIPs(ips []netip.Addr) {
+	f.mu.Lock()
+	changed := !slices.Equal(f.nodeIPs, ips)
+	f.nodeIPs = slices.Clone(ips)
+	f.mu.Unlock()
+	if changed {
+		select {
+		case f.nodeIPsSet <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // Current reads the state now.
 func (f *Follower) Current() (State, error) {
 	links, err := f.links()
 	if err != nil {
 		return State{}, err
 	}
-	return Select(links, f.named), nil
+	f.mu.Lock()
+	nodeIPs := f.nodeIPs
+	f.mu.Unlock()
+	return Select(links, f.named, nodeIPs), nil
 }
 
 func (f *Follower) links() ([]Link, error) {
@@ -100,10 +129,19 @@ func (f *Follower) links() ([]Link, error) {
 			Loopback:     a.Flags&net.FlagLoopback != 0,
 			HasMaster:    a.MasterIndex != 0,
 			DefaultRoute: defaults[a.Index],
+			Headerless:   Headerless(a),
 			Addrs:        byIndex[a.Index],
 		})
 	}
 	return out, nil
+}
+
+// Headerless says the device's hardware type is not Ethernet, so its frames
+// carry no Ethernet header (netlink names the type: "ether" for Ethernet,
+// veth, bridge, bond, VLAN and the like; "none" for WireGuard and tun;
+// "ipip", "gre", "sit", ... for IP tunnels). Loopback frames have one.
+func Headerless(a *netlink.LinkAttrs) bool {
+	return a.EncapType != "ether" && a.Flags&net.FlagLoopback == 0
 }
 
 // linkUp: administratively up, and not reported down. Devices without a
@@ -178,6 +216,8 @@ func (f *Follower) Run(ctx context.Context, applied State, apply func(State) err
 				resubscribe = true
 			case <-events:
 				arm(f.settle)
+			case <-f.nodeIPsSet:
+				arm(0)
 			case err := <-errs:
 				f.log.Warn("netlink subscription failed; subscribing again", zap.Error(err))
 				resubscribe = true
@@ -204,6 +244,11 @@ func (f *Follower) Run(ctx context.Context, applied State, apply func(State) err
 	return nil
 }
 
+// HeaderlessWarning is logged with the devices the tc programs leave out
+// for want of an Ethernet header.
+const HeaderlessWarning = "devices without an Ethernet header get no tc programs, which read Ethernet frames: " +
+	"NodePorts, ExternalIPs and LoadBalancer IPs are not served from outside through them"
+
 // reconcile reads the state and applies it if it changed; false says the
 // read or the apply failed.
 func (f *Follower) reconcile(applied *State, apply func(State) error) bool {
@@ -214,6 +259,9 @@ func (f *Follower) reconcile(applied *State, apply func(State) error) bool {
 	}
 	if s.Equal(*applied) {
 		return true
+	}
+	if len(s.Headerless) > 0 && !slices.Equal(s.Headerless, applied.Headerless) {
+		f.log.Warn(HeaderlessWarning, zap.Strings("devices", s.HeaderlessNames()))
 	}
 	if err := apply(s); err != nil {
 		f.log.Error("cannot follow the node's devices and addresses; retrying", zap.Strings("devices", s.DeviceNames()),

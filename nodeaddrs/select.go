@@ -22,12 +22,22 @@
 //     give every pod a veth whose host end may carry an address, while a
 //     node whose uplink is a veth (a container, a kind node) routes its
 //     default route through it;
+//   - the last three (names, kinds and veths) do not apply to a device that
+//     carries one of the Node object's InternalIP or ExternalIP addresses:
+//     that is the node's device whatever it is, such as a veth uplink
+//     without a default route, or a bridge that holds the uplink;
 //   - it carries a node address: a unicast address that is neither
 //     loopback nor link-local, nor still tentative (IPv6 duplicate address
 //     detection).
 //
 // With --devices, the named devices are used as they are, and their
 // addresses are the node addresses.
+//
+// Either way a device whose frames have no Ethernet header (WireGuard,
+// tun, ipip, gre, sit: any hardware type but Ethernet) is left out and
+// listed in State.Headerless: the tc programs read a 14-byte Ethernet
+// header before the IP one, and on such a device would misread every
+// packet.
 package nodeaddrs
 
 import (
@@ -57,7 +67,10 @@ type Link struct {
 	HasMaster bool
 	// DefaultRoute says a default route (IPv4 or IPv6) leaves through it.
 	DefaultRoute bool
-	Addrs        []Addr
+	// Headerless says its frames start with the IP header: its hardware
+	// type is not Ethernet (WireGuard and tun: none; ipip, gre, sit).
+	Headerless bool
+	Addrs      []Addr
 }
 
 // Addr is one address on a device.
@@ -80,27 +93,39 @@ type State struct {
 	Devices []Device
 	// Addrs are the node addresses on Devices, sorted and unique.
 	Addrs []netip.Addr
+	// Headerless are the devices the rule (or --devices) would have
+	// taken but that have no Ethernet header, which the tc programs need;
+	// sorted by name.
+	Headerless []Device
 }
 
 // DeviceNames lists the devices' names.
-func (s State) DeviceNames() []string {
-	names := make([]string, 0, len(s.Devices))
-	for _, d := range s.Devices {
-		names = append(names, d.Name)
+func (s State) DeviceNames() []string { return names(s.Devices) }
+
+// HeaderlessNames lists the names of the devices left out for want of an
+// Ethernet header.
+func (s State) HeaderlessNames() []string { return names(s.Headerless) }
+
+func names(devices []Device) []string {
+	out := make([]string, 0, len(devices))
+	for _, d := range devices {
+		out = append(out, d.Name)
 	}
-	return names
+	return out
 }
 
 // Equal reports whether two states attach and serve alike. A device that
 // was recreated under its name has another index, and needs attaching
 // again.
 func (s State) Equal(o State) bool {
-	return slices.Equal(s.Devices, o.Devices) && slices.Equal(s.Addrs, o.Addrs)
+	return slices.Equal(s.Devices, o.Devices) && slices.Equal(s.Addrs, o.Addrs) && slices.Equal(s.Headerless, o.Headerless)
 }
 
 // Select applies the rule to links. Non-empty named are the devices the
 // operator named: those that exist are used whatever the rule says.
-func Select(links []Link, named []string) State {
+// nodeIPs are the Node object's InternalIP and ExternalIP addresses (none
+// before kpr has read it).
+func Select(links []Link, named []string, nodeIPs []netip.Addr) State {
 	var s State
 	for _, l := range links {
 		addrs := nodeAddrs(l.Addrs)
@@ -108,23 +133,33 @@ func Select(links []Link, named []string) State {
 			if !slices.Contains(named, l.Name) {
 				continue
 			}
-		} else if len(addrs) == 0 || !native(l) {
+		} else if len(addrs) == 0 || !native(l, addrs, nodeIPs) {
+			continue
+		}
+		if l.Headerless {
+			s.Headerless = append(s.Headerless, Device{Name: l.Name, Index: l.Index})
 			continue
 		}
 		s.Devices = append(s.Devices, Device{Name: l.Name, Index: l.Index})
 		s.Addrs = append(s.Addrs, addrs...)
 	}
-	slices.SortFunc(s.Devices, func(a, b Device) int { return strings.Compare(a.Name, b.Name) })
+	byName := func(a, b Device) int { return strings.Compare(a.Name, b.Name) }
+	slices.SortFunc(s.Devices, byName)
+	slices.SortFunc(s.Headerless, byName)
 	slices.SortFunc(s.Addrs, netip.Addr.Compare)
 	s.Addrs = slices.Compact(s.Addrs)
 	return s
 }
 
 // native tells a device of the node's own from one of pods, overlays or
-// bridges.
-func native(l Link) bool {
+// bridges; addrs are its node addresses.
+func native(l Link, addrs, nodeIPs []netip.Addr) bool {
 	switch {
-	case !l.Up, l.Loopback, l.HasMaster, slices.Contains(excludedKinds, l.Kind):
+	case !l.Up, l.Loopback, l.HasMaster:
+		return false
+	case slices.ContainsFunc(addrs, func(a netip.Addr) bool { return slices.Contains(nodeIPs, a) }):
+		return true
+	case slices.Contains(excludedKinds, l.Kind):
 		return false
 	case slices.ContainsFunc(excludedPrefixes, func(p string) bool { return strings.HasPrefix(l.Name, p) }):
 		return false

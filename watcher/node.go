@@ -16,6 +16,8 @@ type nodeTracker struct {
 	name   string
 	config desired.NodeConfig
 	health HealthReporter
+	// onNodeIPs is Config.NodeIPs.
+	onNodeIPs func([]netip.Addr)
 
 	mu   sync.Mutex
 	info desired.Node
@@ -24,6 +26,8 @@ type nodeTracker struct {
 	// node's own devices (SetLocalAddresses): info is made of both.
 	object *v1.Node
 	local  []netip.Addr
+	// nodeIPs are the Node object's addresses onNodeIPs was last given.
+	nodeIPs []netip.Addr
 }
 
 func newNodeTracker(name string, config desired.NodeConfig, health HealthReporter) *nodeTracker {
@@ -55,10 +59,18 @@ func (n *nodeTracker) update(node *v1.Node) (changed bool) {
 		n.health.SetNode(node)
 	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	info := desired.NewNode(n.name, node, n.config, n.local...)
 	changed = !n.seen || !n.info.Equal(info)
 	n.info, n.seen, n.object = info, true, node
+	ips := desired.NodeIPs(node)
+	ipsChanged := n.onNodeIPs != nil && (n.nodeIPs == nil || !slices.Equal(n.nodeIPs, ips))
+	if ipsChanged {
+		n.nodeIPs = append([]netip.Addr{}, ips...) // non-nil once given
+	}
+	n.mu.Unlock()
+	if ipsChanged {
+		n.onNodeIPs(ips)
+	}
 	return changed
 }
 

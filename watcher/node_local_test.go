@@ -33,3 +33,21 @@ func TestNodeTrackerLocalAddresses(t *testing.T) {
 		t.Errorf("after a Node update, addresses %v lost the local %s", n.current().Addresses, added)
 	}
 }
+
+// Config.NodeIPs hears of the Node's InternalIP and ExternalIP addresses
+// when they first arrive and when they change, not at every status
+// heartbeat.
+func TestNodeTrackerReportsNodeIPs(t *testing.T) {
+	n := newNodeTracker("node-a", desired.NodeConfig{}, nil)
+	var got [][]netip.Addr
+	n.onNodeIPs = func(ips []netip.Addr) { got = append(got, ips) }
+	n.update(testNode("z1", v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.0.2.10"}))
+	n.update(testNode("z2", v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.0.2.10"}))
+	n.update(testNode("z2", v1.NodeAddress{Type: v1.NodeInternalIP, Address: "192.0.2.10"},
+		v1.NodeAddress{Type: v1.NodeExternalIP, Address: "203.0.113.7"}))
+	want := [][]netip.Addr{{netip.MustParseAddr("192.0.2.10")},
+		{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("203.0.113.7")}}
+	if !slices.EqualFunc(got, want, func(a, b []netip.Addr) bool { return slices.Equal(a, b) }) {
+		t.Errorf("NodeIPs calls %v, want %v", got, want)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +77,12 @@ type Config struct {
 	// the dataplane refuses (see dataplane.Refuser), and a Normal one when
 	// the port is programmed after all.
 	Events EventRecorder
+	// NodeIPs, if set, is called with the Node object's InternalIP and
+	// ExternalIP addresses (desired.NodeIPs) when they first arrive and
+	// whenever they change, from an informer's goroutine: keep it quick.
+	// The eBPF backend's device detection takes a device that carries one
+	// as the node's.
+	NodeIPs func([]netip.Addr)
 	// OnSync, if set, is called after every sync attempt, from the sync
 	// loop's goroutine: keep it quick. Tests and benchmarks use it to learn
 	// when the dataplane caught up.
@@ -121,6 +128,7 @@ func New(cfg Config, client *apiclient.Clients, dp dataplane.Dataplane, log *zap
 	started := time.Now()
 	tracker := newChangeTracker(cfg.Metrics, cfg.Health, time.Now)
 	node := newNodeTracker(cfg.NodeName, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.Health)
+	node.onNodeIPs = cfg.NodeIPs
 	api, err := newAPIObjects(client, cfg.NodeName, tracker, node, started, log)
 	if err != nil {
 		return nil, fmt.Errorf("watcher: set up informers: %w", err)

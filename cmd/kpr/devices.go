@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"go.uber.org/zap"
 
@@ -22,6 +23,11 @@ type nodeDevices struct {
 	// initial is the state when kpr started: the devices Load attaches
 	// to, and the addresses the first sync serves.
 	initial nodeaddrs.State
+
+	// headerless are the devices left out for want of an Ethernet
+	// header, as last seen, for kpr status.
+	mu         sync.Mutex
+	headerless []string
 }
 
 // newNodeDevices reads the node's devices in --host-netns (kpr's own
@@ -40,13 +46,27 @@ func newNodeDevices(f *runFlags, c choice, log *zap.Logger) (*nodeDevices, error
 		follower.Close()
 		return nil, fmt.Errorf("find the node's devices for the tc programs (or name them with --devices): %w", err)
 	}
+	if len(initial.Headerless) > 0 {
+		log.Warn(nodeaddrs.HeaderlessWarning, zap.Strings("devices", initial.HeaderlessNames()))
+	}
 	if len(f.ebpf.devices) == 0 {
 		log.Info("tc programs go to the devices that carry node addresses (--devices names others)",
 			zap.Strings("devices", initial.DeviceNames()), zap.Stringers("addresses", initial.Addrs))
 		// Load attaches to these.
 		f.ebpf.detectedDevices = initial.DeviceNames()
 	}
-	return &nodeDevices{follower: follower, initial: initial}, nil
+	return &nodeDevices{follower: follower, initial: initial, headerless: initial.HeaderlessNames()}, nil
+}
+
+// headerlessDevices are the devices the tc programs leave out for want of
+// an Ethernet header; none for a nil n (no tc programs).
+func (n *nodeDevices) headerlessDevices() []string {
+	if n == nil {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.headerless
 }
 
 func (n *nodeDevices) close() error { return n.follower.Close() }
@@ -64,6 +84,9 @@ func (n *nodeDevices) follow(ctx context.Context, setDevices func([]string) erro
 	}
 	attached, addrs := n.initial.Devices, n.initial.Addrs
 	return n.follower.Run(ctx, n.initial, func(s nodeaddrs.State) error {
+		n.mu.Lock()
+		n.headerless = s.HeaderlessNames()
+		n.mu.Unlock()
 		// Devices first: a NodePort on a new device's address is only
 		// served once the programs are there. New addresses on the same
 		// devices go to the programs too: they SNAT to them on kernels

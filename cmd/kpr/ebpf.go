@@ -131,7 +131,8 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 		"skipping loopback, down, bridge, tunnel and pod devices, followed while kpr runs (docs/tc-dataplane.md)")
 	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to the devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, clsact, "+
 		"or none (no tc programs: traffic from other machines is not served)")
-	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps 61000-65535")
+	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps "+
+		defaultSNATPorts()+", which must stay outside the node's net.ipv4.ip_local_port_range")
 	fl.StringVar(&f.lbAlgorithm, "lb-algorithm", lbRandom, "how the tc programs pick the backend of a new flow from outside: random (a hash of the flow over the backends), "+
 		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
 	fl.Uint32Var(&f.maglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "slots of each Service's Maglev table (--lb-algorithm maglev): a prime, "+
@@ -150,6 +151,9 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 	tc, err := f.tcOptions()
 	if err != nil {
+		return builtDataplane{}, err
+	}
+	if err := checkSNATPorts(f, loader.NetNSSysctlReader(f.hostNetNS)); err != nil {
 		return builtDataplane{}, err
 	}
 	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.ebpf.cgroupRoot, HostNetNS: f.hostNetNS, Sizes: f.ebpf.sizes, TC: tc, Log: log})
@@ -337,4 +341,28 @@ func printTCSummary(out io.Writer, r kernelReport) {
 	} else {
 		fmt.Fprintln(out, "Flows to a backend on another node are not SNATed (needs Linux 6.7+).")
 	}
+}
+
+// checkSNATPorts refuses a SNAT port range that overlaps the node's
+// ephemeral ports, which read gives (the node's sysctls, read only).
+func checkSNATPorts(f *runFlags, read loader.SysctlReader) error {
+	opts, err := f.tcOptions()
+	if err != nil || opts == nil {
+		return err
+	}
+	r, err := opts.SNATPortRange()
+	if err != nil {
+		return err
+	}
+	return loader.CheckSNATPorts(r, read)
+}
+
+// defaultSNATPorts names the tc programs' own SNAT port range, for
+// --snat-port-range's help.
+func defaultSNATPorts() string {
+	r, err := loader.DefaultSNATPorts()
+	if err != nil {
+		return "the range compiled into the tc programs"
+	}
+	return r.String()
 }

@@ -166,6 +166,10 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	// kube-proxy's recorder does for its own complaints.
 	events := apiclient.NewEventRecorder(client, "kpr", cfg.NodeName, log.Named("events"))
 	cfg.Events = events
+	if devices != nil {
+		// A device that carries the Node's address is the node's.
+		cfg.NodeIPs = devices.follower.SetNodeIPs
+	}
 	w, err := watcher.New(cfg, client, dp.plane, log.Named("watcher"))
 	if err != nil {
 		return err
@@ -181,7 +185,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		group.Go(func() error { return hs.Run(ctx) })
 	}
 	if f.metricsAddr != "" {
-		handler := withStatusz(metricsHandler(m, chosen, f.profiling), chosen, report, w)
+		handler := withStatusz(metricsHandler(m, chosen, f.profiling), chosen, report, w, devices)
 		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, handler) })
 	}
 	group.Go(func() error { return svcHealth.Run(ctx) })

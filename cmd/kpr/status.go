@@ -36,10 +36,14 @@ type daemonStatus struct {
 	Reason    string         `json:"reason"`
 	Kernel    kernelReport   `json:"kernel"`
 	Watcher   watcher.Status `json:"watcher"`
+	// HeaderlessDevices are the node's devices the tc programs leave out
+	// for want of an Ethernet header (nodeaddrs.State.Headerless).
+	HeaderlessDevices []string `json:"headerlessDevices,omitempty"`
 }
 
-// withStatusz serves /statusz in front of next.
-func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Watcher) http.Handler {
+// withStatusz serves /statusz in front of next. devices is nil without the
+// tc programs.
+func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Watcher, devices *nodeDevices) http.Handler {
 	started := time.Now()
 	mux := http.NewServeMux()
 	mux.HandleFunc(statuszPath, func(rw http.ResponseWriter, _ *http.Request) {
@@ -47,6 +51,7 @@ func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Wa
 		_ = json.NewEncoder(rw).Encode(daemonStatus{
 			Version: version, PID: os.Getpid(), StartedAt: started,
 			Mode: string(c.backend), Reason: c.reason, Kernel: report, Watcher: w.Status(),
+			HeaderlessDevices: devices.headerlessDevices(),
 		})
 	})
 	mux.Handle("/", next)
@@ -221,6 +226,10 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 		}
 		for _, f := range ws.RecentFailures {
 			fmt.Fprintf(w, "failed:   %s (full %v): %s\n", ago(f.At), f.Full, f.Error)
+		}
+		if len(d.HeaderlessDevices) > 0 {
+			fmt.Fprintf(w, "devices:  NO TC PROGRAMS on %s: no Ethernet header, which they read; traffic from outside through them is not translated\n",
+				strings.Join(d.HeaderlessDevices, ", "))
 		}
 	} else {
 		fmt.Fprintf(w, "daemon:   NOT RUNNING (%s); below is what the pins say\n", st.DaemonError)

@@ -49,4 +49,19 @@ func TestWriteStatusShowsAttachmentsAndStuckWatches(t *testing.T) {
 	if strings.Contains(b.String(), "STUCK") {
 		t.Errorf("status says STUCK for watches that are not:\n%s", b.String())
 	}
+	if strings.Contains(b.String(), "NO TC PROGRAMS") {
+		t.Errorf("status warns of headerless devices the daemon did not report:\n%s", b.String())
+	}
+}
+
+// Devices the tc programs leave out for want of an Ethernet header are
+// named on a line of their own.
+func TestWriteStatusNamesHeaderlessDevices(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	st := statusOutput{Daemon: &daemonStatus{Version: "v1", Mode: "ebpf", StartedAt: now, HeaderlessDevices: []string{"tun0", "wg0"}}}
+	var b bytes.Buffer
+	writeStatus(&b, st, now)
+	if want := "devices:  NO TC PROGRAMS on tun0, wg0: no Ethernet header"; !strings.Contains(b.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, b.String())
+	}
 }

@@ -14,8 +14,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kpr-io/kpr/tests/harness"
 	"github.com/kpr-io/kpr/tests/kprproc"
@@ -63,23 +61,8 @@ func TestKprRunFollowsNodeDevicesAndAddresses(t *testing.T) {
 	})
 
 	const ns = "tcnat"
-	if _, err := api.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	np := kubeobj.Service(ns, "np", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
-	np.Spec.Type = v1.ServiceTypeNodePort
-	if np, err = api.CreateService(ctx, np); err != nil {
-		t.Fatal(err)
-	}
-	var eps []kubeobj.Endpoint
-	for _, p := range top.pods {
-		eps = append(eps, kubeobj.Endpoint{Addr: p.IPv4, NodeName: nodeName})
-	}
-	if err := api.ApplySlice(ctx, kubeobj.Slice(np, "np-ipv4", discoveryv1.AddressTypeIPv4, eps...)); err != nil {
-		t.Fatal(err)
-	}
-	nodePort := uint16(np.Spec.Ports[0].NodePort)
-	onNode := netip.AddrPortFrom(nodeAddrs[0].Addr(), nodePort)
+	onNode := createNodePort(ctx, t, api, ns, nodeName, top.pods...)
+	nodePort := onNode.Port()
 
 	t.Run("serves a NodePort from outside", func(t *testing.T) {
 		waitWho(t, top.client.NetNS, onNode, 2)

@@ -2,10 +2,13 @@ package tcnat
 
 import (
 	"context"
+	"net/netip"
 	"path/filepath"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kpr-io/kpr/tests/cluster"
 	"github.com/kpr-io/kpr/tests/harness"
@@ -56,4 +59,28 @@ func runKpr(ctx context.Context, t *testing.T, cl *cluster.Cluster, nodeName, ho
 		t.Fatal(err)
 	}
 	return kpr
+}
+
+// createNodePort creates namespace ns and in it a NodePort Service "np" on
+// port 80, whose endpoints are the pods' echo servers (IPv4) on nodeName,
+// and returns its NodePort on the node's address.
+func createNodePort(ctx context.Context, t *testing.T, api kubeobj.Client, ns, nodeName string, pods ...*harness.Pod) netip.AddrPort {
+	t.Helper()
+	if _, err := api.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	np := kubeobj.Service(ns, "np", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
+	np.Spec.Type = v1.ServiceTypeNodePort
+	np, err := api.CreateService(ctx, np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eps []kubeobj.Endpoint
+	for _, p := range pods {
+		eps = append(eps, kubeobj.Endpoint{Addr: p.IPv4, NodeName: nodeName})
+	}
+	if err := api.ApplySlice(ctx, kubeobj.Slice(np, "np-ipv4", discoveryv1.AddressTypeIPv4, eps...)); err != nil {
+		t.Fatal(err)
+	}
+	return netip.AddrPortFrom(nodeAddrs[0].Addr(), uint16(np.Spec.Ports[0].NodePort))
 }

@@ -8,7 +8,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kpr-io/kpr/tests/harness"
 	"github.com/kpr-io/kpr/tests/kubeobj"
@@ -26,9 +25,10 @@ func TestKprRunServesTrafficFromOutside(t *testing.T) {
 	top := buildTopology(t, 2)
 	runKpr(ctx, t, cl, nodeName, top.node.NetNS.Path, "--devices", extDev)
 	const ns = "tcnat"
-	if _, err := api.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	onNode := createNodePort(ctx, t, api, ns, nodeName, top.pods...)
+	seen := waitWho(t, top.client.NetNS, onNode, 2)
+	t.Logf("NodePort %s from outside reached %v", onNode, seen)
+
 	endpoints := func(svc *v1.Service, nodes ...string) {
 		t.Helper()
 		var eps []kubeobj.Endpoint
@@ -40,23 +40,12 @@ func TestKprRunServesTrafficFromOutside(t *testing.T) {
 		}
 	}
 
-	np := kubeobj.Service(ns, "np", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
-	np.Spec.Type = v1.ServiceTypeNodePort
-	np, err := api.CreateService(ctx, np)
-	if err != nil {
-		t.Fatal(err)
-	}
-	endpoints(np, nodeName, nodeName)
-	onNode := netip.AddrPortFrom(nodeAddrs[0].Addr(), uint16(np.Spec.Ports[0].NodePort))
-	seen := waitWho(t, top.client.NetNS, onNode, 2)
-	t.Logf("NodePort %s from outside reached %v", onNode, seen)
-
 	extIP := netip.MustParseAddr("203.0.113.9")
 	local := kubeobj.Service(ns, "local", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
 	local.Spec.ExternalIPs = []string{extIP.String()}
 	local.Spec.Type = v1.ServiceTypeNodePort
 	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
-	local, err = api.CreateService(ctx, local)
+	local, err := api.CreateService(ctx, local)
 	if err != nil {
 		t.Fatal(err)
 	}
