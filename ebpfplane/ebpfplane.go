@@ -75,10 +75,16 @@ func (p *Plane) publish() {
 	if p.metrics == nil {
 		return
 	}
-	for _, u := range append(p.lb.Usage(), p.lb.SourceRanges().Usage()) {
+	for _, u := range p.usage() {
 		p.metrics.MapEntries.WithLabelValues(u.Map).Set(float64(u.Entries))
 		p.metrics.MapMaxEntries.WithLabelValues(u.Map).Set(float64(u.MaxEntries))
 	}
+}
+
+// usage is the fill level of every map the LB writes that a ServicePort
+// can lack room in.
+func (p *Plane) usage() []maps.MapUsage {
+	return append(p.lb.Usage(), p.lb.SourceRanges().Usage())
 }
 
 // finish ends every call: it hands the backends that left UDP frontends to
@@ -197,7 +203,7 @@ func vipKey(fe dataplane.Frontend, scope maps.Scope) maps.VIPKey {
 // Apply writes the given ServicePorts; nil deletes one. A ServicePort that
 // does not fit is refused alone (see Refused); the others are written.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
-	before := p.lb.Usage()
+	before := p.usage()
 	names := dataplane.SortedNames(changes)
 	err := p.write(changes, names, wantedBy(changes, names))
 	if err == nil && p.freedRoom(before) {
@@ -213,7 +219,7 @@ func (p *Plane) freedRoom(before []maps.MapUsage) bool {
 	if len(p.refused) == 0 {
 		return false
 	}
-	for i, u := range p.lb.Usage() {
+	for i, u := range p.usage() {
 		if u.Entries < before[i].Entries {
 			return true
 		}

@@ -1,10 +1,13 @@
 package ebpfplane
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/maps"
 )
@@ -109,5 +112,72 @@ func TestRefusedServicePortKeepsItsOldSourceRanges(t *testing.T) {
 	}
 	if svc, _ := lb.Get(maps.VIPKey{VIP: lbVIP, Scope: maps.ScopeInternal}); len(svc.SourceRanges) == 0 {
 		t.Error("the refused ServicePort's old master lost its source-range flag")
+	}
+}
+
+// prefixes returns n distinct IPv4 /24s.
+func prefixes(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)
+	}
+	return out
+}
+
+// fencedAt is fenced with the LoadBalancer frontend at lbIP.
+func fencedAt(lbIP string, ranges ...string) *dataplane.ServicePort {
+	sp := fenced(ranges...)
+	sp.Frontends = sp.Frontends[1:] // a ClusterIP each would collide
+	sp.Frontends[0].Addr = netip.MustParseAddr(lbIP)
+	return sp
+}
+
+// More loadBalancerSourceRanges than kpr_src_ranges has room for refuse
+// that ServicePort alone, as a full service map does: the call succeeds
+// (a failed sync would make every node's /healthz fail), the Service keeps
+// what it served, the others are untouched, and it is programmed once
+// room is made.
+func TestSourceRangesBeyondTheMapAreRefusedAlone(t *testing.T) {
+	lb := maps.NewInMemorySized(map[string]int{bpf.KprMapKprSrcRanges: 10})
+	p := New(lb, nil)
+	apply := func(changes map[dataplane.ServicePortName]*dataplane.ServicePort) {
+		t.Helper()
+		if err := p.Apply(changes); err != nil {
+			t.Fatalf("Apply failed (every sync would, and /healthz with it): %v", err)
+		}
+	}
+	hog, small := fencedAt("203.0.113.1", prefixes(6)...), fencedAt("203.0.113.2", prefixes(2)...)
+	apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("a-hog"): hog, name("b-small"): small})
+
+	// c grows from 1 range to 5: 6+2+5 > 10.
+	was := fencedAt("203.0.113.3", prefixes(1)...)
+	apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("c-big"): was})
+	apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("c-big"): fencedAt("203.0.113.3", prefixes(5)...)})
+	r, refused := p.Refused()[name("c-big")]
+	if !refused || len(p.Refused()) != 1 || r.Reason != dataplane.RefusedMapFull ||
+		!strings.Contains(r.Message, bpf.KprMapKprSrcRanges) || !strings.Contains(r.Message, "loadBalancerSourceRanges") {
+		t.Fatalf("Refused() = %+v, want only c-big, as MapFull naming %s and what to do", p.Refused(), bpf.KprMapKprSrcRanges)
+	}
+	for ip, want := range map[string]int{"203.0.113.1": 6, "203.0.113.2": 2, "203.0.113.3": 1} {
+		vip := maps.VIP{Addr: netip.MustParseAddr(ip), Port: 80, Proto: dataplane.TCP}
+		if got := lb.SourceRanges().Get(vip); len(got) != want {
+			t.Errorf("%s holds %v, want its %d ranges as before", ip, got, want)
+		}
+		if svc, ok := lb.Get(maps.VIPKey{VIP: vip, Scope: maps.ScopeExternal}); !ok || len(svc.SourceRanges) != want {
+			t.Errorf("%s is served as %+v, want its previous state", ip, svc)
+		}
+	}
+	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{
+		name("a-hog"): hog, name("b-small"): small, name("c-big"): fencedAt("203.0.113.3", prefixes(5)...)}); err != nil {
+		t.Fatalf("Reconcile failed over the refused ServicePort: %v", err)
+	}
+
+	// Deleting the hog frees ranges only in kpr_src_ranges' terms too.
+	apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("a-hog"): nil})
+	if len(p.Refused()) != 0 {
+		t.Fatalf("Refused() = %v once room was made", p.Refused())
+	}
+	if got := lb.SourceRanges().Get(maps.VIP{Addr: netip.MustParseAddr("203.0.113.3"), Port: 80, Proto: dataplane.TCP}); len(got) != 5 {
+		t.Fatalf("c-big holds %v once room was made, want 5 ranges", got)
 	}
 }

@@ -2,6 +2,7 @@ package maps
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/kpr-io/kpr/bpf"
 )
@@ -10,18 +11,45 @@ import (
 // behaves like the BPF-backed one, without a kernel, for tests of code that
 // drives an LB.
 func NewInMemory(services, backends, revNats int) *LB {
+	return NewInMemorySized(map[string]int{
+		bpf.KprMapKprServices: services, bpf.KprMapKprBackends: backends, bpf.KprMapKprRevNat: revNats})
+}
+
+// InMemoryMaps are the BPF maps, by name, that an LB from NewInMemorySized
+// holds in memory: every map the LB's write path writes, except the Maglev
+// tables, which need the kernel's maps of maps.
+var InMemoryMaps = []string{bpf.KprMapKprServices, bpf.KprMapKprBackends, bpf.KprMapKprRevNat,
+	bpf.KprMapKprAffinityMatch, bpf.KprMapKprSrcRanges}
+
+// NewInMemorySized returns an LB over in-memory tables with the sizes
+// given by BPF map name (one of InMemoryMaps), for tests that fill one map.
+// A map not named gets the size bpf/maps.h gives it, the affinity match
+// map that of the service map, as the loader sizes them.
+func NewInMemorySized(sizes map[string]int) *LB {
+	size := func(name string, def int) int {
+		if n, ok := sizes[name]; ok {
+			return n
+		}
+		return def
+	}
+	for name := range sizes {
+		if !slices.Contains(InMemoryMaps, name) {
+			panic("maps: NewInMemorySized: no in-memory map " + name)
+		}
+	}
+	services := size(bpf.KprMapKprServices, 262144)
 	fault := &writeFault{}
 	t := tables{
 		services:      newMemTable[bpf.KprSvcKey, bpf.KprSvcValue](services),
-		backends:      newMemTable[uint32, bpf.KprBackend](backends),
-		revNat:        newMemTable[uint32, bpf.KprRevNatValue](revNats),
-		affinityMatch: newMemTable[bpf.KprAffinityMatchKey, uint8](services),
+		backends:      newMemTable[uint32, bpf.KprBackend](size(bpf.KprMapKprBackends, 131072)),
+		revNat:        newMemTable[uint32, bpf.KprRevNatValue](size(bpf.KprMapKprRevNat, 131072)),
+		affinityMatch: newMemTable[bpf.KprAffinityMatchKey, uint8](size(bpf.KprMapKprAffinityMatch, services)),
 	}
 	t.services.(*memTable[bpf.KprSvcKey, bpf.KprSvcValue]).fault = fault
 	t.backends.(*memTable[uint32, bpf.KprBackend]).fault = fault
 	t.revNat.(*memTable[uint32, bpf.KprRevNatValue]).fault = fault
 	t.affinityMatch.(*memTable[bpf.KprAffinityMatchKey, uint8]).fault = fault
-	return mustLoadInMemory(t, newMemTable[bpf.KprSrcRangeKey, uint8](65536), false)
+	return mustLoadInMemory(t, newMemTable[bpf.KprSrcRangeKey, uint8](size(bpf.KprMapKprSrcRanges, 65536)), false)
 }
 
 func mustLoadInMemory(t tables, ranges table[bpf.KprSrcRangeKey, uint8], readOnly bool) *LB {

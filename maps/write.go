@@ -184,9 +184,15 @@ type MapFullError struct {
 // MapShortage is one map a refused change did not fit in.
 type MapShortage struct {
 	Map string // the BPF map's name
-	// Flag is the `kpr run` flag that sizes the map.
+	// Flag is the `kpr run` flag that sizes the map; empty for a map of
+	// fixed size (kpr_src_ranges), which only fewer entries make fit.
 	Flag       string
 	Need, Have int
+}
+
+// fixedSizeRemedy says what makes a change fit in a map no flag sizes.
+var fixedSizeRemedy = map[string]string{
+	bpf.KprMapKprSrcRanges: "fewer loadBalancerSourceRanges (on this Service or others) make it fit",
 }
 
 func (e *MapFullError) Error() string {
@@ -196,13 +202,20 @@ func (e *MapFullError) Error() string {
 	} else if len(e.Frontends) > 1 {
 		what = fmt.Sprintf("%d frontends (%s, ...)", len(e.Frontends), e.Frontends[0])
 	}
-	var short, flags []string
+	var short, flags, remedies []string
 	for _, s := range e.Short {
 		short = append(short, fmt.Sprintf("%s needs %d of %d entries", s.Map, s.Need, s.Have))
-		flags = append(flags, s.Flag)
+		switch {
+		case s.Flag == "":
+			remedies = append(remedies, fixedSizeRemedy[s.Map])
+		case !slices.Contains(flags, s.Flag):
+			flags = append(flags, s.Flag)
+		}
 	}
-	return fmt.Sprintf("%v: %s refused, %s; raise %s (kpr run) and restart kpr: the maps are carried over",
-		ErrMapFull, what, strings.Join(short, ", "), strings.Join(flags, " and "))
+	if len(flags) > 0 {
+		remedies = append(remedies, fmt.Sprintf("raise %s (kpr run) and restart kpr: the maps are carried over", strings.Join(flags, " and ")))
+	}
+	return fmt.Sprintf("%v: %s refused, %s; %s", ErrMapFull, what, strings.Join(short, ", "), strings.Join(remedies, "; or "))
 }
 
 func (e *MapFullError) Unwrap() error { return ErrMapFull }
@@ -231,6 +244,19 @@ func (lb *LB) planAll(svcs []Service) ([]*plan, error) {
 	}
 	if n, max := len(lb.revNatRefs), lb.revNat.maxEntries(); n > max {
 		short = append(short, MapShortage{bpf.KprMapKprRevNat, "--map-size-revnat", n, max})
+	}
+	// Step 4 adds the new matches before it removes the old ones, and
+	// step 1 the new source ranges before step 6 trims the old: both
+	// maps must hold the old and the new together for a moment.
+	if gained := lb.gainedMatches(plans); gained > 0 {
+		if n, max := len(lb.matches)+gained, lb.affinityMatch.maxEntries(); n > max {
+			short = append(short, MapShortage{bpf.KprMapKprAffinityMatch, "--map-size-services", n, max})
+		}
+	}
+	if added := lb.addedRanges(plans); added > 0 {
+		if n, max := lb.ranges.entries+added, lb.ranges.t.maxEntries(); n > max {
+			short = append(short, MapShortage{bpf.KprMapKprSrcRanges, "", n, max})
+		}
 	}
 	if len(short) > 0 {
 		lb.abandon(plans)
@@ -451,6 +477,39 @@ func (lb *LB) restoreTables(plans []*plan) {
 	for _, p := range plans {
 		lb.maglev.report(lb.maglev.syncTo(p.svc.VIPKey, p.old))
 	}
+}
+
+// gainedMatches counts the affinity matches the plans add.
+func (lb *LB) gainedMatches(plans []*plan) int {
+	n := 0
+	for _, p := range plans {
+		if p.svc.AffinityTimeout != 0 {
+			gained, _ := lb.matchChanges([]*plan{p})
+			n += len(gained)
+		}
+	}
+	return n
+}
+
+// addedRanges counts the source-range entries the plans add: the ranges
+// they ask for that the map does not hold for their frontend yet, each
+// once (both scopes of a frontend share its ranges).
+func (lb *LB) addedRanges(plans []*plan) int {
+	var seen map[VIP][]netip.Prefix
+	n := 0
+	for _, p := range plans {
+		for _, r := range p.svc.SourceRanges {
+			if slices.Contains(lb.ranges.held[p.svc.VIP], r) || slices.Contains(seen[p.svc.VIP], r) {
+				continue
+			}
+			if seen == nil {
+				seen = map[VIP][]netip.Prefix{}
+			}
+			seen[p.svc.VIP] = append(seen[p.svc.VIP], r)
+			n++
+		}
+	}
+	return n
 }
 
 // masked returns ranges masked, as the source-range map holds them.
