@@ -135,8 +135,9 @@ func desire(sp *dataplane.ServicePort, scheduler string, ipv6 bool, alloc markAl
 		if !slices.Equal(internal, external) {
 			mark := alloc(key)
 			if mark == 0 {
-				return nil, fmt.Errorf("%s: frontend %s needs a firewall mark for the node's own traffic (externalTrafficPolicy Local), "+
-					"and all %d are taken: fewer frontends under externalTrafficPolicy Local fit, or run kpr in another --mode", sp.Name, key, markIDMask)
+				return nil, fmt.Errorf("%w: frontend %s needs a firewall mark for the node's own traffic (externalTrafficPolicy Local "+
+					"with other endpoints than the cluster's), and all are taken; fewer such frontends make it fit, or run kpr in --mode ebpf, "+
+					"which has no such limit", errNoMark, key)
 			}
 			c.internal[key] = mark
 			mk := ServiceKey{IPv6: key.IPv6, FWMark: mark}
@@ -192,28 +193,31 @@ func familyBackends(bs []dataplane.Backend, ipv6 bool) []dataplane.Backend {
 	return slices.Compact(out)
 }
 
-// preferredMark is where the search for a frontend's mark starts, so that
-// the same frontend tends to get the same mark in every process.
-func preferredMark(k ServiceKey) uint32 {
+// preferredMark is where the search for a frontend's mark among limit
+// marks starts, so that the same frontend tends to get the same mark in
+// every process.
+func preferredMark(k ServiceKey, limit uint32) uint32 {
 	h := fnv.New32a()
 	b, _ := k.Addr.MarshalBinary()
 	h.Write(b)
 	h.Write([]byte{byte(k.Proto), byte(k.Port >> 8), byte(k.Port)})
-	return h.Sum32()%markIDMask + 1
+	return h.Sum32()%limit + 1
 }
 
 // marks tracks which frontend holds which firewall mark.
 type marks struct {
 	byKey  map[ServiceKey]uint32
 	byMark map[uint32]ServiceKey
+	// limit is how many marks it hands out (Limits.FirewallMarks).
+	limit uint32
 }
 
-func newMarks() *marks {
-	return &marks{byKey: map[ServiceKey]uint32{}, byMark: map[uint32]ServiceKey{}}
+func newMarks(limit uint32) *marks {
+	return &marks{byKey: map[ServiceKey]uint32{}, byMark: map[uint32]ServiceKey{}, limit: limit}
 }
 
 func (m *marks) clone() *marks {
-	out := newMarks()
+	out := newMarks(m.limit)
 	for k, v := range m.byKey {
 		out.set(k, v)
 	}
@@ -225,20 +229,48 @@ func (m *marks) set(k ServiceKey, mark uint32) {
 	m.byMark[mark] = k
 }
 
+// forget frees k's mark.
+func (m *marks) forget(k ServiceKey) {
+	if v, ok := m.byKey[k]; ok {
+		delete(m.byKey, k)
+		delete(m.byMark, v)
+	}
+}
+
 // get returns k's mark, giving it a free one if it has none; 0 when all
 // are taken.
 func (m *marks) get(k ServiceKey) uint32 {
 	if v, ok := m.byKey[k]; ok {
 		return v
 	}
-	id := preferredMark(k)
-	for range markIDMask {
+	id := preferredMark(k, m.limit)
+	for range m.limit {
 		mark := masqMark | id
 		if _, taken := m.byMark[mark]; !taken {
 			m.set(k, mark)
 			return mark
 		}
-		id = id%markIDMask + 1
+		id = id%m.limit + 1
 	}
 	return 0
+}
+
+// tracking returns an allocator of m's marks that remembers the frontends
+// it gave a new mark, and the function that frees those again, for a
+// contribution that is refused.
+func (m *marks) tracking() (alloc markAllocator, undo func()) {
+	var given []ServiceKey
+	alloc = func(k ServiceKey) uint32 {
+		_, had := m.byKey[k]
+		mark := m.get(k)
+		if !had && mark != 0 {
+			given = append(given, k)
+		}
+		return mark
+	}
+	return alloc, func() {
+		for _, k := range given {
+			m.forget(k)
+		}
+	}
 }

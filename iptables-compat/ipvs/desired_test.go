@@ -91,7 +91,7 @@ func goldenMasquerade(name string) netfilter.Masquerade {
 // renderDesired prints what sp asks of the kernel, one item a line in a
 // stable order, and the nat and filter rules of both families under masq.
 func renderDesired(t *testing.T, sp *dataplane.ServicePort, masq netfilter.Masquerade) string {
-	m := newMarks()
+	m := newMarks(markIDMask)
 	c, err := desire(sp, "rr", true, m.get)
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +203,7 @@ func TestMasqueradeAllMarksEveryClusterIPConnection(t *testing.T) {
 // its address's virtual server keeps only the local endpoints.
 func TestLocalPolicySplitsNodeTraffic(t *testing.T) {
 	sp := goldenCases()["local-policy-source-ranges"]
-	m := newMarks()
+	m := newMarks(markIDMask)
 	c, err := desire(sp, "rr", true, m.get)
 	if err != nil {
 		t.Fatal(err)
@@ -242,7 +242,7 @@ func TestLocalPolicySplitsNodeTraffic(t *testing.T) {
 // When every mark is taken, the ServicePort is refused with a message
 // saying what to do, rather than sharing a mark.
 func TestMarksRunOut(t *testing.T) {
-	m := newMarks()
+	m := newMarks(markIDMask)
 	for id := uint32(1); id <= markIDMask; id++ {
 		m.set(ServiceKey{Port: uint16(id)}, masqMark|id)
 	}

@@ -23,10 +23,13 @@ type fakeKernel struct {
 	device   bool
 	addrs    map[netip.Addr]bool
 	sets     map[string]map[Entry]bool
+	// maxElem are the sets' sizes, as EnsureSet created them.
+	maxElem map[string]int
 }
 
 func newFakeKernel() *fakeKernel {
-	return &fakeKernel{services: map[ServiceKey]*ServiceState{}, addrs: map[netip.Addr]bool{}, sets: map[string]map[Entry]bool{}}
+	return &fakeKernel{services: map[ServiceKey]*ServiceState{}, addrs: map[netip.Addr]bool{}, sets: map[string]map[Entry]bool{},
+		maxElem: map[string]int{}}
 }
 
 var errFake = errors.New("fake kernel refuses")
@@ -179,6 +182,7 @@ func (f *fakeKernel) EnsureSet(s SetSpec) error {
 	defer f.mu.Unlock()
 	if f.sets[s.Name] == nil {
 		f.sets[s.Name] = map[Entry]bool{}
+		f.maxElem[s.Name] = s.MaxElem
 	}
 	return nil
 }
@@ -201,6 +205,9 @@ func (f *fakeKernel) AddEntry(name string, e Entry) error {
 	if !ok || set[e] {
 		return fmt.Errorf("%w: add %s to %s (set exists %v)", errFake, e, name, ok)
 	}
+	if max := f.maxElem[name]; max > 0 && len(set) >= max {
+		return fmt.Errorf("%w: add %s to %s: Hash is full, cannot add more elements", errFake, e, name)
+	}
 	set[e] = true
 	return nil
 }
@@ -219,6 +226,7 @@ func (f *fakeKernel) DestroySet(name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.sets, name)
+	delete(f.maxElem, name)
 	return nil
 }
 

@@ -86,6 +86,9 @@ type SetSpec struct {
 	// Type is the ipset type, hash:ip,port or hash:ip,port,net.
 	Type string
 	IPv6 bool
+	// MaxElem is the most members the set holds (ipset's maxelem); 0 is
+	// ipset's default. A set that exists keeps its own.
+	MaxElem int
 }
 
 // Kernel is what the Plane reads and writes besides iptables: IPVS, the

@@ -289,7 +289,7 @@ func (k *NetlinkKernel) EnsureSet(s SetSpec) error {
 		if s.IPv6 {
 			fam = unix.AF_INET6
 		}
-		err := netlink.IpsetCreate(s.Name, s.Type, netlink.IpsetCreateOptions{Family: fam})
+		err := netlink.IpsetCreate(s.Name, s.Type, netlink.IpsetCreateOptions{Family: fam, MaxElements: uint32(s.MaxElem)})
 		if errors.Is(err, nl.IPSetError(nl.IPSET_ERR_EXIST)) {
 			return nil
 		}

@@ -3,6 +3,8 @@ package ipvs
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 
 	"go.uber.org/zap"
@@ -35,7 +37,10 @@ type Options struct {
 	// Conntrack removes the conntrack entries of UDP backends that left;
 	// nil skips it.
 	Conntrack netfilter.ConntrackCleaner
-	Log       *zap.Logger
+	// Limits are the ipsets' sizes and the firewall marks; the zero
+	// value is what the kernel and kube-proxy have (refusals.go).
+	Limits Limits
+	Log    *zap.Logger
 }
 
 // Plane is the IPVS dataplane.Dataplane.
@@ -61,6 +66,14 @@ type Plane struct {
 	// reconciled is set by a successful Reconcile and cleared by a failed
 	// call: until then no drift check vouches for the kernel.
 	reconciled bool
+	limits     Limits
+	// refused are the ServicePorts that would overfill a bounded table,
+	// with their latest desired state: the kernel keeps what it held for
+	// them (sps and contrib still say what), and every call that frees
+	// room, and every Reconcile, tries them again. refusedMu guards it
+	// for Refused, which any goroutine may call.
+	refusedMu sync.Mutex
+	refused   map[dataplane.ServicePortName]refusal
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -74,9 +87,9 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("ipvs.New: Options need the IPv4 iptables Tools")
 	}
 	p := &Plane{k: o.Kernel, run: o.Runner, tools: o.Families, scheduler: o.Scheduler, masq: o.Masquerade,
-		conntrack: o.Conntrack, log: o.Log,
+		conntrack: o.Conntrack, log: o.Log, limits: o.Limits,
 		sps: map[dataplane.ServicePortName]*dataplane.ServicePort{}, contrib: map[dataplane.ServicePortName]*contribution{},
-		marks: newMarks()}
+		marks: newMarks(o.Limits.marks()), refused: map[dataplane.ServicePortName]refusal{}}
 	if p.scheduler == "" {
 		p.scheduler = DefaultScheduler
 	}
@@ -90,10 +103,21 @@ func New(o Options) (*Plane, error) {
 func (p *Plane) ipv6() bool { _, ok := p.tools[netfilter.IPv6]; return ok }
 
 // Apply writes the virtual servers, addresses and set members of the
-// changed ServicePorts, and the nat rules if their marks changed.
+// changed ServicePorts, and the nat rules if their marks changed. A
+// ServicePort that would overfill a set or lacks a firewall mark is
+// refused alone (see Refused); the others are written.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	before := p.room()
+	err := p.apply(changes)
+	if err == nil && len(p.refused) > 0 && p.room().freed(before) {
+		err = p.apply(p.refusedChanges())
+	}
+	return err
+}
+
+func (p *Plane) apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
 	// saved is set by the first call, which also writes the rules whole.
 	var saved map[netfilter.Family]map[string]*netfilter.SavedTable
 	if p.cur == nil {
@@ -108,47 +132,77 @@ func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePo
 		p.cur, saved = cur, s
 		p.adoptMarks()
 	}
-	next := make(map[dataplane.ServicePortName]*contribution, len(p.contrib))
-	for n, c := range p.contrib {
-		next[n] = c
-	}
-	nextSPs := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(p.sps))
-	for n, sp := range p.sps {
-		nextSPs[n] = sp
-	}
-	marks := p.marks.clone()
+	next := maps.Clone(p.contrib)
+	nextSPs := maps.Clone(p.sps)
 	tc := newTouched()
-	var changed []dataplane.ServicePortName
+	var changed, upserts []dataplane.ServicePortName
 	for n, sp := range changes {
-		if sp == nil && p.sps[n] == nil {
-			continue // deleting what was never written
-		}
-		if sp == p.sps[n] {
-			continue
+		if sp == p.sps[n] || (sp == nil && p.sps[n] == nil) {
+			continue // unchanged, or deleting what was never written
 		}
 		changed = append(changed, n)
 		tc.add(p.contrib[n])
 		if sp == nil {
 			delete(next, n)
 			delete(nextSPs, n)
-			continue
+		} else {
+			upserts = append(upserts, n)
 		}
-		c, err := desire(sp, p.scheduler, p.ipv6(), marks.get)
-		if err != nil {
+	}
+	refused, err := p.admit(next, nextSPs, upserts, changes, tc)
+	if err != nil {
+		return err
+	}
+	if len(changed) > 0 || saved != nil {
+		if err := p.write(next, nextSPs, changed, tc, saved); err != nil {
 			return err
 		}
+	}
+	p.settleRefusals(func(n dataplane.ServicePortName) bool { _, ok := changes[n]; return ok }, refused)
+	return nil
+}
+
+// admit works out, in name order, the contributions of the ServicePorts
+// upserts names (their new states in sps) and puts each that fits the
+// bounded tables into next and nextSPs, which hold what stays as it is;
+// tc, when not nil, learns what they touch. The others keep what next
+// holds for them (their old contribution, or none) and are returned as
+// refused. An error is one no ServicePort can be refused for.
+func (p *Plane) admit(next map[dataplane.ServicePortName]*contribution, nextSPs map[dataplane.ServicePortName]*dataplane.ServicePort,
+	upserts []dataplane.ServicePortName, sps map[dataplane.ServicePortName]*dataplane.ServicePort, tc *touched) (map[dataplane.ServicePortName]refusal, error) {
+	refused := map[dataplane.ServicePortName]refusal{}
+	if len(upserts) == 0 {
+		return refused, nil
+	}
+	slices.SortFunc(upserts, dataplane.ServicePortName.Compare)
+	marks := p.marks.clone()
+	adm := newAdmission(p.limits, p.cur, next)
+	for _, n := range upserts {
+		sp := sps[n]
+		alloc, undo := marks.tracking()
+		c, err := desire(sp, p.scheduler, p.ipv6(), alloc)
+		if err == nil {
+			err = adm.admit(next[n], c)
+		} else if !errors.Is(err, errNoMark) {
+			return nil, err
+		}
+		if err != nil {
+			undo()
+			refused[n] = refusal{sp: sp, msg: refusalMessage(n, err, next[n] != nil)}
+			continue
+		}
 		next[n], nextSPs[n] = c, sp
-		tc.add(c)
+		if tc != nil {
+			tc.add(c)
+		}
 	}
-	if len(changed) == 0 && saved == nil {
-		return nil
-	}
-	return p.write(next, nextSPs, changed, tc, saved)
+	return refused, nil
 }
 
 // Reconcile reads the kernel and makes it hold exactly all: it repairs
 // what changed behind the Plane's back and removes the virtual servers,
-// addresses and set members of kpr's that no ServicePort wants.
+// addresses and set members of kpr's that no ServicePort wants. Refused
+// ServicePorts are tried again.
 func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePort) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -162,31 +216,37 @@ func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePo
 	}
 	p.cur = cur
 	p.adoptMarks()
+	// What is unchanged stays; what changed (or is refused) is admitted
+	// anew, keeping meanwhile what the kernel has of it.
 	next := map[dataplane.ServicePortName]*contribution{}
 	nextSPs := map[dataplane.ServicePortName]*dataplane.ServicePort{}
-	marks := p.marks.clone()
-	var changed []dataplane.ServicePortName
+	var changed, upserts []dataplane.ServicePortName
 	for n, sp := range all {
 		if sp == nil {
 			continue
 		}
-		c := p.contrib[n]
-		if p.sps[n] != sp || c == nil {
-			if c, err = desire(sp, p.scheduler, p.ipv6(), marks.get); err != nil {
-				return err
+		changed = append(changed, n)
+		if c := p.contrib[n]; c != nil {
+			next[n], nextSPs[n] = c, p.sps[n]
+			if p.sps[n] == sp {
+				continue
 			}
 		}
-		next[n], nextSPs[n] = c, sp
-		changed = append(changed, n)
+		upserts = append(upserts, n)
 	}
 	for n := range p.sps {
-		if nextSPs[n] == nil {
+		if all[n] == nil {
 			changed = append(changed, n)
 		}
+	}
+	refused, err := p.admit(next, nextSPs, upserts, all, nil)
+	if err != nil {
+		return err
 	}
 	if err := p.write(next, nextSPs, changed, nil, saved); err != nil {
 		return err
 	}
+	p.settleRefusals(func(dataplane.ServicePortName) bool { return true }, refused)
 	p.reconciled = true
 	return nil
 }
@@ -214,6 +274,7 @@ func (p *Plane) setup() error {
 		if s.IPv6 && !p.ipv6() {
 			continue
 		}
+		s.MaxElem = p.limits.setSize(s.Name)
 		if err := p.k.EnsureSet(s); err != nil {
 			return fmt.Errorf("create ipset %s (%s): %w", s.Name, s.Type, err)
 		}
@@ -247,7 +308,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*contribution, nextSPs 
 		removed = append(removed, dataplane.RemovedUDPBackends(p.sps[n], nextSPs[n])...)
 	}
 	p.cur, p.contrib, p.sps = pl.after, next, nextSPs
-	p.marks = newMarks()
+	p.marks = newMarks(p.limits.marks())
 	for k, m := range w.internal {
 		p.marks.set(k, m)
 	}
