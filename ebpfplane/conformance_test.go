@@ -1,11 +1,13 @@
 package ebpfplane_test
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
 	"github.com/kpr-io/kpr/ebpfplane"
@@ -34,6 +36,77 @@ func conformanceBackend(t *testing.T, lb *maps.LB) dataplanetest.Backend {
 		WithRoom: func(room int) dataplanetest.Backend {
 			return conformanceBackend(t, maps.NewInMemory(room, 1000, 1000))
 		},
+		Tables: tables(t),
+	}
+}
+
+// tables are the maps the LB's write path writes, each of which a
+// tenant's Services can fill: every one the LB holds in memory.
+func tables(t *testing.T) []dataplanetest.Table {
+	var out []dataplanetest.Table
+	for _, m := range maps.InMemoryMaps {
+		out = append(out, dataplanetest.Table{Name: m, WithRoom: func(room int) dataplanetest.Backend {
+			return conformanceBackend(t, maps.NewInMemorySized(map[string]int{m: room}))
+		}})
+	}
+	return out
+}
+
+// notFilledByServices are the maps of bpf.KprMaps that are no table of
+// the conformance suite, and why: the maps the programs write themselves
+// (LRU maps, which evict rather than fill, and counters), and the ones
+// no Service's write fills. A map added to bpf/maps.h fails
+// TestConformanceWalksEveryMapServicesFill until it is in one list or
+// the other.
+var notFilledByServices = map[string]string{
+	bpf.KprMapKprAffinity:       "LRU map the socket programs write per client; evicts the oldest when full",
+	bpf.KprMapKprConntrack:      "LRU map the tc programs write per flow; evicts the oldest when full",
+	bpf.KprMapKprSockRev:        "LRU map the socket programs write per socket; evicts the oldest when full",
+	bpf.KprMapKprTcAffinity:     "LRU map the tc programs write per client; evicts the oldest when full",
+	bpf.KprMapKprSockStats:      "array of counters, one per hook",
+	bpf.KprMapKprTcStats:        "per-CPU array of counters, one entry",
+	bpf.KprMapKprTraceFrontends: "written by `kpr trace` sessions, not by Services",
+	bpf.KprMapKprTraceOn:        "written by `kpr trace` sessions, not by Services",
+	bpf.KprMapKprTraceRings:     "written by `kpr trace` sessions, not by Services",
+	// The Maglev tables are written with each change, but a frontend
+	// whose table does not fit is still served, its new flows picked
+	// at random, and the failure logged (maps.Maglev.OnError): nothing
+	// fails and nothing is refused. Writing them needs the kernel's maps
+	// of maps, which the in-memory LB does not have.
+	bpf.KprMapKprMaglev: "a frontend without room for its Maglev table is served without one (maps.Maglev.OnError)",
+}
+
+// The conformance suite fills every map of bpf.KprMaps that Services fill,
+// so a new map cannot miss the per-Service refusal: each map is a table
+// of the suite or is in notFilledByServices, never both.
+func TestConformanceWalksEveryMapServicesFill(t *testing.T) {
+	declared := map[string]bool{}
+	for _, tb := range tables(t) {
+		declared[tb.Name] = true
+	}
+	typ := reflect.TypeOf(bpf.KprMaps{})
+	seen := map[string]bool{}
+	for i := range typ.NumField() {
+		m := typ.Field(i).Tag.Get("ebpf")
+		seen[m] = true
+		_, exempt := notFilledByServices[m]
+		switch {
+		case declared[m] && exempt:
+			t.Errorf("%s is both a table of the suite and in notFilledByServices", m)
+		case !declared[m] && !exempt:
+			t.Errorf("%s is in bpf.KprMaps but neither a table of the conformance suite (maps.InMemoryMaps) nor in notFilledByServices: "+
+				"if Services fill it, the Plane must refuse the one that overfills it", m)
+		}
+	}
+	for m := range notFilledByServices {
+		if !seen[m] {
+			t.Errorf("notFilledByServices names %s, which bpf.KprMaps does not have", m)
+		}
+	}
+	for m := range declared {
+		if !seen[m] {
+			t.Errorf("the suite's table %s is no map of bpf.KprMaps", m)
+		}
 	}
 }
 

@@ -94,12 +94,40 @@ type Backend struct {
 	// for the scenarios of a ServicePort that does not fit.
 	WithRoom func(room int) Backend
 
+	// Tables are every kind of table the backend writes, bounded or not.
+	// The suite fills each bounded one in turn, through a backend in
+	// which that table alone is small, and checks that the ServicePort
+	// that overfills it is refused alone while the others are served
+	// (see dataplane.Refuser): a tenant must not be able to fail every
+	// sync, and so every node's health, by filling a table. The
+	// backend's own tests check that the list is complete, so that a
+	// table added later is walked too.
+	Tables []Table
+
 	// KnownViolations are scenarios, by name (as in this package's
 	// table, without go test's underscores), that the backend is known
 	// to fail, each with why. They are skipped with that message rather
 	// than run, so that a violation found can be tracked without making
 	// every run fail; a name that matches no scenario fails the run.
 	KnownViolations map[string]string
+}
+
+// Table is one kind of table a backend writes: a BPF map, an ipset, a
+// range of firewall marks.
+type Table struct {
+	// Name is how the backend's refusals name the table: the message of
+	// a ServicePort refused for lack of room in it contains Name.
+	Name string
+	// Unbounded, when not empty, says why nothing a Service asks for can
+	// fill the table (the kernel has no limit for it but memory); the
+	// suite does not fill it.
+	Unbounded string
+	// WithRoom returns a new, empty backend in which this table holds
+	// room entries (members, marks) and every other its usual size.
+	WithRoom func(room int) Backend
+	// IPv6 says the table holds only IPv6 frontends' entries: the suite
+	// fills it with IPv6 Services.
+	IPv6 bool
 }
 
 // Tamperer damages what a dataplane serves for internal traffic to one

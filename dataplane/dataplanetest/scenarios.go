@@ -265,5 +265,6 @@ func scenarios() []scenario {
 		{name: "a ServicePort that does not fit is refused alone and programmed once room is made", run: refusedUntilRoom},
 		{name: "a refused ServicePort keeps what it served and is programmed once it fits", run: refusedKeepsOld},
 		{name: "a refused ServicePort that is deleted is forgotten", run: refusedThenDeleted},
+		{name: "every bounded table refuses the ServicePort that overfills it, alone", run: everyTableRefuses},
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"strconv"
 	"testing"
 
@@ -60,6 +61,47 @@ func conformanceBackend(t *testing.T, run netfilter.Runner, v netfilter.Variant,
 		Restart:   func() dataplanetest.Backend { return conformanceBackend(t, run, v, splitLines) },
 		Tamper:    tamperer{run: run, v: v},
 		FailWrite: failing.failAt,
+		Tables:    conformanceTables,
+	}
+}
+
+// conformanceTables are every kind of table the Plane writes: only the
+// rules and chains of nat and filter, which no Service can fill. The
+// ClientIP affinity lists of the recent match are the packets' to write,
+// and drop their oldest address when full.
+var conformanceTables = []dataplanetest.Table{
+	{Name: "iptables rules and chains", Unbounded: "the kernel has no limit on rules or chains but memory"},
+}
+
+// optionsWriters says, for each field of Options, what it writes; a
+// writer added to the Plane later (an ipset, say) fails
+// TestConformanceWalksEveryTableThePlaneWrites until its tables are in
+// conformanceTables and this map.
+var optionsWriters = map[string][]string{
+	"Runner":     {"iptables rules and chains"},
+	"Families":   nil, // which binaries the Runner runs
+	"Conntrack":  nil, // deletes conntrack entries only
+	"Masquerade": nil,
+	"Log":        nil,
+}
+
+func TestConformanceWalksEveryTableThePlaneWrites(t *testing.T) {
+	declared := map[string]bool{}
+	for _, tb := range conformanceTables {
+		declared[tb.Name] = true
+	}
+	typ := reflect.TypeOf(Options{})
+	for i := range typ.NumField() {
+		f := typ.Field(i).Name
+		tables, ok := optionsWriters[f]
+		if !ok {
+			t.Errorf("Options.%s is new: say in optionsWriters which tables it writes, and declare them in conformanceTables", f)
+		}
+		for _, tb := range tables {
+			if !declared[tb] {
+				t.Errorf("Options.%s writes %s, which is not in conformanceTables", f, tb)
+			}
+		}
 	}
 }
 

@@ -2,6 +2,8 @@ package ipvs
 
 import (
 	"net/netip"
+	"reflect"
+	"slices"
 	"sync"
 	"testing"
 
@@ -20,19 +22,31 @@ var nodeAddrs = map[netip.Addr]bool{netip.MustParseAddr("192.168.1.10"): true}
 // dataplane conformance suite.
 func TestConformance(t *testing.T) {
 	dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-		k, run := newFakes()
-		return conformanceBackend(t, k, run, netfilter.NFT)
+		return conformanceBackend(t, fakeKernelAndIPTables, netfilter.NFT, Limits{})
 	})
 }
 
-// conformanceBackend is a Plane over k and run, with a failure injector in
-// front of both; Restart builds a second Plane over the same kernel.
-func conformanceBackend(t *testing.T, k Kernel, run netfilter.Runner, v netfilter.Variant) dataplanetest.Backend {
+// kernelMaker returns a new, empty kernel and the iptables beside it.
+type kernelMaker func(t *testing.T) (Kernel, netfilter.Runner)
+
+func fakeKernelAndIPTables(*testing.T) (Kernel, netfilter.Runner) { return newFakes() }
+
+// conformanceBackend is a Plane with limits over a kernel from fresh.
+func conformanceBackend(t *testing.T, fresh kernelMaker, v netfilter.Variant, limits Limits) dataplanetest.Backend {
+	k, run := fresh(t)
+	return conformanceBackendOver(t, k, run, v, limits, fresh)
+}
+
+// conformanceBackendOver is a Plane over k and run, with a failure
+// injector in front of both; Restart builds a second Plane over the same
+// kernel, WithRoom's tables one over a kernel from fresh.
+func conformanceBackendOver(t *testing.T, k Kernel, run netfilter.Runner, v netfilter.Variant, limits Limits, fresh kernelMaker) dataplanetest.Backend {
 	f := &failure{}
 	plane, err := New(Options{
 		Kernel:   failingKernel{Kernel: k, f: f},
 		Runner:   failingRunner{Runner: run, f: f},
 		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)},
+		Limits:   limits,
 		Log:      zaptest.NewLogger(t),
 	})
 	if err != nil {
@@ -41,9 +55,90 @@ func conformanceBackend(t *testing.T, k Kernel, run netfilter.Runner, v netfilte
 	return dataplanetest.Backend{
 		Dataplane: plane,
 		Served:    func() (dataplanetest.State, error) { return observed(k, run, v, nodeAddrs) },
-		Restart:   func() dataplanetest.Backend { return conformanceBackend(t, k, run, v) },
+		Restart:   func() dataplanetest.Backend { return conformanceBackendOver(t, k, run, v, limits, fresh) },
 		Tamper:    tamperer{k: k, run: run, v: v},
 		FailWrite: f.failAt,
+		Tables:    conformanceTables(t, v, fresh),
+	}
+}
+
+// Names of the tables that are no ipset.
+const (
+	tableMarks   = "firewall mark"
+	tableVS      = "IPVS virtual servers"
+	tableRS      = "IPVS real servers"
+	tableAddrs   = "addresses of " + DeviceName
+	tableIPTRule = "iptables rules"
+)
+
+// conformanceTables are every kind of table the Plane writes: the
+// firewall marks and each ipset, which Services can fill, and the rest,
+// which they cannot. TestConformanceWalksEveryTableThePlaneWrites checks
+// that the list is complete.
+func conformanceTables(t *testing.T, v netfilter.Variant, fresh kernelMaker) []dataplanetest.Table {
+	limited := func(l Limits) func(int) dataplanetest.Backend {
+		return func(int) dataplanetest.Backend { return conformanceBackend(t, fresh, v, l) }
+	}
+	out := []dataplanetest.Table{
+		{Name: tableMarks, WithRoom: func(room int) dataplanetest.Backend { return limited(Limits{FirewallMarks: room})(room) }},
+		{Name: tableVS, Unbounded: "IPVS has no limit on virtual servers but memory"},
+		{Name: tableRS, Unbounded: "IPVS has no limit on real servers but memory"},
+		{Name: tableAddrs, Unbounded: "a link has no limit on addresses but memory"},
+		{Name: tableIPTRule, Unbounded: "a fixed set of rules that match the ipsets, and one per firewall mark"},
+	}
+	for _, s := range setSpecs() {
+		out = append(out, dataplanetest.Table{Name: s.Name, IPv6: s.IPv6, WithRoom: func(room int) dataplanetest.Backend {
+			return limited(Limits{SetSizes: map[string]int{s.Name: room}})(room)
+		}})
+	}
+	return out
+}
+
+// kernelWrites says which tables each Kernel method can add to; the
+// methods it lacks only read, change or remove.
+var kernelWrites = map[string][]string{
+	"AddService":   {tableVS},
+	"AddDest":      {tableRS},
+	"EnsureDevice": {tableAddrs},
+	"AddAddr":      {tableAddrs},
+	"EnsureSet":    nil, // creates a set, which setSpecs lists
+	"AddEntry":     nil, // each set of setSpecs
+}
+
+var kernelDoesNotAdd = []string{"Services", "Dests", "UpdateService", "DelService", "UpdateDest", "DelDest",
+	"DeviceAddrs", "DelAddr", "DelDevice", "SetEntries", "DelEntry", "DestroySet"}
+
+// The conformance suite walks every table the Plane writes: every ipset
+// of setSpecs, the firewall marks, and every table a Kernel method adds
+// to. A Kernel method added later fails this until it is placed, and the
+// table it fills declared.
+func TestConformanceWalksEveryTableThePlaneWrites(t *testing.T) {
+	declared := map[string]bool{}
+	for _, tb := range conformanceTables(t, netfilter.NFT, fakeKernelAndIPTables) {
+		declared[tb.Name] = true
+	}
+	for _, s := range setSpecs() {
+		if !declared[s.Name] {
+			t.Errorf("ipset %s is not a table of the conformance suite", s.Name)
+		}
+	}
+	for _, name := range []string{tableMarks, tableIPTRule} {
+		if !declared[name] {
+			t.Errorf("%s is not a table of the conformance suite", name)
+		}
+	}
+	typ := reflect.TypeOf((*Kernel)(nil)).Elem()
+	for i := range typ.NumMethod() {
+		m := typ.Method(i).Name
+		tables, adds := kernelWrites[m]
+		if adds == slices.Contains(kernelDoesNotAdd, m) {
+			t.Errorf("Kernel.%s must be in exactly one of kernelWrites (with the tables it adds to) and kernelDoesNotAdd", m)
+		}
+		for _, tb := range tables {
+			if !declared[tb] {
+				t.Errorf("Kernel.%s adds to %s, which is not a table of the conformance suite", m, tb)
+			}
+		}
 	}
 }
 

@@ -74,8 +74,7 @@ func TestConformanceInANetNS(t *testing.T) {
 	for _, v := range []netfilter.Variant{netfilter.NFT, netfilter.Legacy} {
 		t.Run(string(v), func(t *testing.T) {
 			dataplanetest.Run(t, func(t *testing.T) dataplanetest.Backend {
-				k, run := newNetNS(t)
-				b := conformanceBackend(t, k, run, v)
+				b := conformanceBackend(t, func(t *testing.T) (Kernel, netfilter.Runner) { return newNetNS(t) }, v, Limits{})
 				b.FailWrite = nil
 				return b
 			})
