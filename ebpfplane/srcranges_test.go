@@ -155,8 +155,8 @@ func TestSourceRangesBeyondTheMapAreRefusedAlone(t *testing.T) {
 	apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("c-big"): fencedAt("203.0.113.3", prefixes(5)...)})
 	r, refused := p.Refused()[name("c-big")]
 	if !refused || len(p.Refused()) != 1 || r.Reason != dataplane.RefusedMapFull ||
-		!strings.Contains(r.Message, bpf.KprMapKprSrcRanges) || !strings.Contains(r.Message, "loadBalancerSourceRanges") {
-		t.Fatalf("Refused() = %+v, want only c-big, as MapFull naming %s and what to do", p.Refused(), bpf.KprMapKprSrcRanges)
+		!strings.Contains(r.Message, bpf.KprMapKprSrcRanges) || !strings.Contains(r.Message, "--map-size-src-ranges") {
+		t.Fatalf("Refused() = %+v, want only c-big, as MapFull naming %s and the flag to raise", p.Refused(), bpf.KprMapKprSrcRanges)
 	}
 	for ip, want := range map[string]int{"203.0.113.1": 6, "203.0.113.2": 2, "203.0.113.3": 1} {
 		vip := maps.VIP{Addr: netip.MustParseAddr(ip), Port: 80, Proto: dataplane.TCP}

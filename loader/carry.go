@@ -61,6 +61,7 @@ var sizeFlags = map[string]string{
 	bpf.KprMapKprRevNat:        "--map-size-revnat",
 	bpf.KprMapKprSockRev:       "--map-size-sockrev",
 	bpf.KprMapKprAffinity:      "--map-size-affinity",
+	bpf.KprMapKprSrcRanges:     "--map-size-src-ranges",
 }
 
 // lostWithout says what traffic loses while a recreated map is empty.

@@ -23,6 +23,9 @@ type MapSizes struct {
 	Affinity uint32 // session affinity entries (LRU)
 	// Conntrack entries of the tc programs (LRU), two per flow.
 	Conntrack uint32
+	// SrcRanges are loadBalancerSourceRanges entries, one per range of
+	// each LoadBalancer IP.
+	SrcRanges uint32
 }
 
 // Options say where to pin and where to attach.
@@ -259,4 +262,5 @@ func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
 	set(bpf.KprMapKprSockRev, s.SockRev)
 	set(bpf.KprMapKprAffinity, s.Affinity)
 	set(bpf.KprMapKprConntrack, s.Conntrack)
+	set(bpf.KprMapKprSrcRanges, s.SrcRanges)
 }

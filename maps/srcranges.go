@@ -129,7 +129,7 @@ func (s *SourceRanges) add(vip VIP, ranges []netip.Prefix) error {
 		return nil
 	}
 	if n, max := s.entries+len(keys), s.t.maxEntries(); n > max {
-		return fmt.Errorf("%w: the source ranges of %s need %d of %d entries in %s; fewer loadBalancerSourceRanges, or a kpr with a larger map, make it fit",
+		return fmt.Errorf("%w: the source ranges of %s need %d of %d entries in %s; fewer loadBalancerSourceRanges, or a larger --map-size-src-ranges, make it fit",
 			ErrMapFull, vip, n, max, bpf.KprMapKprSrcRanges)
 	}
 	if err := s.t.put(keys, make([]uint8, len(keys))); err != nil {

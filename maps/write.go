@@ -184,15 +184,9 @@ type MapFullError struct {
 // MapShortage is one map a refused change did not fit in.
 type MapShortage struct {
 	Map string // the BPF map's name
-	// Flag is the `kpr run` flag that sizes the map; empty for a map of
-	// fixed size (kpr_src_ranges), which only fewer entries make fit.
+	// Flag is the `kpr run` flag that sizes the map.
 	Flag       string
 	Need, Have int
-}
-
-// fixedSizeRemedy says what makes a change fit in a map no flag sizes.
-var fixedSizeRemedy = map[string]string{
-	bpf.KprMapKprSrcRanges: "fewer loadBalancerSourceRanges (on this Service or others) make it fit",
 }
 
 func (e *MapFullError) Error() string {
@@ -202,20 +196,16 @@ func (e *MapFullError) Error() string {
 	} else if len(e.Frontends) > 1 {
 		what = fmt.Sprintf("%d frontends (%s, ...)", len(e.Frontends), e.Frontends[0])
 	}
-	var short, flags, remedies []string
+	var short, flags []string
 	for _, s := range e.Short {
 		short = append(short, fmt.Sprintf("%s needs %d of %d entries", s.Map, s.Need, s.Have))
-		switch {
-		case s.Flag == "":
-			remedies = append(remedies, fixedSizeRemedy[s.Map])
-		case !slices.Contains(flags, s.Flag):
+		// The affinity match map is sized by the service map's flag.
+		if !slices.Contains(flags, s.Flag) {
 			flags = append(flags, s.Flag)
 		}
 	}
-	if len(flags) > 0 {
-		remedies = append(remedies, fmt.Sprintf("raise %s (kpr run) and restart kpr: the maps are carried over", strings.Join(flags, " and ")))
-	}
-	return fmt.Sprintf("%v: %s refused, %s; %s", ErrMapFull, what, strings.Join(short, ", "), strings.Join(remedies, "; or "))
+	return fmt.Sprintf("%v: %s refused, %s; raise %s (kpr run) and restart kpr: the maps are carried over",
+		ErrMapFull, what, strings.Join(short, ", "), strings.Join(flags, " and "))
 }
 
 func (e *MapFullError) Unwrap() error { return ErrMapFull }
@@ -255,7 +245,7 @@ func (lb *LB) planAll(svcs []Service) ([]*plan, error) {
 	}
 	if added := lb.addedRanges(plans); added > 0 {
 		if n, max := lb.ranges.entries+added, lb.ranges.t.maxEntries(); n > max {
-			short = append(short, MapShortage{bpf.KprMapKprSrcRanges, "", n, max})
+			short = append(short, MapShortage{bpf.KprMapKprSrcRanges, "--map-size-src-ranges", n, max})
 		}
 	}
 	if len(short) > 0 {
