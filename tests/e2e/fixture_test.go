@@ -18,8 +18,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -174,16 +172,7 @@ func (f *fixture) waitHealthy() {
 
 // healthz returns the status code of kpr's /healthz, or an error if it
 // does not answer.
-func (f *fixture) healthz() (int, error) {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + f.kpr.HealthzAddr + "/healthz")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
-}
+func (f *fixture) healthz() (int, error) { return f.kpr.Probe("/healthz") }
 
 // requireRunning fails the test if kpr has exited.
 func (f *fixture) requireRunning(t *testing.T) {

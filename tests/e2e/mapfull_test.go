@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -110,33 +109,12 @@ func unreachableEndpoints(n int) []kubeobj.Endpoint {
 func (f *fixture) waitEvent(t *testing.T, ns, name, eventType, reason, msg string) {
 	t.Helper()
 	waitUntil(t, convergeTimeout, fmt.Sprintf("a %s %s Event on Service %s/%s", eventType, reason, ns, name), func() error {
-		list, err := f.client.CoreV1().Events(ns).List(f.ctx, metav1.ListOptions{
-			FieldSelector: "involvedObject.kind=Service,involvedObject.name=" + name})
-		if err != nil {
-			return err
-		}
-		var seen []string
-		for _, e := range list.Items {
-			if e.Type == eventType && e.Reason == reason && strings.Contains(e.Message, msg) {
-				return nil
-			}
-			seen = append(seen, e.Type+" "+e.Reason+": "+e.Message)
-		}
-		return fmt.Errorf("events: %q", seen)
+		return f.client.ServiceEvent(f.ctx, ns, name, eventType, reason, msg)
 	})
 }
 
 // waitMetric waits until one series of kpr's /metrics has the value want.
 func (f *fixture) waitMetric(t *testing.T, series, want string) {
 	t.Helper()
-	waitUntil(t, convergeTimeout, series+" = "+want, func() error {
-		v, err := f.kpr.Metric(series)
-		if err != nil {
-			return err
-		}
-		if v != want {
-			return fmt.Errorf("%s = %s", series, v)
-		}
-		return nil
-	})
+	waitUntil(t, convergeTimeout, series+" = "+want, func() error { return f.kpr.MetricIs(series, want) })
 }

@@ -313,6 +313,32 @@ func (p *Process) Metric(series string) (string, error) {
 	return "", fmt.Errorf("metric %s not found", series)
 }
 
+// MetricIs reports whether series has the value want: nil if so, else an
+// error saying what it has.
+func (p *Process) MetricIs(series, want string) error {
+	v, err := p.Metric(series)
+	if err != nil {
+		return err
+	}
+	if v != want {
+		return fmt.Errorf("%s = %s, want %s", series, v, want)
+	}
+	return nil
+}
+
+// Probe answers one GET of a health endpoint (/healthz, /livez) with its
+// status code.
+func (p *Process) Probe(path string) (int, error) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + p.HealthzAddr + path)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
+
 // DumpService is one entry of `kpr dump -o json`.
 type DumpService struct {
 	Frontend        string   `json:"frontend"`

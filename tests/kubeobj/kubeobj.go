@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -122,6 +123,25 @@ func (c Client) CreateService(ctx context.Context, svc *v1.Service) (*v1.Service
 		return nil, fmt.Errorf("create Service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	return out, nil
+}
+
+// ServiceEvent reports whether the Service ns/name has an Event of the
+// given type and reason whose message contains msg: nil if so, else an
+// error listing the Events it has.
+func (c Client) ServiceEvent(ctx context.Context, ns, name, eventType, reason, msg string) error {
+	list, err := c.CoreV1().Events(ns).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.kind=Service,involvedObject.name=" + name})
+	if err != nil {
+		return err
+	}
+	var seen []string
+	for _, e := range list.Items {
+		if e.Type == eventType && e.Reason == reason && strings.Contains(e.Message, msg) {
+			return nil
+		}
+		seen = append(seen, e.Type+" "+e.Reason+": "+e.Message)
+	}
+	return fmt.Errorf("no %s %s Event on Service %s/%s; events: %q", eventType, reason, ns, name, seen)
 }
 
 // ApplySlice creates the slice, or replaces it if it exists.

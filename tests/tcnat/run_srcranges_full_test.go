@@ -2,20 +2,13 @@ package tcnat
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"net/http"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/kpr-io/kpr/tests/kprproc"
-	"github.com/kpr-io/kpr/tests/kubeobj"
 )
 
 // fullSyncPeriod is short so that the test outlasts several full
@@ -53,22 +46,7 @@ func TestKprRunSourceRangesBeyondTheMapAreRefusedAlone(t *testing.T) {
 	}
 	lb := func(name, ip string, ranges []string) (*v1.Service, netip.AddrPort) {
 		t.Helper()
-		svc := kubeobj.Service(ns, name, kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
-		svc.Spec.Type = v1.ServiceTypeLoadBalancer
-		svc.Spec.LoadBalancerSourceRanges = ranges
-		svc, err := api.CreateService(ctx, svc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: ip}}
-		if svc, err = api.CoreV1().Services(ns).UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if err := api.ApplySlice(ctx, kubeobj.Slice(svc, svc.Name+"-ipv4", discoveryv1.AddressTypeIPv4,
-			kubeobj.Endpoint{Addr: top.pods[0].IPv4, NodeName: nodeName})); err != nil {
-			t.Fatal(err)
-		}
-		return svc, netip.AddrPortFrom(netip.MustParseAddr(ip), 80)
+		return createLoadBalancer(ctx, t, api, top, nodeName, ns, name, netip.MustParseAddr(ip), ranges)
 	}
 	shutOut := func(fe netip.AddrPort, src netip.Addr) {
 		t.Helper()
@@ -94,14 +72,16 @@ func TestKprRunSourceRangesBeyondTheMapAreRefusedAlone(t *testing.T) {
 	end := time.Now().Add(2*fullSyncPeriod + 2*time.Second)
 	for time.Now().Before(end) {
 		for _, path := range []string{"/healthz", "/livez"} {
-			if code, err := probe(kpr, path); err != nil || code != http.StatusOK {
+			if code, err := kpr.Probe(path); err != nil || code != http.StatusOK {
 				t.Fatalf("%s = %d, %v while one Service's ranges do not fit; want 200", path, code, err)
 			}
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	waitEvent(ctx, t, api, ns, "fenced", v1.EventTypeWarning, "MapFull", "--map-size-src-ranges")
-	waitMetric(t, kpr, `kpr_service_ports_refused{reason="MapFull"}`, "1")
+	waitFor(t, "the MapFull Event on fenced", func() error {
+		return api.ServiceEvent(ctx, ns, "fenced", v1.EventTypeWarning, "MapFull", "--map-size-src-ranges")
+	})
+	waitFor(t, "one refused Service port", func() error { return kpr.MetricIs(`kpr_service_ports_refused{reason="MapFull"}`, "1") })
 	_, lateFE := lb("late", "203.0.113.32", nil)
 	waitWhoFrom(t, top, outside, lateFE)
 	if v, err := kpr.Metric("kpr_sync_failures_total"); err != nil || v != "0" {
@@ -118,56 +98,10 @@ func TestKprRunSourceRangesBeyondTheMapAreRefusedAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWhoFrom(t, top, outside, fencedFE)
-	waitEvent(ctx, t, api, ns, "fenced", v1.EventTypeNormal, "Programmed", "")
-	waitMetric(t, kpr, `kpr_service_ports_refused{reason="MapFull"}`, "0")
-}
-
-// probe answers one GET of kpr's health endpoint path.
-func probe(kpr *kprproc.Process, path string) (int, error) {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + kpr.HealthzAddr + path)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
-}
-
-// waitEvent waits for an Event of the given type and reason on the Service
-// ns/name whose message contains msg.
-func waitEvent(ctx context.Context, t *testing.T, api kubeobj.Client, ns, name, eventType, reason, msg string) {
-	t.Helper()
-	waitFor(t, fmt.Sprintf("a %s %s Event on Service %s/%s", eventType, reason, ns, name), func() error {
-		list, err := api.CoreV1().Events(ns).List(ctx, metav1.ListOptions{
-			FieldSelector: "involvedObject.kind=Service,involvedObject.name=" + name})
-		if err != nil {
-			return err
-		}
-		var seen []string
-		for _, e := range list.Items {
-			if e.Type == eventType && e.Reason == reason && strings.Contains(e.Message, msg) {
-				return nil
-			}
-			seen = append(seen, e.Type+" "+e.Reason+": "+e.Message)
-		}
-		return fmt.Errorf("events: %q", seen)
+	waitFor(t, "the Programmed Event on fenced", func() error {
+		return api.ServiceEvent(ctx, ns, "fenced", v1.EventTypeNormal, "Programmed", "")
 	})
-}
-
-// waitMetric waits until one series of kpr's /metrics has the value want.
-func waitMetric(t *testing.T, kpr *kprproc.Process, series, want string) {
-	t.Helper()
-	waitFor(t, series+" = "+want, func() error {
-		v, err := kpr.Metric(series)
-		if err != nil {
-			return err
-		}
-		if v != want {
-			return fmt.Errorf("%s = %s", series, v)
-		}
-		return nil
-	})
+	waitFor(t, "no refused Service port", func() error { return kpr.MetricIs(`kpr_service_ports_refused{reason="MapFull"}`, "0") })
 }
 
 // waitFor polls cond for 30 seconds.

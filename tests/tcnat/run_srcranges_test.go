@@ -30,11 +30,31 @@ func TestKprRunLoadBalancerSourceRanges(t *testing.T) {
 	if _, err := api.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	lbIP := netip.MustParseAddr("203.0.113.20")
 	inside, outside := clientAddr(false), outsiderAddr(false)
-	svc := kubeobj.Service(ns, "fenced", kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
+	svc, fe := createLoadBalancer(ctx, t, api, top, nodeName, ns, "fenced", netip.MustParseAddr("203.0.113.20"),
+		[]string{" " + inside.String() + "/32 "})
+	waitWhoFrom(t, top, inside, fe)
+	if who, err := whoFrom(top.client.NetNS, outside, fe, time.Second); err == nil {
+		t.Errorf("%s from %s, outside loadBalancerSourceRanges, reached %s", fe, outside, who)
+	}
+
+	svc.Spec.LoadBalancerSourceRanges = nil
+	if _, err := api.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitWhoFrom(t, top, outside, fe)
+}
+
+// createLoadBalancer creates the LoadBalancer Service ns/name on port 80
+// with the given loadBalancerSourceRanges, its load-balancer IP lbIP, and
+// its EndpointSlice with the first pod of top, on nodeName. It returns the
+// Service as stored and its load-balancer frontend.
+func createLoadBalancer(ctx context.Context, t *testing.T, api kubeobj.Client, top *topology, nodeName, ns, name string,
+	lbIP netip.Addr, ranges []string) (*v1.Service, netip.AddrPort) {
+	t.Helper()
+	svc := kubeobj.Service(ns, name, kubeobj.Port{Name: "tcp", Port: 80, TargetPort: echoPort})
 	svc.Spec.Type = v1.ServiceTypeLoadBalancer
-	svc.Spec.LoadBalancerSourceRanges = []string{" " + inside.String() + "/32 "}
+	svc.Spec.LoadBalancerSourceRanges = ranges
 	svc, err := api.CreateService(ctx, svc)
 	if err != nil {
 		t.Fatal(err)
@@ -47,17 +67,7 @@ func TestKprRunLoadBalancerSourceRanges(t *testing.T) {
 		kubeobj.Endpoint{Addr: top.pods[0].IPv4, NodeName: nodeName})); err != nil {
 		t.Fatal(err)
 	}
-	fe := netip.AddrPortFrom(lbIP, 80)
-	waitWhoFrom(t, top, inside, fe)
-	if who, err := whoFrom(top.client.NetNS, outside, fe, time.Second); err == nil {
-		t.Errorf("%s from %s, outside loadBalancerSourceRanges, reached %s", fe, outside, who)
-	}
-
-	svc.Spec.LoadBalancerSourceRanges = nil
-	if _, err := api.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitWhoFrom(t, top, outside, fe)
+	return svc, netip.AddrPortFrom(lbIP, 80)
 }
 
 // waitWhoFrom waits until fe answers a connection from src.
