@@ -130,3 +130,44 @@ func TestOtherWriteErrorsStillFail(t *testing.T) {
 		t.Fatalf("Apply = %v, want the validation error", err)
 	}
 }
+
+// A frontend holds at most 65535 backends (the master counts its slots
+// in 16 bits). A ServicePort with more is refused alone, as one that does
+// not fit the maps: a tenant can write EndpointSlices with that many, and
+// a failed sync would fail every node's health.
+func TestServicePortWithMoreBackendsThanAFrontendHoldsIsRefusedAlone(t *testing.T) {
+	lb := maps.NewInMemorySized(nil)
+	p := New(lb, nil)
+	many := func(n int) []dataplane.Backend {
+		out := make([]dataplane.Backend, n)
+		a := netip.MustParseAddr("10.240.0.0")
+		for i := range out {
+			a = a.Next()
+			out[i] = dataplane.Backend{Addr: a, Port: 8080}
+		}
+		return out
+	}
+	huge := clusterIP("10.96.0.3", many(1<<16)...)
+	err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{
+		name("huge"): huge, name("small"): clusterIP("10.96.0.2", backends(2)...)})
+	if err != nil {
+		t.Fatalf("Apply failed over a ServicePort with too many backends (every sync would, and /healthz with it): %v", err)
+	}
+	r, refused := p.Refused()[name("huge")]
+	if !refused || len(p.Refused()) != 1 || r.Reason != dataplane.RefusedMapFull || !strings.Contains(r.Message, "65535") {
+		t.Fatalf("Refused() = %+v, want only huge, as MapFull naming the limit of 65535", p.Refused())
+	}
+	if _, ok := lb.Get(key("10.96.0.2", maps.ScopeInternal)); !ok {
+		t.Fatal("the other ServicePort was not written")
+	}
+	if _, ok := lb.Get(key("10.96.0.3", maps.ScopeInternal)); ok {
+		t.Fatal("the refused ServicePort was written")
+	}
+	fits := clusterIP("10.96.0.3", many(1<<16-1)...)
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("huge"): fits}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := lb.Get(key("10.96.0.3", maps.ScopeInternal)); !ok || len(got.Backends) != 1<<16-1 || len(p.Refused()) != 0 {
+		t.Fatalf("with 65535 backends: served %v with %d backends, refused %v", ok, len(got.Backends), p.Refused())
+	}
+}

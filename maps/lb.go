@@ -474,9 +474,6 @@ func validate(svc Service) error {
 	if svc.Proto != dataplane.TCP && svc.Proto != dataplane.UDP {
 		return fmt.Errorf("service %s: protocol %s is not supported by the eBPF dataplane", svc.VIP, svc.Proto)
 	}
-	if len(svc.Backends) > 1<<16-1 {
-		return fmt.Errorf("service %s: %d backends exceed the limit of 65535", svc.VIP, len(svc.Backends))
-	}
 	for _, b := range svc.Backends {
 		if !b.Addr.IsValid() || b.Addr.Zone() != "" || b.Addr.Is4() != svc.Addr.Unmap().Is4() || b.Port == 0 {
 			return fmt.Errorf("service %s: backend %s is invalid, zoned or of the wrong IP family", svc.VIP, b)

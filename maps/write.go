@@ -184,10 +184,16 @@ type MapFullError struct {
 // MapShortage is one map a refused change did not fit in.
 type MapShortage struct {
 	Map string // the BPF map's name
-	// Flag is the `kpr run` flag that sizes the map.
+	// Flag is the `kpr run` flag that sizes the map; empty for the one
+	// limit no flag raises, the backend slots of one frontend
+	// (maxSlots): Need and Have then count that frontend's slots.
 	Flag       string
 	Need, Have int
 }
+
+// maxSlots is how many backend slots one frontend has at most: the master
+// entry counts them in 16 bits (svc_value.count).
+const maxSlots = 1<<16 - 1
 
 func (e *MapFullError) Error() string {
 	what := "a batch of services"
@@ -196,16 +202,23 @@ func (e *MapFullError) Error() string {
 	} else if len(e.Frontends) > 1 {
 		what = fmt.Sprintf("%d frontends (%s, ...)", len(e.Frontends), e.Frontends[0])
 	}
-	var short, flags []string
+	var short, flags, remedies []string
 	for _, s := range e.Short {
+		if s.Flag == "" {
+			short = append(short, fmt.Sprintf("a frontend's backend slots in %s need %d of at most %d", s.Map, s.Need, s.Have))
+			remedies = append(remedies, "fewer endpoints make it fit (no flag raises the limit)")
+			continue
+		}
 		short = append(short, fmt.Sprintf("%s needs %d of %d entries", s.Map, s.Need, s.Have))
 		// The affinity match map is sized by the service map's flag.
 		if !slices.Contains(flags, s.Flag) {
 			flags = append(flags, s.Flag)
 		}
 	}
-	return fmt.Sprintf("%v: %s refused, %s; raise %s (kpr run) and restart kpr: the maps are carried over",
-		ErrMapFull, what, strings.Join(short, ", "), strings.Join(flags, " and "))
+	if len(flags) > 0 {
+		remedies = append(remedies, fmt.Sprintf("raise %s (kpr run) and restart kpr: the maps are carried over", strings.Join(flags, " and ")))
+	}
+	return fmt.Sprintf("%v: %s refused, %s; %s", ErrMapFull, what, strings.Join(short, ", "), strings.Join(remedies, "; "))
 }
 
 func (e *MapFullError) Unwrap() error { return ErrMapFull }
@@ -216,6 +229,11 @@ func (lb *LB) planAll(svcs []Service) ([]*plan, error) {
 	plans := make([]*plan, 0, len(svcs))
 	newEntries := 0
 	for _, svc := range svcs {
+		if n := len(svc.Backends); n > maxSlots {
+			lb.abandon(plans)
+			return nil, &MapFullError{Frontends: []VIP{svc.VIP},
+				Short: []MapShortage{{Map: bpf.KprMapKprServices, Need: n, Have: maxSlots}}}
+		}
 		p, err := lb.plan(svc)
 		if err != nil {
 			lb.abandon(append(plans, p))
