@@ -72,6 +72,10 @@ func ParseNodePortAddresses(values []string) (NodePortAddresses, error) {
 
 func (npa NodePortAddresses) matchAll() bool { return !npa.primary && len(npa.prefixes) == 0 }
 
+// Covers reports whether NodePorts are served on a, if a is one of the
+// node's addresses.
+func (npa NodePortAddresses) Covers(a netip.Addr) bool { return npa.covers(a) }
+
 func (npa NodePortAddresses) covers(a netip.Addr) bool {
 	return npa.matchAll() || slices.ContainsFunc(npa.prefixes, func(p netip.Prefix) bool { return p.Contains(a) })
 }

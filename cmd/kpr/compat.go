@@ -3,12 +3,15 @@ package main
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/kpr-io/kpr/desired"
 )
 
 // kubeProxyFlags are kube-proxy's command-line flags that `kpr run` takes
@@ -30,7 +33,9 @@ type kubeProxyFlags struct {
 	// runs onto --sync-period and --min-sync-period.
 	iptablesSync, iptablesMinSync, ipvsSync, ipvsMinSync time.Duration
 	masqueradeAll                                        bool
-	showVersion                                          bool
+	// localhostNodePorts is --iptables-localhost-nodeports.
+	localhostNodePorts bool
+	showVersion        bool
 	// ignored collects "--name=value" of the kube-proxy flags given that
 	// mean nothing to kpr, for the start-up warning.
 	ignored []string
@@ -52,10 +57,8 @@ var kubeProxyOnlyFlags = map[string]bool{
 	"detect-local-mode":                false,
 	"feature-gates":                    false,
 	"healthz-port":                     false,
-	"iptables-localhost-nodeports":     true,
 	"iptables-masquerade-bit":          false,
 	"ipvs-exclude-cidrs":               false,
-	"ipvs-strict-arp":                  true,
 	"ipvs-tcp-timeout":                 false,
 	"ipvs-tcpfin-timeout":              false,
 	"ipvs-udp-timeout":                 false,
@@ -100,6 +103,8 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 	fl.DurationVar(&k.ipvsMinSync, "ipvs-min-sync-period", 0, "kube-proxy's --min-sync-period with --proxy-mode ipvs")
 	fl.BoolVar(&k.masqueradeAll, "masquerade-all", false, "iptables and ipvs modes: masquerade all traffic to ClusterIPs, as kube-proxy's flag; "+
 		"the eBPF mode translates in the socket and does not SNAT, so there it is warned about")
+	fl.BoolVar(&k.localhostNodePorts, "iptables-localhost-nodeports", true, "iptables mode: serve NodePorts on 127.0.0.1 (where --nodeport-addresses covers it), "+
+		"as kube-proxy's flag; it sets route_localnet, and drops packets to 127.0.0.0/8 from outside (KUBE-FIREWALL). false leaves route_localnet as it is")
 	fl.BoolVar(&k.showVersion, "version", false, "print kpr's version and exit")
 	for _, name := range sortedKeys(kubeProxyOnlyFlags) {
 		f := fl.VarPF(&ignoredFlag{name: name, into: &k.ignored}, name, "", "kube-proxy's flag; it means nothing to kpr, which warns and goes on")
@@ -245,4 +250,12 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// localhostNodePorts reports whether the iptables mode serves NodePorts on
+// 127.0.0.1: as kube-proxy, only with --iptables-localhost-nodeports and
+// where --nodeport-addresses covers IPv4 loopback.
+func (f *runFlags) localhostNodePorts() bool {
+	npa, err := desired.ParseNodePortAddresses(f.nodePortAddresses)
+	return err == nil && f.kubeProxy.localhostNodePorts && npa.Covers(netip.MustParseAddr("127.0.0.1"))
 }

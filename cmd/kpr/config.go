@@ -143,6 +143,7 @@ func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFla
 	apply("cluster-cidr", "clusterCIDR", func() { f.clusterCIDR = cfg.ClusterCIDR })
 	apply("masquerade-all", "iptables.masqueradeAll", func() { f.kubeProxy.masqueradeAll = cfg.IPTables.MasqueradeAll })
 	apply("ipvs-scheduler", "ipvs.scheduler", func() { f.ipvs.scheduler = cfg.IPVS.Scheduler })
+	apply("ipvs-strict-arp", "ipvs.strictARP", func() { f.ipvs.strictARP = cfg.IPVS.StrictARP })
 	apply("nodeport-addresses", "nodePortAddresses", func() { f.nodePortAddresses = slices.Clone(cfg.NodePortAddresses) })
 	if !changed("mode") && !changed("proxy-mode") {
 		apply("mode", "mode", func() { f.mode = string(cfg.Mode) })
@@ -163,14 +164,18 @@ func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFla
 	apply("sync-period", section+".syncPeriod", func() { f.syncPeriod = syncPeriod.Duration })
 	apply("min-sync-period", section+".minSyncPeriod", func() { f.minSyncPeriod = minSyncPeriod.Duration })
 
-	// Values that ask for kube-proxy's own behaviour, which kpr has
-	// anyway: binding to every address, and NodePorts on localhost
-	// (which kpr serves as --nodeport-addresses says).
+	// A value that asks for kube-proxy's own behaviour, which kpr has
+	// anyway: binding to every address.
 	if ip := net.ParseIP(cfg.BindAddress); ip != nil && ip.IsUnspecified() {
 		consume("bindAddress")
 	}
-	if p := cfg.IPTables.LocalhostNodePorts; p != nil && *p {
+	// Unset (null) keeps the default, true; false counts as unset for
+	// setFields, so the pointer itself is read.
+	if p := cfg.IPTables.LocalhostNodePorts; p != nil {
 		consume("iptables.localhostNodePorts")
+		if !changed("iptables-localhost-nodeports") {
+			f.kubeProxy.localhostNodePorts = *p
+		}
 	}
 
 	if !changed("log-level") && !changed("v") {

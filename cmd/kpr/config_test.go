@@ -54,6 +54,26 @@ func TestKubeadmDefaultConfigMapsWithoutWarnings(t *testing.T) {
 	}
 }
 
+func TestKubeProxyConfigProtections(t *testing.T) {
+	f, _, ignored, err := parseRun(t, "--config=testdata/protections.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.localhostNodePorts() || f.kubeProxy.localhostNodePorts {
+		t.Error("iptables.localhostNodePorts: false left localhost NodePorts on")
+	}
+	if !f.ipvs.strictARP {
+		t.Error("ipvs.strictARP: true was not applied")
+	}
+	if !ignored.empty() {
+		t.Errorf("settings reported as unused: %+v", ignored)
+	}
+	// The flag beats the file, as in kube-proxy.
+	if f, _, _, err = parseRun(t, "--config=testdata/protections.conf", "--iptables-localhost-nodeports=true"); err != nil || !f.localhostNodePorts() {
+		t.Errorf("--iptables-localhost-nodeports=true over the file's false: localhost NodePorts %v, %v", f.localhostNodePorts(), err)
+	}
+}
+
 func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 	f, g, ignored, err := parseRun(t, "--config", "testdata/kubeadm-tuned.conf")
 	if err != nil {
@@ -150,12 +170,22 @@ func TestKubeProxyCommandLine(t *testing.T) {
 		{name: "specific bind address is warned about", args: []string{"--bind-address=10.1.2.3"},
 			check: func(*runFlags, *globalFlags) bool { return true }, flags: []string{"--bind-address=10.1.2.3"}},
 		{name: "bad bind address", args: []string{"--bind-address=node-1"}, wantErr: "--bind-address"},
-		{name: "flags without meaning are accepted", args: []string{"--masquerade-all", "--conntrack-max-per-core=0", "--ipvs-strict-arp", "--feature-gates=A=true,B=false", "--oom-score-adj=-999", "--nodeport-addresses=primary"},
+		{name: "flags without meaning are accepted", args: []string{"--masquerade-all", "--conntrack-max-per-core=0", "--feature-gates=A=true,B=false", "--oom-score-adj=-999", "--nodeport-addresses=primary"},
 			check: func(f *runFlags, _ *globalFlags) bool {
 				// --masquerade-all has a meaning now: the iptables mode's.
 				return reflect.DeepEqual(f.nodePortAddresses, []string{"primary"}) && f.kubeProxy.masqueradeAll
 			},
-			flags: []string{"--conntrack-max-per-core=0", "--feature-gates=A=true,B=false", "--ipvs-strict-arp=true", "--oom-score-adj=-999"}},
+			flags: []string{"--conntrack-max-per-core=0", "--feature-gates=A=true,B=false", "--oom-score-adj=-999"}},
+		{name: "ipvs-strict-arp is applied", args: []string{"--proxy-mode=ipvs", "--ipvs-strict-arp"},
+			check: func(f *runFlags, _ *globalFlags) bool { return f.ipvs.strictARP }},
+		{name: "localhost NodePorts by default", args: []string{"--proxy-mode=iptables"},
+			check: func(f *runFlags, _ *globalFlags) bool { return f.localhostNodePorts() }},
+		{name: "iptables-localhost-nodeports=false is applied", args: []string{"--proxy-mode=iptables", "--iptables-localhost-nodeports=false"},
+			check: func(f *runFlags, _ *globalFlags) bool { return !f.localhostNodePorts() }},
+		{name: "no localhost NodePorts where nodeport-addresses leave out loopback", args: []string{"--proxy-mode=iptables", "--nodeport-addresses=10.0.0.0/8"},
+			check: func(f *runFlags, _ *globalFlags) bool { return !f.localhostNodePorts() }},
+		{name: "localhost NodePorts where nodeport-addresses name localhost", args: []string{"--proxy-mode=iptables", "--nodeport-addresses=primary,localhost"},
+			check: func(f *runFlags, _ *globalFlags) bool { return f.localhostNodePorts() }},
 		{name: "cleanup is refused", args: []string{"--cleanup"}, wantErr: "kpr cleanup"},
 		{name: "write-config-to is refused", args: []string{"--write-config-to=/tmp/x"}, wantErr: "one-off"},
 		{name: "not a kube-proxy file", args: []string{"--config=testdata/not-kube-proxy.yaml"}, wantErr: "KubeProxyConfiguration"},

@@ -11,7 +11,6 @@ import (
 	"github.com/kpr-io/kpr/iptables-compat/iptables"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/metrics"
-	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // iptablesMode is the iptables mode's row of the mode table. Its settings
@@ -72,12 +71,9 @@ func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log 
 	if opts.Masquerade, err = f.masquerade(); err != nil {
 		return builtDataplane{}, err
 	}
-	localhost := iptables.EnableLocalhostNodePorts
-	if f.hostNetNS != "" {
-		localhost = func() error { return netnsexec.InPath(f.hostNetNS, iptables.EnableLocalhostNodePorts) }
-	}
-	if err := localhost(); err != nil {
-		log.Warn("NodePorts on 127.0.0.1 will not be served", zap.Error(err))
+	opts.LocalhostNodePorts = f.localhostNodePorts()
+	if err := f.inHostNetNS(func() error { return iptables.PrepareNamespace(&opts) }); err != nil {
+		log.Warn("Could not prepare the node's network namespace for the iptables mode", zap.Error(err))
 	}
 	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)
 	// Recorded before the first rule is written, so that an eBPF-mode kpr

@@ -65,11 +65,14 @@ func requireIPVS(report kernelReport) error {
 // ipvsFlags are the settings of --mode ipvs.
 type ipvsFlags struct {
 	scheduler string
+	strictARP bool
 }
 
 func addIPVSFlags(fl *pflag.FlagSet, f *ipvsFlags) {
 	fl.StringVar(&f.scheduler, "ipvs-scheduler", ipvs.DefaultScheduler, "IPVS scheduler of every virtual server with --mode ipvs, as kube-proxy's "+
 		"(rr, wrr, lc, wlc, sh, ...; the kernel needs its ip_vs_<name> module); empty means rr")
+	fl.BoolVar(&f.strictARP, "ipvs-strict-arp", false, "with --mode ipvs, set arp_ignore=1 and arp_announce=2 on every interface of the node's network namespace, "+
+		"as kube-proxy's flag does, so that the node does not answer ARP for the Service addresses on its dummy interface (MetalLB's L2 mode needs it)")
 }
 
 // newIPVSDataplane programs IPVS, the dummy interface, the ipsets and the
@@ -94,7 +97,7 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 		return builtDataplane{}, err
 	}
 	conntrack := netfilter.ConntrackIn(f.hostNetNS)
-	if err := f.inHostNetNS(ipvs.SetSysctls); err != nil {
+	if err := f.inHostNetNS(func() error { return ipvs.SetSysctls(f.ipvs.strictARP) }); err != nil {
 		log.Warn("IPVS may not masquerade or move drained UDP flows on", zap.Error(err))
 	}
 	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)

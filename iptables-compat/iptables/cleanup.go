@@ -1,8 +1,6 @@
 package iptables
 
 import (
-	"slices"
-
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 )
 
@@ -12,9 +10,10 @@ import (
 // families wherever their binaries run (see netfilter.RemoveChains). The
 // names are kube-proxy's (see names.go), so kube-proxy's own iptables-mode
 // chains go too, as under `kube-proxy --cleanup`. It returns how many
-// chains it deleted.
+// chains it deleted. KUBE-FIREWALL, which the kubelet writes too, stays,
+// as under `kube-proxy --cleanup`.
 func Cleanup(r netfilter.Runner) (int, error) {
 	return netfilter.RemoveChains(r, tables, func(table, chain string) bool {
-		return slices.Contains(sharedChains(table), chain) || ownedChain(chain)
+		return ownSharedChain(table, chain) || ownedChain(chain)
 	})
 }

@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"slices"
 	"strings"
 	"testing"
 
@@ -37,7 +36,7 @@ func kprChains(save string) []string {
 	var out []string
 	for _, l := range strings.Split(save, "\n") {
 		name, _, _ := strings.Cut(strings.TrimPrefix(l, ":"), " ")
-		if strings.HasPrefix(l, ":") && (ownedChain(name) || slices.Contains(append(sharedChains(tableNAT), sharedChains(tableFilter)...), name)) {
+		if strings.HasPrefix(l, ":") && (ownedChain(name) || ownSharedChain(tableNAT, name) || ownSharedChain(tableFilter, name)) {
 			out = append(out, name)
 		}
 	}

@@ -134,7 +134,7 @@ func (p *Plane) startRead(ref tableRef) *tableRead {
 			return
 		}
 		r.saved = parsed[ref.table]
-		r.held = holds(ref, r.saved, rendered)
+		r.held = holds(ref, p.cfg, r.saved, rendered)
 	}()
 	return r
 }
@@ -146,7 +146,7 @@ func (p *Plane) compareAgain(ref tableRef, saved *netfilter.SavedTable) *tableRe
 	rendered := p.rendered
 	go func() {
 		defer close(r.done)
-		r.held = holds(ref, saved, rendered)
+		r.held = holds(ref, p.cfg, saved, rendered)
 	}()
 	return r
 }
@@ -155,11 +155,11 @@ func (p *Plane) compareAgain(ref tableRef, saved *netfilter.SavedTable) *tableRe
 // the base jumps, no per-ServicePort chain nobody owns, and every chain
 // the Plane writes with the same rules, compared by what each rule does,
 // since iptables-save reorders and respells matches.
-func holds(ref tableRef, saved *netfilter.SavedTable, rendered map[dataplane.ServicePortName]*renderedPort) bool {
-	if saved == nil || len(netfilter.MissingJumps(ref.table, baseJumps, saved)) > 0 {
+func holds(ref tableRef, cfg config, saved *netfilter.SavedTable, rendered map[dataplane.ServicePortName]*renderedPort) bool {
+	if saved == nil || len(netfilter.MissingJumps(ref.table, baseJumpsOf(ref.fam, cfg), saved)) > 0 {
 		return false
 	}
-	want := tableInputOf(ref.fam, ref.table, rendered, nil, nil, true)
+	want := tableInputOf(ref.fam, ref.table, cfg, rendered, nil, nil, true)
 	if ref.table == tableNAT {
 		want.rewrite = want.ports // the per-ServicePort chains are nat's
 	}
@@ -182,11 +182,12 @@ func holds(ref tableRef, saved *netfilter.SavedTable, rendered map[dataplane.Ser
 	if malformed {
 		return false
 	}
+	shared := sharedChains(ref.table, ref.fam, cfg)
 	got := map[string][]string{}
 	for _, r := range saved.Rules {
 		// A shared chain is the Plane's even when it writes no rule
 		// into it: a rule another program put there is drift.
-		if _, ours := expected[r[1]]; ours || slices.Contains(sharedChains(ref.table), r[1]) {
+		if _, ours := expected[r[1]]; ours || slices.Contains(shared, r[1]) {
 			got[r[1]] = append(got[r[1]], fingerprint(r))
 		}
 	}
@@ -196,7 +197,7 @@ func holds(ref tableRef, saved *netfilter.SavedTable, rendered map[dataplane.Ser
 		}
 	}
 	// A chain the Plane declares empty must be there and stay empty.
-	for _, c := range sharedChains(ref.table) {
+	for _, c := range shared {
 		if !saved.HasChain(c) || (expected[c] == nil && len(got[c]) > 0) {
 			return false
 		}

@@ -20,7 +20,7 @@ import (
 // Tables is one reading of the nat and filter tables of every family.
 type Tables struct {
 	families []netfilter.Family
-	masq     netfilter.Masquerade
+	cfg      config
 	saved    map[netfilter.Family]map[string]*netfilter.SavedTable
 }
 
@@ -31,7 +31,7 @@ func ReadTables(o Options) (*Tables, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tables{families: p.families, masq: p.masq, saved: map[netfilter.Family]map[string]*netfilter.SavedTable{}}
+	t := &Tables{families: p.families, cfg: p.cfg, saved: map[netfilter.Family]map[string]*netfilter.SavedTable{}}
 	for _, fam := range p.families {
 		if t.saved[fam], err = p.save(fam); err != nil {
 			return nil, err
@@ -72,9 +72,9 @@ func (t *Tables) Inspect(sp *dataplane.ServicePort) PortRules {
 	name := portName(sp.Name)
 	for _, fam := range t.families {
 		nat, filter := t.saved[fam][tableNAT], t.saved[fam][tableFilter]
-		want := renderPort(sp, fam, t.masq)
+		want := renderPort(sp, fam, t.cfg)
 		for _, fe := range sp.Frontends {
-			if netfilter.FamilyOf(fe.Addr) == fam && servable(fe) {
+			if netfilter.FamilyOf(fe.Addr) == fam && servable(fe, t.cfg.localhostNodePorts) {
 				out.Frontends = append(out.Frontends, frontendRules(nat, filter, fe))
 			}
 		}

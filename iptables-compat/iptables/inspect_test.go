@@ -31,10 +31,11 @@ func TestInspectReadsWhatThePlaneWrote(t *testing.T) {
 		return tabs
 	}
 
-	// Both families have the 8 shared chains (KUBE-PROXY-FIREWALL among them) and their fixed rules; IPv4
+	// Both families have the 8 shared chains (KUBE-PROXY-FIREWALL among
+	// them) and their fixed rules (KUBE-FORWARD's INVALID drop among them); IPv4
 	// also web's KUBE-SVC, KUBE-SVL, KUBE-EXT and 2 KUBE-SEP chains, and
 	// the rules of both Services.
-	if sizes, want := read().Sizes(), []Size{{"IPv4", 13, 20}, {"IPv6", 8, 7}}; !slices.Equal(sizes, want) {
+	if sizes, want := read().Sizes(), []Size{{"IPv4", 13, 21}, {"IPv6", 8, 8}}; !slices.Equal(sizes, want) {
 		t.Errorf("sizes = %+v, want %+v", sizes, want)
 	}
 	got := read().Inspect(web)

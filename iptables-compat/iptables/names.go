@@ -23,6 +23,10 @@ const (
 	// let through to be DNATed: new connections to a load-balancer IP
 	// from outside its loadBalancerSourceRanges.
 	chainProxyFirewall = "KUBE-PROXY-FIREWALL"
+	// chainFirewall (filter) is the kubelet's and kube-proxy's
+	// KUBE-FIREWALL: it drops packets from outside to 127.0.0.0/8, which
+	// route_localnet would otherwise let in.
+	chainFirewall = "KUBE-FIREWALL"
 )
 
 // masqMark is kube-proxy's default masquerade mark (--iptables-masquerade-bit

@@ -74,5 +74,22 @@ func TestDriftCheckHoldsOverRealTables(t *testing.T) {
 				}
 			})
 		}
+		// KUBE-FIREWALL's negated matches and the kubelet's jumps
+		// without a comment, as iptables-save prints them.
+		for name, cfg := range protectionCases() {
+			t.Run(string(v)+"/"+name, func(t *testing.T) {
+				p, err := New(Options{Runner: newNetNS(t), LocalhostNodePorts: cfg.localhostNodePorts, ConntrackTCPLiberal: cfg.tcpLiberal,
+					Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(v, netfilter.IPv6)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.Reconcile(changes(localhostServices()...)); err != nil {
+					t.Fatal(err)
+				}
+				if held := dataplanetest.DriftCheckHolds(t, p); !held {
+					t.Fatal("the drift check finds drift in tables the Plane has just written")
+				}
+			})
+		}
 	}
 }

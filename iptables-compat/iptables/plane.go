@@ -23,7 +23,18 @@ type Options struct {
 	Conntrack netfilter.ConntrackCleaner
 	// Masquerade is kube-proxy's --masquerade-all and --cluster-cidr.
 	Masquerade netfilter.Masquerade
-	Log        *zap.Logger
+	// LocalhostNodePorts serves NodePorts on 127.0.0.0/8, as kube-proxy's
+	// --iptables-localhost-nodeports does where --nodeport-addresses
+	// covers loopback; without it NodePort frontends on IPv4 loopback
+	// are left out. It needs route_localnet (see PrepareNamespace), and
+	// with it the Plane writes KUBE-FIREWALL's drop of packets to
+	// 127.0.0.0/8 from outside.
+	LocalhostNodePorts bool
+	// ConntrackTCPLiberal is nf_conntrack_tcp_be_liberal set in the
+	// namespace: KUBE-FORWARD then does not drop conntrack-INVALID
+	// packets, as kube-proxy does not (see PrepareNamespace).
+	ConntrackTCPLiberal bool
+	Log                 *zap.Logger
 }
 
 // Plane is the iptables dataplane.Dataplane.
@@ -32,7 +43,7 @@ type Plane struct {
 	families  []netfilter.Family
 	tools     map[netfilter.Family]netfilter.Tools
 	conntrack netfilter.ConntrackCleaner
-	masq      netfilter.Masquerade
+	cfg       config
 	log       *zap.Logger
 
 	// programmed is what the tables hold as far as this Plane wrote them.
@@ -65,7 +76,8 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("iptables.New: Options need a Runner and at least one family's Tools")
 	}
 	p := &Plane{
-		run: o.Runner, tools: o.Families, conntrack: o.Conntrack, masq: o.Masquerade, log: o.Log,
+		run: o.Runner, tools: o.Families, conntrack: o.Conntrack, log: o.Log,
+		cfg:        config{masq: o.Masquerade, localhostNodePorts: o.LocalhostNodePorts, tcpLiberal: o.ConntrackTCPLiberal},
 		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		rendered:   map[dataplane.ServicePortName]*renderedPort{},
 		checked:    map[netfilter.Family]bool{},
@@ -155,7 +167,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		if r := p.rendered[n]; r != nil && r.sp == sp {
 			nextRendered[n] = r
 		} else {
-			nextRendered[n] = render(sp, p.families, p.masq)
+			nextRendered[n] = render(sp, p.families, p.cfg)
 		}
 	}
 
@@ -173,9 +185,9 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		whole := saved != nil
 		splitLines := p.tools[fam].SplitLines
 		for _, table := range tables {
-			fwd := tableInputOf(fam, table, nextRendered, p.rendered, changed, whole)
+			fwd := tableInputOf(fam, table, p.cfg, nextRendered, p.rendered, changed, whole)
 			if whole {
-				fwd.jumps = netfilter.MissingJumps(table, baseJumps, saved[table])
+				fwd.jumps = netfilter.MissingJumps(table, baseJumpsOf(fam, p.cfg), saved[table])
 				if full && table == tableNAT {
 					fwd.remove = mergeNames(fwd.remove, staleChains(saved[table], fwd.ports))
 				}
@@ -186,7 +198,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 			prev := p.rendered
 			w := tableWrite{fam: fam, table: table, parts: renderAll(fwd.split(splitLines)),
 				back: func() [][]byte {
-					return renderAll(tableInputOf(fam, table, prev, nextRendered, changed, whole).split(splitLines))
+					return renderAll(tableInputOf(fam, table, p.cfg, prev, nextRendered, changed, whole).split(splitLines))
 				}}
 			if len(w.parts) > 1 {
 				p.log.Debug("Writing a large table in parts", zap.Stringer("family", fam), zap.String("table", table),
@@ -233,10 +245,10 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 	return nil
 }
 
-func render(sp *dataplane.ServicePort, families []netfilter.Family, masq netfilter.Masquerade) *renderedPort {
+func render(sp *dataplane.ServicePort, families []netfilter.Family, cfg config) *renderedPort {
 	r := &renderedPort{sp: sp, rules: map[netfilter.Family]*portRules{}}
 	for _, fam := range families {
-		pr := renderPort(sp, fam, masq)
+		pr := renderPort(sp, fam, cfg)
 		r.rules[fam] = &pr
 	}
 	return r
@@ -247,9 +259,9 @@ func render(sp *dataplane.ServicePort, families []netfilter.Family, masq netfilt
 // state being left) had and state does not. A whole input writes every
 // shared chain and every changed ServicePort's chains; otherwise only what
 // differs from other is written.
-func tableInputOf(fam netfilter.Family, table string, state, other map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName, whole bool) tableInput {
-	in := tableInput{fam: fam, table: table}
-	for _, c := range sharedChainsOf(table) {
+func tableInputOf(fam netfilter.Family, table string, cfg config, state, other map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName, whole bool) tableInput {
+	in := tableInput{fam: fam, table: table, cfg: cfg}
+	for _, c := range sharedChainsOf(table, fam, cfg) {
 		if whole || slices.ContainsFunc(changed, func(n dataplane.ServicePortName) bool {
 			return c.changedIn(state[n].rulesOf(fam), other[n].rulesOf(fam))
 		}) {

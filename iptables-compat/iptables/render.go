@@ -79,14 +79,14 @@ func line(words ...string) string { return strings.Join(words, " ") }
 // kpr's frontends carry their addresses, NodePorts too, so every rule
 // matches its destination address (kube-proxy matches NodePorts by port
 // on every local address).
-func renderPort(sp *dataplane.ServicePort, fam netfilter.Family, masq netfilter.Masquerade) portRules {
+func renderPort(sp *dataplane.ServicePort, fam netfilter.Family, cfg config) portRules {
 	var out portRules
 	name := portName(sp.Name)
 	proto := netfilter.ProtoName(sp.Name.Protocol)
 
 	var fes []dataplane.Frontend
 	for _, fe := range sp.Frontends {
-		if netfilter.FamilyOf(fe.Addr) == fam && servable(fe) {
+		if netfilter.FamilyOf(fe.Addr) == fam && servable(fe, cfg.localhostNodePorts) {
 			fes = append(fes, fe)
 		}
 	}
@@ -109,7 +109,7 @@ func renderPort(sp *dataplane.ServicePort, fam netfilter.Family, masq netfilter.
 		dest := []string{"-m", proto, "-p", proto, "-d", fe.Addr.Unmap().String(), "--dport", strconv.Itoa(int(fe.Port))}
 
 		if fe.Kind == dataplane.ClusterIP && !internal.empty() {
-			internal.markMasq(clusterIPMasquerade(masq, fam, name, dest))
+			internal.markMasq(clusterIPMasquerade(cfg.masq, fam, name, dest))
 		}
 		if !internal.empty() || !external.empty() {
 			target := internal.chain
@@ -154,12 +154,18 @@ func renderPort(sp *dataplane.ServicePort, fam netfilter.Family, masq netfilter.
 	return out
 }
 
-// servable reports whether the iptables dataplane can serve fe. IPv6
-// loopback NodePorts cannot be: the kernel has no route_localnet for IPv6,
-// so a packet from ::1 DNATed to a pod is dropped (kube-proxy leaves them
-// out for the same reason).
-func servable(fe dataplane.Frontend) bool {
-	return !(fe.Kind == dataplane.NodePort && fe.Addr == netip.IPv6Loopback())
+// servable reports whether the iptables dataplane serves fe. IPv6
+// loopback NodePorts cannot be served: the kernel has no route_localnet
+// for IPv6, so a packet from ::1 DNATed to a pod is dropped (kube-proxy
+// leaves them out for the same reason). IPv4 loopback ones are served
+// only with localhost NodePorts (Options.LocalhostNodePorts), as under
+// kube-proxy's --iptables-localhost-nodeports.
+func servable(fe dataplane.Frontend, localhostNodePorts bool) bool {
+	if fe.Kind != dataplane.NodePort {
+		return true
+	}
+	a := fe.Addr.Unmap()
+	return !a.IsLoopback() || (a.Is4() && localhostNodePorts)
 }
 
 func kindComment(k dataplane.FrontendKind) string {

@@ -104,18 +104,18 @@ func goldenCases() map[string][]*dataplane.ServicePort {
 
 // fullSyncInput is what a full sync of sps writes into tables that hold
 // nothing yet, per family and table.
-func fullSyncInput(sps []*dataplane.ServicePort, masq netfilter.Masquerade) []byte {
+func fullSyncInput(sps []*dataplane.ServicePort, cfg config) []byte {
 	var out bytes.Buffer
 	rendered := map[dataplane.ServicePortName]*renderedPort{}
 	var names []dataplane.ServicePortName
 	for _, sp := range sps {
-		rendered[sp.Name] = render(sp, []netfilter.Family{netfilter.IPv4, netfilter.IPv6}, masq)
+		rendered[sp.Name] = render(sp, []netfilter.Family{netfilter.IPv4, netfilter.IPv6}, cfg)
 		names = append(names, sp.Name)
 	}
 	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		for _, table := range tables {
-			in := tableInputOf(fam, table, rendered, nil, names, true)
-			in.jumps = netfilter.MissingJumps(table, baseJumps, nil)
+			in := tableInputOf(fam, table, cfg, rendered, nil, names, true)
+			in.jumps = netfilter.MissingJumps(table, baseJumpsOf(fam, cfg), nil)
 			out.WriteString("# " + fam.String() + "\n")
 			out.Write(in.render())
 		}
@@ -144,13 +144,37 @@ func masqueradeServices() []*dataplane.ServicePort {
 			front(dataplane.NodePort, "192.168.1.10:30081", dataplane.TCP, bes("10.244.0.12:80", "10.244.1.12:80"), nil)}})
 }
 
+// protectionCases render a NodePort on the node's address and on
+// 127.0.0.1 with localhost NodePorts served and not, and with
+// nf_conntrack_tcp_be_liberal set, one golden file each.
+func protectionCases() map[string]config {
+	return map[string]config{
+		"localhost-nodeports":    {localhostNodePorts: true},
+		"no-localhost-nodeports": {},
+		"tcp-be-liberal":         {localhostNodePorts: true, tcpLiberal: true},
+	}
+}
+
+func localhostServices() []*dataplane.ServicePort {
+	web := spn("shop", "web", "", dataplane.TCP)
+	pods := bes("10.244.0.5:8080", "[fd00:10:244::5]:8080")
+	return []*dataplane.ServicePort{{Name: web, Frontends: []dataplane.Frontend{
+		front(dataplane.NodePort, "192.168.1.10:30080", dataplane.TCP, pods, nil),
+		front(dataplane.NodePort, "127.0.0.1:30080", dataplane.TCP, pods, nil),
+		front(dataplane.NodePort, "[::1]:30080", dataplane.TCP, pods, nil),
+		front(dataplane.NodePort, "[fd00::10]:30080", dataplane.TCP, pods, nil)}}}
+}
+
 func TestRenderGolden(t *testing.T) {
 	inputs := map[string]func() []byte{}
 	for name, sps := range goldenCases() {
-		inputs[name] = func() []byte { return fullSyncInput(sps, netfilter.Masquerade{}) }
+		inputs[name] = func() []byte { return fullSyncInput(sps, config{}) }
 	}
 	for name, masq := range masqueradeCases() {
-		inputs[name] = func() []byte { return fullSyncInput(masqueradeServices(), masq) }
+		inputs[name] = func() []byte { return fullSyncInput(masqueradeServices(), config{masq: masq}) }
+	}
+	for name, cfg := range protectionCases() {
+		inputs[name] = func() []byte { return fullSyncInput(localhostServices(), cfg) }
 	}
 	for name, input := range inputs {
 		t.Run(name, func(t *testing.T) {

@@ -39,6 +39,37 @@ var baseJumps = []netfilter.BaseJump{
 	jumpRule(tableFilter, "FORWARD", newConn, "kubernetes load balancer firewall", chainProxyFirewall),
 }
 
+// firewallJumps are the kubelet's jumps to KUBE-FIREWALL, without a
+// comment as the kubelet writes them, so that either finds the other's.
+var firewallJumps = []netfilter.BaseJump{
+	jumpRule(tableFilter, "INPUT", "", "", chainFirewall),
+	jumpRule(tableFilter, "OUTPUT", "", "", chainFirewall),
+}
+
+// baseJumpsOf are the base jumps of fam under cfg.
+func baseJumpsOf(fam netfilter.Family, cfg config) []netfilter.BaseJump {
+	if firewallChainOf(fam, cfg) {
+		return slices.Concat(baseJumps, firewallJumps)
+	}
+	return baseJumps
+}
+
+// config is what of the Options shapes the rules besides the ServicePorts.
+type config struct {
+	masq netfilter.Masquerade
+	// localhostNodePorts is Options.LocalhostNodePorts.
+	localhostNodePorts bool
+	// tcpLiberal is Options.ConntrackTCPLiberal.
+	tcpLiberal bool
+}
+
+// firewallChainOf reports whether the Plane writes KUBE-FIREWALL in fam:
+// where route_localnet lets packets to 127.0.0.0/8 be routed, which IPv6
+// has no equivalent of.
+func firewallChainOf(fam netfilter.Family, cfg config) bool {
+	return fam == netfilter.IPv4 && cfg.localhostNodePorts
+}
+
 // sharedChain is a chain the rules of many ServicePorts go into. A sync
 // that reads the tables first (the first one, and every full one) writes
 // each shared chain whole; a partial sync writes one only when a changed
@@ -49,10 +80,16 @@ type sharedChain struct {
 	table, name string
 	// head and tail are the chain's fixed rules, before and after the
 	// ServicePorts' lines; nil for none.
-	head, tail func(fam netfilter.Family) []string
+	head, tail func(fam netfilter.Family, cfg config) []string
 	// lines are one ServicePort's rules in the chain; nil for a chain
 	// that has only fixed rules.
 	lines func(r *portRules) []string
+	// when says whether the Plane writes the chain in fam under cfg; nil
+	// is always.
+	when func(fam netfilter.Family, cfg config) bool
+	// kubelets is a chain the kubelet writes too, with the same rules:
+	// Cleanup leaves it, as kube-proxy's cleanup does.
+	kubelets bool
 }
 
 // sharedChainList is every shared chain, in the order a full sync writes
@@ -69,19 +106,41 @@ var sharedChainList = []sharedChain{
 	{table: tableNAT, name: chainMarkMasq, head: fixed("-A " + chainMarkMasq + " -j MARK --or-mark " + masqMark)},
 	{table: tableFilter, name: chainServices, lines: func(r *portRules) []string { return r.filterServices }},
 	{table: tableFilter, name: chainExternalServices, lines: func(r *portRules) []string { return r.filterExternal }},
-	{table: tableFilter, name: chainForward, head: fixed(
-		"-A "+chainForward+" "+netfilter.Comment("kubernetes forwarding rules")+" -m mark --mark "+masqMark+"/"+masqMark+" -j ACCEPT",
-		"-A "+chainForward+" "+netfilter.Comment("kubernetes forwarding conntrack rule")+" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")},
+	{table: tableFilter, name: chainForward, head: forwardRules},
 	{table: tableFilter, name: chainProxyFirewall, lines: func(r *portRules) []string { return r.filterFirewall }},
+	{table: tableFilter, name: chainFirewall, when: firewallChainOf, kubelets: true, head: fixed(
+		// route_localnet, which NodePorts on 127.0.0.1 need, also lets a
+		// neighbour on any link send packets to 127.0.0.0/8 and reach
+		// what listens on the node's loopback only (CVE-2020-8558). Only
+		// packets from 127.0.0.0/8, replies, and what was DNATed to a
+		// NodePort's endpoint may arrive there.
+		"-A " + chainFirewall + " " + netfilter.Comment("block incoming localnet connections") +
+			" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP")},
 }
 
-func fixed(rules ...string) func(netfilter.Family) []string {
-	return func(netfilter.Family) []string { return rules }
+func fixed(rules ...string) func(netfilter.Family, config) []string {
+	return func(netfilter.Family, config) []string { return rules }
+}
+
+// forwardRules head KUBE-FORWARD. Packets conntrack calls INVALID are
+// dropped first (kubernetes#74839): a TCP segment outside the window of
+// a DNATed connection would otherwise be forwarded untranslated, with the
+// endpoint's address, and the client resets the connection. Where
+// nf_conntrack_tcp_be_liberal is set only out-of-window RSTs are INVALID
+// and the rule is left out, as kube-proxy does.
+func forwardRules(_ netfilter.Family, cfg config) []string {
+	var out []string
+	if !cfg.tcpLiberal {
+		out = append(out, "-A "+chainForward+" -m conntrack --ctstate INVALID -j DROP")
+	}
+	return append(out,
+		"-A "+chainForward+" "+netfilter.Comment("kubernetes forwarding rules")+" -m mark --mark "+masqMark+"/"+masqMark+" -j ACCEPT",
+		"-A "+chainForward+" "+netfilter.Comment("kubernetes forwarding conntrack rule")+" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
 }
 
 // nodePortsJump ends nat KUBE-SERVICES: traffic to a local address that no
 // Service rule took may be for a NodePort.
-func nodePortsJump(fam netfilter.Family) []string {
+func nodePortsJump(fam netfilter.Family, _ config) []string {
 	tail := "-A " + chainServices + " " + netfilter.Comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain") +
 		" -m addrtype --dst-type LOCAL"
 	if fam == netfilter.IPv6 {
@@ -90,24 +149,34 @@ func nodePortsJump(fam netfilter.Family) []string {
 	return []string{tail + " -j " + chainNodePorts}
 }
 
-// sharedChainsOf returns the shared chains of table.
-func sharedChainsOf(table string) []sharedChain {
+// sharedChainsOf returns the shared chains the Plane writes into table
+// of fam under cfg.
+func sharedChainsOf(table string, fam netfilter.Family, cfg config) []sharedChain {
 	var out []sharedChain
 	for _, c := range sharedChainList {
-		if c.table == table {
+		if c.table == table && (c.when == nil || c.when(fam, cfg)) {
 			out = append(out, c)
 		}
 	}
 	return out
 }
 
-// sharedChains returns the names of the shared chains of table.
-func sharedChains(table string) []string {
+// sharedChains returns the names of the shared chains the Plane writes
+// into table of fam under cfg.
+func sharedChains(table string, fam netfilter.Family, cfg config) []string {
 	var out []string
-	for _, c := range sharedChainsOf(table) {
+	for _, c := range sharedChainsOf(table, fam, cfg) {
 		out = append(out, c.name)
 	}
 	return out
+}
+
+// ownSharedChain reports whether chain is a shared chain of table that
+// is the backend's alone (not also the kubelet's).
+func ownSharedChain(table, chain string) bool {
+	return slices.ContainsFunc(sharedChainList, func(c sharedChain) bool {
+		return c.table == table && c.name == chain && !c.kubelets
+	})
 }
 
 // changedIn reports whether a ServicePort's lines in c differ between two
@@ -130,6 +199,7 @@ func linesOf(c sharedChain, r *portRules) []string {
 type tableInput struct {
 	fam   netfilter.Family
 	table string
+	cfg   config
 	// ports are every ServicePort's rules, in name order: a shared chain
 	// that is written is written whole.
 	ports []*portRules
@@ -177,7 +247,7 @@ func (in tableInput) split(max int) []tableInput {
 	if max <= 0 || in.rewriteLines() <= max {
 		return []tableInput{in}
 	}
-	part := func() tableInput { return tableInput{fam: in.fam, table: in.table, ports: in.ports} }
+	part := func() tableInput { return tableInput{fam: in.fam, table: in.table, cfg: in.cfg, ports: in.ports} }
 	last := part()
 	last.remove, last.jumps = in.remove, in.jumps
 	first := part()
@@ -238,7 +308,7 @@ func (in tableInput) write(w netfilter.RestoreInput) {
 	}
 	for _, c := range in.shared {
 		if c.head != nil {
-			w.Rules(c.head(in.fam))
+			w.Rules(c.head(in.fam, in.cfg))
 		}
 		if c.lines != nil {
 			for _, p := range in.ports {
@@ -246,7 +316,7 @@ func (in tableInput) write(w netfilter.RestoreInput) {
 			}
 		}
 		if c.tail != nil {
-			w.Rules(c.tail(in.fam))
+			w.Rules(c.tail(in.fam, in.cfg))
 		}
 	}
 	for _, p := range in.rewrite {

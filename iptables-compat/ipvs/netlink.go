@@ -380,17 +380,28 @@ func (k *NetlinkKernel) DestroySet(name string) error {
 // namespace, as kube-proxy's IPVS mode does: conntrack for IPVS
 // connections, so that the masquerade rules apply to them; expiry of
 // connections to removed real servers, so that a drained UDP flow moves
-// on; forwarding.
-func SetSysctls() error {
-	for name, v := range map[string]string{
-		"net/ipv4/vs/conntrack":                 "1",
-		"net/ipv4/vs/expire_nodest_conn":        "1",
-		"net/ipv4/vs/expire_quiescent_template": "1",
-		"net/ipv4/ip_forward":                   "1",
-	} {
-		if err := os.WriteFile(filepath.Join("/proc/sys", name), []byte(v), 0o644); err != nil {
-			return fmt.Errorf("set %s to %s (IPVS needs it): %w", name, v, err)
+// on; forwarding. With strictARP (--ipvs-strict-arp) it also sets
+// arp_ignore=1 and arp_announce=2 on every interface: the Service
+// addresses are bound to the dummy interface, and without them the node
+// answers ARP for each of them on every link, and announces them as the
+// source of its own ARP requests, drawing a load-balancer IP that MetalLB
+// announces from another node to this one. Each setting is tried; the
+// error names every one that failed.
+func SetSysctls(strictARP bool) error {
+	settings := [][2]string{
+		{"net/ipv4/vs/conntrack", "1"},
+		{"net/ipv4/vs/expire_nodest_conn", "1"},
+		{"net/ipv4/vs/expire_quiescent_template", "1"},
+		{"net/ipv4/ip_forward", "1"},
+	}
+	if strictARP {
+		settings = append(settings, [2]string{"net/ipv4/conf/all/arp_ignore", "1"}, [2]string{"net/ipv4/conf/all/arp_announce", "2"})
+	}
+	var errs []error
+	for _, s := range settings {
+		if err := os.WriteFile(filepath.Join("/proc/sys", s[0]), []byte(s[1]), 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("set %s to %s (the IPVS mode needs it): %w", s[0], s[1], err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

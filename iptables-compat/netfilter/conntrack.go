@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
@@ -103,4 +105,14 @@ func DeleteRemovedUDP(c ConntrackCleaner, removed []dataplane.RemovedBackend, lo
 		return
 	}
 	log.Debug("Deleted conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Int("entries", n))
+}
+
+// ConntrackTCPLiberal reports whether nf_conntrack_tcp_be_liberal is set
+// in the calling thread's network namespace. There conntrack calls only
+// out-of-window RSTs INVALID, so kube-proxy's drop of INVALID packets is
+// left out, as kube-proxy leaves it out. A kernel without conntrack loaded
+// has no such setting: false.
+func ConntrackTCPLiberal() bool {
+	b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")
+	return err == nil && strings.TrimSpace(string(b)) != "0"
 }

@@ -14,14 +14,19 @@ type BaseJump struct {
 	Table, Chain string
 	// Match comes before the comment ("-m conntrack --ctstate NEW"); empty
 	// for none.
-	Match   string
+	Match string
+	// Comment is empty for a jump that has none: the kubelet's jumps to
+	// KUBE-FIREWALL, which kube-proxy writes as the kubelet does.
 	Comment string
 	Target  string
 }
 
 // Args are the rule's words after "-A <chain>", as restore input.
 func (j BaseJump) Args() string {
-	a := Comment(j.Comment) + " -j " + j.Target
+	a := "-j " + j.Target
+	if j.Comment != "" {
+		a = Comment(j.Comment) + " " + a
+	}
 	if j.Match != "" {
 		a = j.Match + " " + a
 	}
