@@ -35,9 +35,12 @@ const (
 	// (KUBE-LOOP-BACK): an endpoint that reaches itself through a Service
 	// is masqueraded, or it would answer itself directly.
 	setLoopBack = "LOOP-BACK"
+	// setBound holds every address bound to the dummy interface
+	// (KUBE-IPVS-IPS), for KPR-IPVS-FILTER.
+	setBound = "IPVS-IPS"
 )
 
-var setRoles = []string{setClusterIP, setExternal, setExternalLocal, setFirewall, setSourceCIDR, setLoopBack}
+var setRoles = []string{setClusterIP, setExternal, setExternalLocal, setFirewall, setSourceCIDR, setLoopBack, setBound}
 
 // setName is the kernel name of a role's set in one family.
 func setName(role string, ipv6 bool) string {
@@ -58,6 +61,8 @@ func setSpecs() []SetSpec {
 				typ = "hash:ip,port,net"
 			case setLoopBack:
 				typ = "hash:ip,port,ip"
+			case setBound:
+				typ = "hash:ip"
 			}
 			out = append(out, SetSpec{Name: setName(role, v6), Type: typ, IPv6: v6})
 		}
@@ -145,6 +150,7 @@ func desire(sp *dataplane.ServicePort, scheduler string, ipv6 bool, alloc markAl
 		}
 		if fe.Kind != dataplane.NodePort {
 			c.bind = append(c.bind, key.Addr)
+			c.entries = append(c.entries, setEntry{setName(setBound, key.IPv6), Entry{Addr: key.Addr}})
 		}
 		e := Entry{Addr: key.Addr, Proto: key.Proto, Port: key.Port}
 		role := setExternal

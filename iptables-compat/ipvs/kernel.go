@@ -60,7 +60,8 @@ type ServiceState struct {
 
 // Entry is one ipset member: an address, protocol and port, and for the
 // source-range set a source prefix, for the loop-back set a second
-// address.
+// address; for the hash:ip set of bound addresses an address alone (no
+// protocol).
 type Entry struct {
 	Addr  netip.Addr
 	Proto dataplane.Protocol
@@ -70,6 +71,9 @@ type Entry struct {
 }
 
 func (e Entry) String() string {
+	if e.Proto == 0 {
+		return e.Addr.String()
+	}
 	s := fmt.Sprintf("%s,%s:%d", e.Addr, netfilter.ProtoName(e.Proto), e.Port)
 	if e.Net.IsValid() {
 		s += "," + e.Net.String()
@@ -83,7 +87,8 @@ func (e Entry) String() string {
 // SetSpec is an ipset kpr keeps.
 type SetSpec struct {
 	Name string
-	// Type is the ipset type, hash:ip,port or hash:ip,port,net.
+	// Type is the ipset type: hash:ip,port, hash:ip,port,net,
+	// hash:ip,port,ip or hash:ip.
 	Type string
 	IPv6 bool
 	// MaxElem is the most members the set holds (ipset's maxelem); 0 is

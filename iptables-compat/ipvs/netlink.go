@@ -346,8 +346,12 @@ func fromNetlink(e netlink.IPSetEntry) Entry {
 }
 
 func toNetlink(e Entry) *netlink.IPSetEntry {
+	out := &netlink.IPSetEntry{IP: net.IP(e.Addr.Unmap().AsSlice())}
+	if e.Proto == 0 {
+		return out // a hash:ip member: an address alone
+	}
 	proto, port := uint8(e.Proto), e.Port
-	out := &netlink.IPSetEntry{IP: net.IP(e.Addr.Unmap().AsSlice()), Protocol: &proto, Port: &port}
+	out.Protocol, out.Port = &proto, &port
 	switch {
 	case e.Net.IsValid():
 		out.IP2 = net.IP(e.Net.Addr().Unmap().AsSlice())

@@ -251,3 +251,55 @@ func TestMasqueradeAllThroughIPVS(t *testing.T) {
 		})
 	}
 }
+
+// The Service addresses on kpr-ipvs0 are the node's own: a client outside
+// the node that connects to a ClusterIP or load-balancer IP on a port no
+// Service has (sshd's, the kubelet's) is refused by KPR-IPVS-FILTER, as by
+// kube-proxy's KUBE-IPVS-FILTER (kubernetes#72236), while the Service's
+// own port reaches the pod and the node's address still reaches the
+// node's listener.
+func TestHostPortsAreNotExposedOnServiceAddresses(t *testing.T) {
+	k, run, node := newNamedNetNS(t)
+	if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
+		t.Fatalf("sysctl in %s: %v", node, err)
+	}
+	nodePath := namedns.Path(node)
+	pod1 := podNetNS(t, node, "10.244.0.1")
+	serveName(t, pod1, 8080, "pod1")
+	// A daemon of the node's that listens on every address.
+	serveName(t, nodePath, 2222, "node sshd")
+	client := peerNetNS(t, node, "192.0.2.254/24", "192.0.2.2/24", "192.0.2.254")
+
+	p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
+		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
+	sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
+		fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080"), nil),
+		fe(dataplane.LoadBalancer, "198.51.100.10:80", dataplane.TCP, backends("10.244.0.1:8080"), nil)}}
+	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{web: sp}); err != nil {
+		t.Fatal(err)
+	}
+	for _, vip := range []string{"10.96.0.1", "198.51.100.10"} {
+		if got, err := ask(client, vip+":80"); err != nil || got != "pod1" {
+			t.Errorf("a client's connection to the Service port %s:80 got %q, %v; want pod1's answer", vip, got, err)
+		}
+		if got, err := ask(client, vip+":2222"); err == nil {
+			t.Errorf("a client reached the node's port 2222 on the Service address %s: %q; want it refused", vip, got)
+		}
+	}
+	if got, err := ask(client, "192.0.2.254:2222"); err != nil || got != "node sshd" {
+		t.Errorf("a client's connection to the node's own address got %q, %v; want the node's listener", got, err)
+	}
+	// Once the Service is gone its addresses are neither bound nor
+	// filtered.
+	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{web: nil}); err != nil {
+		t.Fatal(err)
+	}
+	entries, _, err := k.SetEntries(setName(setBound, false))
+	if err != nil || len(entries) != 0 {
+		t.Errorf("%s holds %v (%v) after the last Service left; want it empty", setName(setBound, false), entries, err)
+	}
+}

@@ -21,7 +21,9 @@ const (
 	chainMarkMasq    = "KPR-IPVS-MARK-MASQ"
 	chainFirewall    = "KPR-IPVS-FIREWALL"
 	chainForward     = "KPR-IPVS-FORWARD"
-	chainPrefix      = "KPR-IPVS-"
+	// chainAccessFilter is kube-proxy's KUBE-IPVS-FILTER.
+	chainAccessFilter = "KPR-IPVS-FILTER"
+	chainPrefix       = "KPR-IPVS-"
 )
 
 const (
@@ -39,6 +41,7 @@ var baseJumps = []netfilter.BaseJump{
 	// Before IPVS sees the packet in LOCAL_IN: filter runs first there.
 	jump(tableFilter, "INPUT", "-m conntrack --ctstate NEW", chainFirewall),
 	jump(tableFilter, "FORWARD", "", chainForward),
+	jump(tableFilter, "INPUT", "", chainAccessFilter),
 }
 
 // jumpComment marks the base jumps as the IPVS mode's.
@@ -53,7 +56,7 @@ func chainsOf(table string) []string {
 	if table == tableNAT {
 		return []string{chainServices, chainInternal, chainPostrouting, chainMarkMasq}
 	}
-	return []string{chainFirewall, chainForward}
+	return []string{chainFirewall, chainForward, chainAccessFilter}
 }
 
 // ruleSet is what the Plane writes into one family's tables.
@@ -102,12 +105,28 @@ func (rs ruleSet) set(role string) string { return setName(role, rs.fam == netfi
 func (rs ruleSet) rules(table string) []string {
 	masq := fmt.Sprintf("0x%x", masqMark)
 	if table == tableFilter {
-		return []string{
+		reject := "icmp-port-unreachable"
+		if rs.fam == netfilter.IPv6 {
+			reject = "icmp6-port-unreachable"
+		}
+		out := []string{
 			"-A " + chainFirewall + " -m set --match-set " + rs.set(setFirewall) + " dst,dst -m set ! --match-set " +
 				rs.set(setSourceCIDR) + " dst,dst,src -j DROP",
 			"-A " + chainForward + " -m mark --mark " + masq + "/" + masq + " -j ACCEPT",
 			"-A " + chainForward + " -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
 		}
+		// The Service addresses on the dummy interface are the node's
+		// own, so without this every port the node listens on (sshd,
+		// the kubelet) would answer on every ClusterIP, external IP and
+		// load-balancer IP (kubernetes#72236). A new connection to one
+		// of them that is not for one of its Services' ports is
+		// rejected, as kube-proxy's KUBE-IPVS-FILTER rejects it; the
+		// frontends of every kind are in the three sets.
+		for _, role := range []string{setClusterIP, setExternal, setExternalLocal} {
+			out = append(out, "-A "+chainAccessFilter+" -m set --match-set "+rs.set(role)+" dst,dst -j RETURN")
+		}
+		return append(out, "-A "+chainAccessFilter+" -m conntrack --ctstate NEW -m set --match-set "+rs.set(setBound)+
+			" dst -j REJECT --reject-with "+reject)
 	}
 	out := []string{
 		// The node's own traffic to a frontend whose outside traffic
