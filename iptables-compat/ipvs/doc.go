@@ -19,6 +19,11 @@
 // reaper): weight 0 first, deleted once they have no connections left, UDP
 // ones at once.
 //
+// The addresses on the dummy interface are the node's own, so kube-proxy's
+// protections come along: KPR-IPVS-FILTER (kube-proxy's KUBE-IPVS-FILTER)
+// rejects new connections to them on ports no Service has, and
+// SetSysctls(true) is --ipvs-strict-arp.
+//
 // It must not import the eBPF backend's packages (bpf, maps, loader,
 // ebpfplane, cilium/ebpf); make lint enforces it.
 package ipvs
