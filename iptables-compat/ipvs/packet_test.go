@@ -20,6 +20,28 @@ import (
 	"github.com/kpr-io/kpr/tests/namedns"
 )
 
+// newIPVSNode is newNamedNetNS with the sysctls the IPVS mode sets.
+func newIPVSNode(t *testing.T) (*NetlinkKernel, netfilter.Runner, string) {
+	t.Helper()
+	k, run, node := newNamedNetNS(t)
+	if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
+		t.Fatalf("sysctl in %s: %v", node, err)
+	}
+	return k, run, node
+}
+
+// ipv4Plane is a Plane of o that programs IPv4 with iptables-nft.
+func ipv4Plane(t *testing.T, o Options) *Plane {
+	t.Helper()
+	o.Log = zaptest.NewLogger(t)
+	o.Families = map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}
+	p, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // podNetNS creates a "pod" namespace wired to the node namespace by a veth
 // pair, 10.244.0.0/24 between them (node .254, pod addr), and returns its
 // path.
@@ -124,19 +146,12 @@ func ask(path, addr string) (string, error) {
 // fwmark virtual server, while the address's virtual server has only the
 // local one.
 func TestConnectionsThroughIPVS(t *testing.T) {
-	k, run, node := newNamedNetNS(t)
-	if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
-		t.Fatalf("sysctl in %s: %v", node, err)
-	}
+	k, run, node := newIPVSNode(t)
 	nodePath := namedns.Path(node)
 	pod1 := podNetNS(t, node, "10.244.0.1")
 	serveName(t, pod1, 8080, "pod1")
 
-	p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
-		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := ipv4Plane(t, Options{Kernel: k, Runner: run})
 	web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
 	sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
 		fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080"), nil),
@@ -168,19 +183,12 @@ func TestConnectionsThroughIPVS(t *testing.T) {
 // the Service's loadBalancerSourceRanges: filter drops the others before
 // IPVS sees them.
 func TestSourceRangesThroughIPVS(t *testing.T) {
-	k, run, node := newNamedNetNS(t)
-	if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
-		t.Fatalf("sysctl in %s: %v", node, err)
-	}
+	k, run, node := newIPVSNode(t)
 	pod1 := podNetNS(t, node, "10.244.0.1")
 	serveName(t, pod1, 8080, "pod1")
 	client := peerNetNS(t, node, "192.0.2.254/24", "192.0.2.2/24", "192.0.2.254")
 
-	p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
-		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := ipv4Plane(t, Options{Kernel: k, Runner: run})
 	web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
 	fenced := func(ranges ...string) *dataplane.ServicePort {
 		sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
@@ -223,22 +231,15 @@ func TestMasqueradeAllThroughIPVS(t *testing.T) {
 		{true, "10.244.0.254"}, // the node, on the backend's link
 	} {
 		t.Run(fmt.Sprintf("masquerade-all=%v", c.masqAll), func(t *testing.T) {
-			k, run, node := newNamedNetNS(t)
-			if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
-				t.Fatalf("sysctl in %s: %v", node, err)
-			}
+			k, run, node := newIPVSNode(t)
 			backend := podNetNS(t, node, "10.244.0.1")
 			serveSource(t, backend, 8080)
 			// Another pod, on another link: its traffic to the backend
 			// passes the node, which forwards it unmasqueraded.
 			client := peerNetNS(t, node, "10.244.1.254/24", "10.244.1.2/24", "10.244.1.254")
 
-			p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
-				Masquerade: netfilter.Masquerade{All: c.masqAll, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
-				Families:   map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := ipv4Plane(t, Options{Kernel: k, Runner: run,
+				Masquerade: netfilter.Masquerade{All: c.masqAll, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}})
 			web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
 			sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
 				fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080"), nil)}}
@@ -259,10 +260,7 @@ func TestMasqueradeAllThroughIPVS(t *testing.T) {
 // own port reaches the pod and the node's address still reaches the
 // node's listener.
 func TestHostPortsAreNotExposedOnServiceAddresses(t *testing.T) {
-	k, run, node := newNamedNetNS(t)
-	if err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.vs.conntrack=1", "net.ipv4.ip_forward=1").Run(); err != nil {
-		t.Fatalf("sysctl in %s: %v", node, err)
-	}
+	k, run, node := newIPVSNode(t)
 	nodePath := namedns.Path(node)
 	pod1 := podNetNS(t, node, "10.244.0.1")
 	serveName(t, pod1, 8080, "pod1")
@@ -270,11 +268,7 @@ func TestHostPortsAreNotExposedOnServiceAddresses(t *testing.T) {
 	serveName(t, nodePath, 2222, "node sshd")
 	client := peerNetNS(t, node, "192.0.2.254/24", "192.0.2.2/24", "192.0.2.254")
 
-	p, err := New(Options{Kernel: k, Runner: run, Log: zaptest.NewLogger(t),
-		Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := ipv4Plane(t, Options{Kernel: k, Runner: run})
 	web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
 	sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
 		fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080"), nil),
