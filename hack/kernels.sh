@@ -34,7 +34,7 @@ modules=(crc32c_generic veth bridge br_netfilter dummy nf_conntrack sch_ingress 
 	ip_tables ip6_tables iptable_nat ip6table_nat iptable_filter ip6table_filter
 	xt_comment xt_conntrack xt_tcpudp xt_mark xt_addrtype xt_statistic xt_recent xt_MASQUERADE xt_nat
 	ipt_REJECT ip6t_REJECT
-	ip_vs_wrr ip_vs_sh ip_set ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet xt_set)
+	ip_vs_wrr ip_vs_sh ip_set ip_set_hash_ip ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet xt_set)
 
 fetch() {
 	local suite=$1 dir=$cache/$1
