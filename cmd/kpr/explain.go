@@ -75,6 +75,7 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&f.run.hostNetNS, "host-netns", "", "as given to kpr run: the network namespace whose tables the iptables mode programs; empty means this one")
 	fl.BoolVar(&f.run.kubeProxy.masqueradeAll, "masquerade-all", false, "as given to kpr run (the iptables mode's ClusterIP rules depend on it)")
 	fl.StringVar(&f.run.clusterCIDR, "cluster-cidr", "", "as given to kpr run (the iptables mode's ClusterIP rules depend on it)")
+	fl.BoolVar(&f.run.kubeProxy.localhostNodePorts, "iptables-localhost-nodeports", true, "as given to kpr run (the iptables mode's NodePorts on 127.0.0.1 depend on it)")
 	return cmd
 }
 

@@ -45,14 +45,17 @@ func (f *runFlags) masquerade() (netfilter.Masquerade, error) {
 }
 
 // inspectIPTables reads the rules in the node's tables. Its ClusterIP
-// rules follow the daemon's --masquerade-all and --cluster-cidr, so the
-// comparison needs them (`kpr explain` takes both).
+// rules follow the daemon's --masquerade-all and --cluster-cidr, and its
+// NodePorts on 127.0.0.1 --iptables-localhost-nodeports and
+// --nodeport-addresses, so the comparison needs them (`kpr explain` takes
+// them all).
 func inspectIPTables(at dataplaneAt) (dataplane.Inspector, error) {
 	masq, err := at.run.masquerade()
 	if err != nil {
 		return nil, err
 	}
-	return iptables.OpenInspector(at.bpfRoot, at.run.hostNetNS, netfilter.RunnerIn(context.Background(), at.run.hostNetNS), masq)
+	return iptables.OpenInspector(at.bpfRoot, at.run.hostNetNS, netfilter.RunnerIn(context.Background(), at.run.hostNetNS), masq,
+		at.run.localhostNodePorts())
 }
 
 // newIPTablesDataplane programs the iptables of the node's network

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter/netfiltertest"
 )
 
 // The reader follows each frontend to the endpoints its rules DNAT to and
@@ -83,5 +85,33 @@ func TestInspectReadsWhatThePlaneWrote(t *testing.T) {
 	// The other Service's rules are not this one's.
 	if e := read().Inspect(empty); len(e.Divergences) != 0 {
 		t.Errorf("divergences of an untouched Service: %q", e.Divergences)
+	}
+}
+
+// NodePorts on 127.0.0.1 are the reader's only when it is told, as the
+// Plane was, that localhost NodePorts are served; told otherwise, it
+// names their rules as ones kpr does not write.
+func TestInspectFollowsLocalhostNodePorts(t *testing.T) {
+	fake := netfiltertest.NewIPTables()
+	tools := map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4)}
+	p, err := New(Options{Runner: fake, Families: tools, LocalhostNodePorts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := localhostServices()[0]
+	if err := p.Reconcile(changes(web)); err != nil {
+		t.Fatal(err)
+	}
+	for _, localhost := range []bool{true, false} {
+		tabs, err := ReadTables(Options{Runner: fake, Families: tools, LocalhostNodePorts: localhost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := tabs.Inspect(web)
+		served := slices.ContainsFunc(got.Frontends, func(f FrontendRules) bool { return f.Frontend == "127.0.0.1:30080/TCP" })
+		if served != localhost || (len(got.Divergences) == 0) != localhost {
+			t.Errorf("read with localhost NodePorts %v: frontends %+v, divergences %q; want 127.0.0.1 read and no divergence only when they are served",
+				localhost, got.Frontends, got.Divergences)
+		}
 	}
 }

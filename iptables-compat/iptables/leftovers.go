@@ -34,8 +34,10 @@ type Inspector struct{ tables *Tables }
 // OpenInspector reads the tables of the network namespace at netnsPath,
 // which r runs in, if the iptables mode recorded writing them; the error
 // wraps leftovers.ErrNotRecorded if it did not. masq is the daemon's
-// --masquerade-all and --cluster-cidr, which its rules follow.
-func OpenInspector(bpfRoot, netnsPath string, r netfilter.Runner, masq netfilter.Masquerade) (*Inspector, error) {
+// --masquerade-all and --cluster-cidr, which its rules follow, and
+// localhostNodePorts whether it serves NodePorts on 127.0.0.1
+// (Options.LocalhostNodePorts).
+func OpenInspector(bpfRoot, netnsPath string, r netfilter.Runner, masq netfilter.Masquerade, localhostNodePorts bool) (*Inspector, error) {
 	if err := leftovers.Check(bpfRoot, netnsPath, recordMode); err != nil {
 		return nil, err
 	}
@@ -43,7 +45,7 @@ func OpenInspector(bpfRoot, netnsPath string, r netfilter.Runner, masq netfilter
 	if err != nil {
 		return nil, err
 	}
-	opts.Masquerade = masq
+	opts.Masquerade, opts.LocalhostNodePorts = masq, localhostNodePorts
 	tables, err := ReadTables(opts)
 	if err != nil {
 		return nil, fmt.Errorf("read the iptables rules: %w", err)
