@@ -44,3 +44,8 @@ static __always_inline int addr_loopback(const __u32 addr[4])
 		return (bpf_ntohl(addr[3]) >> 24) == 127;
 	return addr[0] == 0 && addr[1] == 0 && addr[2] == 0 && addr[3] == bpf_htonl(1);
 }
+
+static __always_inline int addr_eq(const __u32 a[4], const __u32 b[4])
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}

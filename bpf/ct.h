@@ -21,12 +21,21 @@
 #define NSEC_PER_SEC 1000000000ULL
 
 /*
- * Conntrack lifetimes in seconds, set by the loader. The defaults are the
- * netfilter timeouts kube-proxy runs with: SYN_SENT, established (kube-proxy's
- * --conntrack-tcp-timeout-established), TIME_WAIT after a FIN, CLOSE after a
- * RST, and UDP before and after a reply (udp_timeout, udp_timeout_stream).
+ * Conntrack lifetimes in seconds, set by the loader. A TCP flow is
+ * established only once a segment without SYN has passed in each direction:
+ * the client's handshake ACK (or later) and the backend's first ACK or data
+ * after its SYN-ACK. Until then it has the handshake lifetime, as netfilter
+ * keeps a connection in SYN_SENT or SYN_RECV until the client's ACK: a SYN,
+ * spoofed or not, answered by a SYN-ACK and nothing more holds its entries
+ * and SNAT port for that long only. 60 s is netfilter's SYN_RECV; a
+ * lifetime counts from a flow's last packet, so it outlasts every SYN
+ * retransmit interval of Linux but the seventh (64 s), after which a SYN
+ * simply opens the flow again. The others are the netfilter timeouts
+ * kube-proxy runs with: established (kube-proxy's
+ * --conntrack-tcp-timeout-established), TIME_WAIT after a FIN, CLOSE after
+ * a RST, and UDP before and after a reply (udp_timeout, udp_timeout_stream).
  */
-volatile const __u32 ct_tcp_syn_s = 120;
+volatile const __u32 ct_tcp_syn_s = 60;
 volatile const __u32 ct_tcp_established_s = 86400;
 volatile const __u32 ct_tcp_fin_s = 120;
 volatile const __u32 ct_tcp_rst_s = 10;
@@ -43,6 +52,13 @@ volatile const enum ct_flags btf_ct_flags = CT_F_REPLIED;
  * so an established flow does not write its entry on every packet. */
 #define CT_REFRESH_NS NSEC_PER_SEC
 
+/* A TCP flow with both is established. */
+#define CT_TCP_ESTABLISHED (CT_F_ACK_FWD | CT_F_ACK_REPLY)
+
+/* What the forward entry keeps of the flow's state, and a SNATed flow's
+ * reply entry mirrors. */
+#define CT_F_STATE (CT_F_REPLIED | CT_F_FIN | CT_F_RST | CT_TCP_ESTABLISHED)
+
 /* ct_key_of fills key for the flow saddr:sport -> daddr:dport in one
  * direction; the caller's key is zeroed, so its padding hashes alike. */
 static __always_inline void ct_key_of(struct ct_key *key, const __u32 *saddr, __u16 sport,
@@ -56,7 +72,22 @@ static __always_inline void ct_key_of(struct ct_key *key, const __u32 *saddr, __
 	key->dir = dir;
 }
 
-/* How long a flow lives after a packet, given what it has shown. */
+/*
+ * Whether a flow has shown traffic both ways: TCP established, UDP
+ * answered. Only such a flow keeps its SNAT port against a new flow that
+ * finds no free one (nat.h): netfilter's "assured", which its table drops
+ * last when it is full.
+ */
+static __always_inline int ct_assured(__u8 proto, __u8 flags)
+{
+	if (proto == IPPROTO_TCP)
+		return (flags & CT_TCP_ESTABLISHED) == CT_TCP_ESTABLISHED;
+	return flags & CT_F_REPLIED;
+}
+
+/* How long a flow lives after a packet, given what it has shown. A FIN
+ * gives an established flow its closing time; one that never got that far
+ * keeps the shorter handshake lifetime. */
 static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u8 flags)
 {
 	__u32 s;
@@ -64,21 +95,30 @@ static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u8 flags)
 	if (proto == IPPROTO_TCP) {
 		if (flags & CT_F_RST)
 			s = ct_tcp_rst_s;
+		else if (!ct_assured(proto, flags))
+			s = ct_tcp_syn_s;
 		else if (flags & CT_F_FIN)
 			s = ct_tcp_fin_s;
-		else if (flags & CT_F_REPLIED)
-			s = ct_tcp_established_s;
 		else
-			s = ct_tcp_syn_s;
+			s = ct_tcp_established_s;
 	} else {
 		s = (flags & CT_F_REPLIED) ? ct_udp_stream_s : ct_udp_s;
 	}
 	return (__u64)s * NSEC_PER_SEC;
 }
 
-static __always_inline __u8 tcp_close_flags(__u8 tcp_flags)
+/* What a packet of the flow in direction dir (enum ct_dir) shows: a FIN or
+ * RST, and a TCP segment without SYN, which is half of being established. */
+static __always_inline __u8 ct_seen(const struct pkt *p, __u8 dir)
 {
-	return (tcp_flags & TCP_FLAG_RST ? CT_F_RST : 0) | (tcp_flags & TCP_FLAG_FIN ? CT_F_FIN : 0);
+	__u8 f;
+
+	if (p->proto != IPPROTO_TCP)
+		return 0;
+	f = (p->tcp_flags & TCP_FLAG_RST ? CT_F_RST : 0) | (p->tcp_flags & TCP_FLAG_FIN ? CT_F_FIN : 0);
+	if (!(p->tcp_flags & TCP_FLAG_SYN))
+		f |= dir == CT_DIR_FORWARD ? CT_F_ACK_FWD : CT_F_ACK_REPLY;
+	return f;
 }
 
 /* The reply entry key of a flow, from its forward entry: the backend
@@ -102,28 +142,33 @@ static __always_inline void ct_reply_key(struct ct_key *rkey, const struct ct_va
 /*
  * Note what a packet shows in the flow's forward entry and extend its
  * lifetime. A SNATed flow's reply entry gets the same lifetime, since it
- * holds the flow's port: the allocator takes over only expired ones.
+ * holds the flow's port, and the same state, which says whether a new flow
+ * may take the port over (nat.h). Both are written when the state changes,
+ * and otherwise only when the lifetime gains CT_REFRESH_NS.
  */
 static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4], __u16 client_port,
 				     __u8 proto, __u8 new_flags, __u64 now)
 {
 	struct ct_key rkey = {};
 	struct ct_value *rev;
+	__u8 flags = ct->flags | new_flags;
 	__u64 expires;
 
-	if ((ct->flags | new_flags) != ct->flags)
-		ct->flags |= new_flags;
-	expires = now + ct_lifetime_ns(proto, ct->flags);
+	expires = now + ct_lifetime_ns(proto, flags);
 	/* A RST or FIN shortens the lifetime, which must be written now. */
-	if (expires <= ct->expires_ns + CT_REFRESH_NS && !(new_flags & (CT_F_RST | CT_F_FIN)))
+	if (flags == ct->flags && expires <= ct->expires_ns + CT_REFRESH_NS &&
+	    !(new_flags & (CT_F_RST | CT_F_FIN)))
 		return;
+	ct->flags = flags;
 	ct->expires_ns = expires;
-	if (!(ct->flags & CT_F_SNAT))
+	if (!(flags & CT_F_SNAT))
 		return;
 	ct_reply_key(&rkey, ct, client, client_port, proto);
 	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
-	if (rev)
+	if (rev) {
 		rev->expires_ns = expires;
+		rev->flags |= flags & CT_F_STATE;
+	}
 }
 
 /* Whether the backend a flow was sent to is still the one behind its id. */
@@ -157,23 +202,24 @@ static __always_inline int ct_usable(const struct ct_value *ct, const struct pkt
 }
 
 /*
- * A reply passed: the forward entry learns of the first one (the flow is
- * established) and of a FIN or RST, which shorten its lifetime. rev is the
- * reply entry, from its copy; client the flow's client.
+ * A reply passed: the forward entry learns what it shows that the reply
+ * entry has not passed on yet (the first reply, the backend's first segment
+ * without SYN, which completes the handshake), and of every FIN or RST,
+ * which shorten its lifetime. rev is the reply entry, from its copy;
+ * client the flow's client.
  */
 static __always_inline void note_reply(struct ct_value *rev, const struct ct_value *from,
 				       const struct pkt *p, const __u32 client[4], __u16 client_port)
 {
 	struct ct_key fkey = {};
 	struct ct_value *fwd;
-	__u8 flags = tcp_close_flags(p->tcp_flags);
+	__u8 flags = ct_seen(p, CT_DIR_REPLY) | CT_F_REPLIED;
 
-	if ((rev->flags & CT_F_REPLIED) && !flags)
+	if ((rev->flags & flags) == flags && !(flags & (CT_F_FIN | CT_F_RST)))
 		return;
-	rev->flags |= CT_F_REPLIED;
+	rev->flags |= flags;
 	ct_key_of(&fkey, client, client_port, from->addr, from->port, p->proto, CT_DIR_FORWARD);
 	fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
 	if (fwd)
-		ct_touch(fwd, client, client_port, p->proto, flags | CT_F_REPLIED, bpf_ktime_get_ns());
+		ct_touch(fwd, client, client_port, p->proto, flags, bpf_ktime_get_ns());
 }
-

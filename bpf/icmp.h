@@ -28,11 +28,6 @@
 #define ICMPV6_PKT_TOOBIG 2
 #define ICMPV6_TIME_EXCEED 3
 
-static __always_inline int addr_eq(const __u32 a[4], const __u32 b[4])
-{
-	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
-}
-
 /*
  * The packet an ICMP error is about: destination unreachable (which
  * carries "fragmentation needed" and "packet too big") or time exceeded,

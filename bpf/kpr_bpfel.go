@@ -93,6 +93,7 @@ type KprNatStats struct {
 	Midstream        uint64
 	DropLoopback     uint64
 	V4Mapped         uint64
+	SnatTakeover     uint64
 }
 
 type KprRevNatValue struct {

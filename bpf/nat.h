@@ -24,13 +24,22 @@
 #include "ct.h"
 #include "fib.h"
 
-/* The source ports SNATed flows get, host byte order, set by the loader.
- * Above the kernel's default ephemeral range (32768-60999), so that they
- * do not meet the node's own connections to the same backend. */
-volatile const __u16 snat_port_min = 61000;
-volatile const __u16 snat_port_max = 65535;
+/*
+ * The source ports SNATed flows get, host byte order, set by the loader.
+ * A port is taken per backend address and port (the reply entry's key
+ * holds both ends), so the range bounds only the flows to one backend
+ * address and port through one node address: 1024-32767 gives each 31,744.
+ * It stays below the kernel's default ephemeral range (32768-60999), where
+ * the node's and the pods' own source ports come from, which MASQUERADE
+ * keeps when it can (docs/tc-dataplane.md, SNAT ports and netfilter). A
+ * local server
+ * listening on one of them does not matter: kpr's flows leave from it, and
+ * their replies are taken at tc ingress before the kernel sees them.
+ */
+volatile const __u16 snat_port_min = 1024;
+volatile const __u16 snat_port_max = 32767;
 
-/* How many ports a new SNATed flow tries before it is dropped. */
+/* How many ports a new SNATed flow tries before it takes one over. */
 #define SNAT_TRIES 16
 
 /*
@@ -82,16 +91,63 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
 }
 
 /*
+ * Whether a new flow may take the SNAT port of the flow whose reply entry
+ * is held: one that never showed traffic both ways (a SYN answered by a
+ * SYN-ACK and nothing more, spoofed or slow), or one that was reset.
+ * netfilter's table drops such unassured entries first when it is full
+ * (early drop); an established flow keeps its port.
+ */
+static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 proto)
+{
+	return !ct_assured(proto, held->flags) || (held->flags & CT_F_RST);
+}
+
+/*
+ * Give the port in rkey->dport, held by a reclaimable flow, to the new flow
+ * whose reply entry is rev. The flow that held it loses its forward entry
+ * too, unless that has moved on to another port: its next segment is then
+ * a new flow (or one of no flow kpr knows) rather than sent out from a port
+ * that is no longer its own. Returns 0 on success.
+ */
+static __always_inline int snat_take_over(struct ct_key *rkey, const struct ct_value *rev)
+{
+	struct ct_key fkey = {};
+	struct ct_value held;
+	const struct ct_value *old;
+	const struct ct_value *fwd;
+
+	/* Looked up again: the holder may have been established meanwhile. */
+	old = bpf_map_lookup_elem(&kpr_conntrack, rkey);
+	if (!old || !snat_reclaimable(old, rkey->proto))
+		return -1;
+	held = *old;
+	if (bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
+		return -1;
+	ct_key_of(&fkey, held.nat_addr, held.nat_port, held.addr, held.port, rkey->proto, CT_DIR_FORWARD);
+	fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
+	if (fwd && (fwd->flags & CT_F_SNAT) && fwd->nat_port == rkey->dport &&
+	    addr_eq(fwd->nat_addr, rkey->daddr))
+		bpf_map_delete_elem(&kpr_conntrack, &fkey);
+	STAT_INC(snat_takeover);
+	return 0;
+}
+
+/*
  * Store the reply entry of a SNATed flow under a free port of the SNAT
  * range: the flow's hash picks where to start, and taken ports are skipped.
- * A port whose holder expired is taken over. Returns the port (network
- * order) in rkey->dport, or -1 when none of SNAT_TRIES was free.
+ * A port whose holder expired is taken over. When SNAT_TRIES ports are all
+ * held, the one of them whose reclaimable holder expires first is taken
+ * over, so that half-open flows (a SYN flood, spoofed or not) never keep a
+ * backend from new flows. Returns the port (network order) in rkey->dport,
+ * or -1 when every port tried belongs to a live assured flow.
  */
 static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 				      const struct ct_value *rev, __u64 now)
 {
 	__u32 range = (__u32)snat_port_max - snat_port_min + 1;
 	__u32 start = flow_hash(p);
+	__u64 victim_expires = ~0ULL;
+	__u16 victim = 0;
 	const struct ct_value *old;
 	int i;
 
@@ -100,11 +156,19 @@ static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 		if (!bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_NOEXIST))
 			return 0;
 		old = bpf_map_lookup_elem(&kpr_conntrack, rkey);
-		if (old && now > old->expires_ns &&
-		    !bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
+		if (!old)
+			continue;
+		if (now > old->expires_ns && !bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
 			return 0;
+		if (snat_reclaimable(old, p->proto) && old->expires_ns < victim_expires) {
+			victim_expires = old->expires_ns;
+			victim = rkey->dport;
+		}
 	}
-	return -1;
+	if (!victim)
+		return -1;
+	rkey->dport = victim;
+	return snat_take_over(rkey, rev);
 }
 
 static __always_inline int snat_port(__u16 port)

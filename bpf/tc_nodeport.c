@@ -252,7 +252,7 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 	fwd->port = be->port;
 	fwd->backend_id = backend_id;
 	fwd->rev_nat_id = master->rev_nat_id;
-	fwd->flags = tcp_close_flags(p->tcp_flags);
+	fwd->flags = ct_seen(p, CT_DIR_FORWARD);
 	/* externalTrafficPolicy: Local (the external scope) keeps the
 	 * client's address. */
 	if (skey->scope == SVC_SCOPE_INTERNAL && backend_remote(skb, p, be, fwd->nat_addr))
@@ -328,7 +328,7 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 	now = bpf_ktime_get_ns();
 	ct = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
 	if (ct && ct_usable(ct, &p, now)) {
-		ct_touch(ct, p.saddr, p.sport, p.proto, tcp_close_flags(p.tcp_flags), now);
+		ct_touch(ct, p.saddr, p.sport, p.proto, ct_seen(&p, CT_DIR_FORWARD), now);
 		to = *ct;
 	} else {
 		/* Not a flow kpr knows (or one that is over): only traffic to
@@ -347,7 +347,8 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 		 * still carries; a random pick would send it to a backend that
 		 * answers with a reset. A Maglev frontend picks the flow's
 		 * backend again instead: that is how a flow survives moving to
-		 * another node behind an ECMP router. */
+		 * another node behind an ECMP router. Its entries have the
+		 * handshake lifetime until the backend answers (ct.h). */
 		if (p.proto == IPPROTO_TCP && !(p.tcp_flags & TCP_FLAG_SYN) && !lb_has_maglev(master, skey.scope)) {
 			STAT_INC(midstream);
 			return TC_PASS;

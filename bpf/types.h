@@ -149,13 +149,18 @@ enum ct_dir {
 	CT_DIR_REPLY = 1,
 };
 
-/* ct_value.flags: what the flow has shown so far. */
+/* ct_value.flags: what the flow has shown so far. A TCP flow is
+ * established once it has both CT_F_ACK_FWD and CT_F_ACK_REPLY (ct.h). */
 enum ct_flags {
-	CT_F_REPLIED = 1,	/* a reply has passed: TCP established, UDP a stream */
+	CT_F_REPLIED = 1,	/* a reply has passed: UDP a stream; TCP at least
+				 * the backend's SYN-ACK */
 	CT_F_FIN = 2,		/* TCP FIN seen in either direction */
 	CT_F_RST = 4,		/* TCP RST seen in either direction */
 	CT_F_SNAT = 8,		/* the flow leaves from a node address (nat_addr):
 				 * its backend is on another node */
+	CT_F_ACK_FWD = 16,	/* TCP: a segment without SYN came from the client
+				 * (its handshake ACK, or later) */
+	CT_F_ACK_REPLY = 32,	/* TCP: a segment without SYN came from the backend */
 };
 
 struct ct_key {
@@ -178,8 +183,11 @@ struct ct_value {
 	__u16 port;		/* network byte order */
 	__u16 nat_port;		/* CT_F_SNAT only, network byte order.
 				 * forward: the source port; reply: the client's */
-	__u8 flags;		/* enum ct_flags, kept in the forward entry
-				 * (and CT_F_SNAT in both) */
+	__u8 flags;		/* enum ct_flags, kept in the forward entry.
+				 * The reply entry has CT_F_SNAT, the reply bits
+				 * it passed on (CT_F_REPLIED, CT_F_ACK_REPLY),
+				 * and, when SNATed, the forward entry's state
+				 * too: port takeover reads it there */
 	__u8 pad[3];
 	__u32 backend_id;	/* the backend's id in kpr_backends */
 	__u32 rev_nat_id;	/* the frontend's id in kpr_rev_nat */
@@ -236,6 +244,8 @@ struct nat_stats {
 				 * (127.0.0.0/8, ::1), dropped as the kernel would */
 	__u64 v4_mapped;	/* IPv6 packets with a v4-mapped address
 				 * (::ffff:a.b.c.d), passed untranslated */
+	__u64 snat_takeover;	/* new flows given the SNAT port of a flow that
+				 * had not shown traffic both ways */
 };
 
 /*

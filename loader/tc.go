@@ -64,8 +64,11 @@ func (m TCAttachMode) String() string {
 // entries. Zero keeps the default compiled into the object, which is the
 // netfilter timeout kube-proxy runs with.
 type ConntrackTimeouts struct {
-	TCPSyn         time.Duration // a TCP flow whose SYN got no reply yet (120 s)
-	TCPEstablished time.Duration // an answered TCP flow (24 h)
+	// TCPSyn is the lifetime of a TCP flow whose handshake has not
+	// completed in both directions (a segment without SYN from each
+	// side): 60 s, netfilter's SYN_RECV.
+	TCPSyn         time.Duration
+	TCPEstablished time.Duration // an established TCP flow (24 h)
 	TCPFin         time.Duration // after a FIN in either direction (120 s)
 	TCPRst         time.Duration // after a RST in either direction (10 s)
 	UDP            time.Duration // a UDP flow without a reply yet (30 s)
@@ -84,10 +87,11 @@ type TCOptions struct {
 	Mode     TCAttachMode
 	Timeouts ConntrackTimeouts
 	// SNATPorts is the range of source ports (first, last) flows to a
-	// backend on another node get. Zero keeps the default compiled into
-	// the programs (DefaultSNATPorts): above the kernel's default
-	// ephemeral range, so that they never meet the node's own connections
-	// (CheckSNATPorts refuses a node whose range reaches them).
+	// backend on another node get, per backend address and port. Zero
+	// keeps the default compiled into the programs (DefaultSNATPorts):
+	// below the kernel's default ephemeral range, so that they never meet
+	// the node's own connections (CheckSNATPorts refuses a node whose
+	// range reaches them; bpf/nat.h and docs/tc-dataplane.md say why).
 	SNATPorts [2]uint16
 	// MaglevTableSize is the size of the Maglev tables the control plane
 	// writes (maps.Maglev); zero keeps the default, 16381.

@@ -23,10 +23,12 @@ const (
 	ctDirForward = 0
 	ctDirReply   = 1
 
-	ctFlagReplied = 1
-	ctFlagFin     = 2
-	ctFlagRst     = 4
-	ctFlagSNAT    = 8
+	ctFlagReplied  = 1
+	ctFlagFin      = 2
+	ctFlagRst      = 4
+	ctFlagSNAT     = 8
+	ctFlagAckFwd   = 16
+	ctFlagAckReply = 32
 )
 
 // ConntrackFlow is one flow the tc programs translate, from its forward
@@ -41,6 +43,11 @@ type ConntrackFlow struct {
 	SNAT netip.AddrPort
 	// Replied, Fin and Rst say what the flow has shown.
 	Replied, Fin, Rst bool
+	// Established says that a TCP flow has completed its handshake in
+	// both directions: a segment without SYN has come from the client and
+	// from the backend. Until then it has the handshake lifetime, and its
+	// SNAT port may be taken over by a new flow. Always false for UDP.
+	Established bool
 	// ExpiresIn is how long the flow lives without another packet;
 	// negative once it is over (its entry stays until evicted).
 	ExpiresIn time.Duration
@@ -63,13 +70,15 @@ func ConntrackFlows(m *ebpf.Map) ([]ConntrackFlow, error) {
 			continue
 		}
 		f := ConntrackFlow{
-			Client:    netip.AddrPortFrom(addrFromBPF(k.Saddr), portFromBPF(k.Sport)),
-			Frontend:  netip.AddrPortFrom(addrFromBPF(k.Daddr), portFromBPF(k.Dport)),
-			Proto:     dataplane.Protocol(k.Proto),
-			Backend:   netip.AddrPortFrom(addrFromBPF(v.Addr), portFromBPF(v.Port)),
-			Replied:   v.Flags&ctFlagReplied != 0,
-			Fin:       v.Flags&ctFlagFin != 0,
-			Rst:       v.Flags&ctFlagRst != 0,
+			Client:   netip.AddrPortFrom(addrFromBPF(k.Saddr), portFromBPF(k.Sport)),
+			Frontend: netip.AddrPortFrom(addrFromBPF(k.Daddr), portFromBPF(k.Dport)),
+			Proto:    dataplane.Protocol(k.Proto),
+			Backend:  netip.AddrPortFrom(addrFromBPF(v.Addr), portFromBPF(v.Port)),
+			Replied:  v.Flags&ctFlagReplied != 0,
+			Fin:      v.Flags&ctFlagFin != 0,
+			Rst:      v.Flags&ctFlagRst != 0,
+			Established: dataplane.Protocol(k.Proto) == dataplane.TCP &&
+				v.Flags&(ctFlagAckFwd|ctFlagAckReply) == ctFlagAckFwd|ctFlagAckReply,
 			ExpiresIn: time.Duration(int64(v.ExpiresNs) - int64(now)),
 			BackendID: v.BackendId,
 			RevNatID:  v.RevNatId,

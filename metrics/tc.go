@@ -52,7 +52,8 @@ var (
 		"Packets the tc programs rewrote: forward (to a backend), reply (back to the frontend), icmp_error (an ICMP error about a translated flow)",
 		[]string{"direction"}, nil)
 	tcFlowsDesc = prometheus.NewDesc("kpr_tc_flows_total",
-		"Flows the tc programs started: new (every one), snat (to a backend on another node), affinity (to the client's ClientIP affinity backend)",
+		"Flows the tc programs started: new (every one), snat (to a backend on another node), affinity (to the client's ClientIP affinity backend), "+
+			"snat_takeover (given the SNAT port of a flow that had not shown traffic both ways, as under a SYN flood)",
 		[]string{"kind"}, nil)
 	tcPassedDesc = prometheus.NewDesc("kpr_tc_passed_total",
 		"Packets the tc programs passed untranslated that look like Service traffic: cluster_ip_outside (a ClusterIP from outside), fragment (IP fragments), tcp_midstream (a TCP segment other than a SYN of no known flow), v4_mapped (IPv6 with a ::ffff:a.b.c.d address, never taken for IPv4)",
@@ -79,6 +80,7 @@ var tcCounters = []tcCounter{
 	{"NewFlows", tcFlowsDesc, "new"},
 	{"Snat", tcFlowsDesc, "snat"},
 	{"AffinityHit", tcFlowsDesc, "affinity"},
+	{"SnatTakeover", tcFlowsDesc, "snat_takeover"},
 	{"DropNoBackend", tcDropsDesc, "no_backend"},
 	{"DropCtInsert", tcDropsDesc, "conntrack_insert"},
 	{"DropRewrite", tcDropsDesc, "rewrite"},

@@ -133,13 +133,13 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to the devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, clsact, "+
 		"or none (no tc programs: traffic from other machines is not served)")
 	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps "+
-		defaultSNATPorts()+", which must stay outside the node's net.ipv4.ip_local_port_range")
+		defaultSNATPorts()+", which must stay outside the node's net.ipv4.ip_local_port_range (each backend address and port has the whole range)")
 	fl.StringVar(&f.lbAlgorithm, "lb-algorithm", lbRandom, "how the tc programs pick the backend of a new flow from outside: random (a hash of the flow over the backends), "+
 		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
 	fl.Uint32Var(&f.maglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "slots of each Service's Maglev table (--lb-algorithm maglev): a prime, "+
 		"at least 100 times the backends of the largest Service for even shares, the same on every node; each table takes 4 bytes a slot")
-	fl.DurationVar(&f.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", 0, "lifetime of an answered TCP flow in the tc programs' conntrack; 0 keeps 24h, as kube-proxy sets it")
-	fl.DurationVar(&f.conntrack.TCPSyn, "conntrack-tcp-timeout-syn", 0, "lifetime of a TCP flow whose SYN got no answer yet; 0 keeps 2m (netfilter's SYN_SENT)")
+	fl.DurationVar(&f.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", 0, "lifetime of an established TCP flow (handshake completed both ways) in the tc programs' conntrack; 0 keeps 24h, as kube-proxy sets it")
+	fl.DurationVar(&f.conntrack.TCPSyn, "conntrack-tcp-timeout-syn", 0, "lifetime of a TCP flow whose handshake has not completed both ways (a SYN, answered or not); 0 keeps 1m (netfilter's SYN_RECV)")
 	fl.DurationVar(&f.conntrack.TCPFin, "conntrack-tcp-timeout-fin", 0, "lifetime of a TCP flow after a FIN; 0 keeps 2m (netfilter's TIME_WAIT)")
 	fl.DurationVar(&f.conntrack.TCPRst, "conntrack-tcp-timeout-rst", 0, "lifetime of a TCP flow after a RST; 0 keeps 10s (netfilter's CLOSE)")
 	fl.DurationVar(&f.conntrack.UDP, "conntrack-udp-timeout", 0, "lifetime of a UDP flow without an answer; 0 keeps 30s (netfilter's udp_timeout)")
@@ -246,7 +246,7 @@ func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 	if f.ebpf.snatPorts != "" {
 		var first, last uint16
 		if _, err := fmt.Sscanf(f.ebpf.snatPorts, "%d-%d", &first, &last); err != nil {
-			return nil, fmt.Errorf("--snat-port-range %q: give FIRST-LAST, such as 61000-65535", f.ebpf.snatPorts)
+			return nil, fmt.Errorf("--snat-port-range %q: give FIRST-LAST, such as 1024-32767", f.ebpf.snatPorts)
 		}
 		opts.SNATPorts = [2]uint16{first, last}
 	}

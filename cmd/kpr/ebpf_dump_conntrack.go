@@ -62,7 +62,10 @@ func sortFlows(flows []maps.ConntrackFlow) {
 	})
 }
 
-// flowState names what a flow has shown, as conntrack(8) would.
+// flowState names what a flow has shown, as conntrack(8) would. A TCP flow
+// is "replied" from the backend's SYN-ACK (netfilter's SYN_RECV) until its
+// handshake has completed both ways, and "established" after that
+// (docs/tc-dataplane.md, Conntrack).
 func flowState(f maps.ConntrackFlow) string {
 	switch {
 	case f.ExpiresIn < 0:
@@ -71,6 +74,8 @@ func flowState(f maps.ConntrackFlow) string {
 		return "reset"
 	case f.Fin:
 		return "closing"
+	case f.Established:
+		return "established"
 	case f.Replied:
 		return "replied"
 	}

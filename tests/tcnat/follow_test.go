@@ -142,10 +142,10 @@ func TestKprRunFollowsNodeDevicesAndAddresses(t *testing.T) {
 		}
 		found := slices.ContainsFunc(flows, func(f struct{ Protocol, Client, Frontend, Backend, State string }) bool {
 			return f.Protocol == "TCP" && f.Client == netip.AddrPortFrom(client.Addr().Unmap(), client.Port()).String() &&
-				f.Frontend == onNode.String() && f.State == "replied" && strings.HasPrefix(f.Backend, "10.244.0.")
+				f.Frontend == onNode.String() && f.State == "established" && strings.HasPrefix(f.Backend, "10.244.0.")
 		})
 		if !found {
-			t.Errorf("kpr dump --conntrack lists no replied TCP flow from %s to %s via a pod: %s", client, onNode, out)
+			t.Errorf("kpr dump --conntrack lists no established TCP flow from %s to %s via a pod: %s", client, onNode, out)
 		}
 		table, err := exec.Command(bin, "dump", "--conntrack", "--bpf-root", kpr.BPFRoot).Output()
 		if err != nil || !strings.Contains(string(table), onNode.String()) {

@@ -23,6 +23,8 @@ type flow struct {
 	src, dst netip.AddrPort
 	proto    dataplane.Protocol
 	tcpFlags string // any of "SAFR" for SYN, ACK, FIN, RST
+	seq      uint32 // TCP sequence number; 0 is 1000
+	empty    bool   // no payload
 }
 
 func (f flow) String() string { return fmt.Sprintf("%s %s->%s", f.proto, f.src, f.dst) }
@@ -52,8 +54,12 @@ func build(t testing.TB, f flow) []byte {
 	var l4 gopacket.SerializableLayer
 	switch f.proto {
 	case dataplane.TCP:
+		seq := f.seq
+		if seq == 0 {
+			seq = 1000
+		}
 		tcp := &layers.TCP{SrcPort: layers.TCPPort(f.src.Port()), DstPort: layers.TCPPort(f.dst.Port()),
-			Seq: 1000, Ack: 2000, Window: 65535}
+			Seq: seq, Ack: 2000, Window: 65535}
 		for _, c := range f.tcpFlags {
 			switch c {
 			case 'S':
@@ -81,7 +87,11 @@ func build(t testing.TB, f flow) []byte {
 	}
 	buf := gopacket.NewSerializeBuffer()
 	opts := gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}
-	if err := gopacket.SerializeLayers(buf, opts, eth, ipLayer, l4, gopacket.Payload(payload)); err != nil {
+	body := payload
+	if f.empty {
+		body = nil
+	}
+	if err := gopacket.SerializeLayers(buf, opts, eth, ipLayer, l4, gopacket.Payload(body)); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()

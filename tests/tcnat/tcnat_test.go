@@ -233,10 +233,12 @@ func TestFrontendWithoutBackendDrops(t *testing.T) {
 	}
 }
 
-// TCP lifetimes follow the flags: a SYN gets the SYN timeout, a reply makes
-// the flow established, a RST shortens it; a SYN on the ports of a reset
-// connection opens a new one. UDP gets its timeout. The lifetimes are the
-// loader's.
+// TCP lifetimes follow the flags: a SYN gets the handshake lifetime, and
+// keeps it through the backend's SYN-ACK and the client's ACK; the flow is
+// established only once a segment without SYN has come from each side (the
+// backend's first ACK or data). A FIN gives it the closing time, a RST
+// shortens it; a SYN on the ports of a reset connection opens a new one.
+// UDP gets its timeout. The lifetimes are the loader's.
 func TestConntrackLifetimes(t *testing.T) {
 	timeouts := loader.ConntrackTimeouts{TCPSyn: 11 * time.Second, TCPEstablished: 1000 * time.Second,
 		TCPFin: 13 * time.Second, TCPRst: 3 * time.Second, UDP: 17 * time.Second, UDPStream: 19 * time.Second}
@@ -262,6 +264,11 @@ func TestConntrackLifetimes(t *testing.T) {
 	p.in(tcp)
 	expect(tcp, timeouts.TCPSyn)
 	p.out(flow{src: be, dst: tcp.src, proto: dataplane.TCP, tcpFlags: "SA"})
+	expect(tcp, timeouts.TCPSyn)
+	tcp.tcpFlags = "A"
+	p.in(tcp)
+	expect(tcp, timeouts.TCPSyn)
+	p.out(flow{src: be, dst: tcp.src, proto: dataplane.TCP, tcpFlags: "A"})
 	expect(tcp, timeouts.TCPEstablished)
 	tcp.tcpFlags = "AF"
 	p.in(tcp)
@@ -275,6 +282,18 @@ func TestConntrackLifetimes(t *testing.T) {
 	if s := p.stats(); s.NewFlows != 2 {
 		t.Errorf("new flows %d, want 2: a SYN after a RST opens a new connection", s.NewFlows)
 	}
+	p.out(flow{src: be, dst: tcp.src, proto: dataplane.TCP, tcpFlags: "SA"})
+	tcp.tcpFlags = "A"
+	p.in(tcp)
+	p.out(flow{src: be, dst: tcp.src, proto: dataplane.TCP, tcpFlags: "A"})
+	expect(tcp, timeouts.TCPEstablished)
+
+	// Segments without SYN from the backend alone do not establish it.
+	half := flow{src: ap(fam.client, 40009), dst: fe, proto: dataplane.TCP, tcpFlags: "S"}
+	p.in(half)
+	p.out(flow{src: be, dst: half.src, proto: dataplane.TCP, tcpFlags: "SA"})
+	p.out(flow{src: be, dst: half.src, proto: dataplane.TCP, tcpFlags: "A"})
+	expect(half, timeouts.TCPSyn)
 
 	udp := flow{src: ap(fam.client, 40006), dst: fe, proto: dataplane.UDP}
 	p.in(udp)
