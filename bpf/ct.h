@@ -107,6 +107,14 @@ static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u8 flags)
 	return (__u64)s * NSEC_PER_SEC;
 }
 
+/* Whether a TCP segment may open a flow: a SYN without ACK, RST or FIN.
+ * The others with SYN are what netfilter calls INVALID for a new
+ * connection. */
+static __always_inline int tcp_plain_syn(__u8 tcp_flags)
+{
+	return (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST | TCP_FLAG_FIN)) == TCP_FLAG_SYN;
+}
+
 /* What a packet of the flow in direction dir (enum ct_dir) shows: a FIN or
  * RST, and a TCP segment without SYN, which is half of being established. */
 static __always_inline __u8 ct_seen(const struct pkt *p, __u8 dir)

@@ -94,6 +94,7 @@ type KprNatStats struct {
 	DropLoopback     uint64
 	V4Mapped         uint64
 	SnatTakeover     uint64
+	DropInvalidSyn   uint64
 }
 
 type KprRevNatValue struct {

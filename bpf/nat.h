@@ -32,9 +32,9 @@
  * It stays below the kernel's default ephemeral range (32768-60999), where
  * the node's and the pods' own source ports come from, which MASQUERADE
  * keeps when it can (docs/tc-dataplane.md, SNAT ports and netfilter). A
- * local server
- * listening on one of them does not matter: kpr's flows leave from it, and
- * their replies are taken at tc ingress before the kernel sees them.
+ * local server listening on one of them does not matter: kpr's flows leave
+ * from it, and their replies are taken at tc ingress before the kernel
+ * sees them.
  */
 volatile const __u16 snat_port_min = 1024;
 volatile const __u16 snat_port_max = 32767;

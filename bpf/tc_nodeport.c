@@ -341,14 +341,23 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 			STAT_INC(drop_source_range);
 			return TC_ACT_SHOT;
 		}
-		/* Only a SYN opens a TCP flow. Another segment belongs to a
-		 * connection kpr never saw, such as one made through kube-proxy's
-		 * NAT before kpr took over the node, which the kernel's conntrack
-		 * still carries; a random pick would send it to a backend that
-		 * answers with a reset. A Maglev frontend picks the flow's
-		 * backend again instead: that is how a flow survives moving to
-		 * another node behind an ECMP router. Its entries have the
-		 * handshake lifetime until the backend answers (ct.h). */
+		/* Only a plain SYN opens a TCP flow. A SYN with ACK, RST or
+		 * FIN opens no connection (netfilter calls it INVALID) and is
+		 * dropped: translated, it would hold entries and a SNAT port
+		 * for nothing; passed on, the node would answer it with a
+		 * reset, to a source that may be spoofed. Another segment
+		 * belongs to a connection kpr never saw, such as one made
+		 * through kube-proxy's NAT before kpr took over the node,
+		 * which the kernel's conntrack still carries; a random pick
+		 * would send it to a backend that answers with a reset. A
+		 * Maglev frontend picks the flow's backend again instead: that
+		 * is how a flow survives moving to another node behind an
+		 * ECMP router. Its entries have the handshake lifetime until
+		 * the backend answers (ct.h). */
+		if (p.proto == IPPROTO_TCP && (p.tcp_flags & TCP_FLAG_SYN) && !tcp_plain_syn(p.tcp_flags)) {
+			STAT_INC(drop_invalid_syn);
+			return TC_ACT_SHOT;
+		}
 		if (p.proto == IPPROTO_TCP && !(p.tcp_flags & TCP_FLAG_SYN) && !lb_has_maglev(master, skey.scope)) {
 			STAT_INC(midstream);
 			return TC_PASS;

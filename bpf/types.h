@@ -246,6 +246,8 @@ struct nat_stats {
 				 * (::ffff:a.b.c.d), passed untranslated */
 	__u64 snat_takeover;	/* new flows given the SNAT port of a flow that
 				 * had not shown traffic both ways */
+	__u64 drop_invalid_syn;	/* SYN with ACK, RST or FIN to a frontend, of
+				 * no flow kpr knows: opens none, dropped */
 };
 
 /*

@@ -87,6 +87,7 @@ var tcCounters = []tcCounter{
 	{"DropSnatPorts", tcDropsDesc, "snat_ports"},
 	{"DropSourceRange", tcDropsDesc, "source_range"},
 	{"DropLoopback", tcDropsDesc, "loopback"},
+	{"DropInvalidSyn", tcDropsDesc, "invalid_syn"},
 	{"ClusterIpOutside", tcPassedDesc, "cluster_ip_outside"},
 	{"Fragment", tcPassedDesc, "fragment"},
 	{"Midstream", tcPassedDesc, "tcp_midstream"},

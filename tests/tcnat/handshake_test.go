@@ -123,6 +123,44 @@ func TestSYNFloodLeavesSNATPortsForANewFlow(t *testing.T) {
 	}
 }
 
+// Only a plain SYN opens a TCP flow: SYN|RST, SYN|FIN and SYN|ACK to a
+// frontend, of no flow kpr knows, open none; they are dropped and
+// counted. A SYN from the same port then opens its flow.
+func TestOddSYNsOpenNoFlow(t *testing.T) {
+	top := newTopology(t, 1, loader.TCAttachAuto)
+	raw := newRawTCP(t, top.client.NetNS)
+	odd := []string{"SR", "SF", "SA"}
+	for i, fam := range topoFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			fe := netip.AddrPortFrom(nodeAddr(fam.v6), 30095)
+			top.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, top.backends(fe.Addr(), dataplane.TCP, top.pods...)...)
+			client := clientAddrs[0].Addr()
+			if fam.v6 {
+				client = clientAddrs[1].Addr()
+			}
+			want := uint64((i + 1) * len(odd))
+			for j, flags := range odd {
+				raw.send(t, tcpFlow(netip.AddrPortFrom(client, uint16(41000+j)), fe, flags))
+			}
+			if !eventually(3*time.Second, func() bool { return top.stats().DropInvalidSyn >= want }) {
+				t.Errorf("counters %+v: want %d SYNs with ACK, RST or FIN dropped", top.stats(), want)
+			}
+			for j, flags := range odd {
+				src := netip.AddrPortFrom(client, uint16(41000+j))
+				if f, ok := top.flowOf(src, 0, func(maps.ConntrackFlow) bool { return true }); ok {
+					t.Errorf("SYN with flags %s from %s opened flow %+v", flags, src, f)
+				}
+			}
+			// The same port's plain SYN is a new flow.
+			src := netip.AddrPortFrom(client, 41000)
+			raw.send(t, tcpFlow(src, fe, "S"))
+			if f, ok := top.flowOf(src, 3*time.Second, func(maps.ConntrackFlow) bool { return true }); !ok {
+				t.Errorf("a plain SYN from %s opened no flow (%+v)", src, f)
+			}
+		})
+	}
+}
+
 // A segment other than a SYN, to a Maglev frontend, of no flow this node
 // knows, still goes to its Maglev backend, but the entry it opens has the
 // handshake lifetime until the backend answers: here it never does (the
