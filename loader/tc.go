@@ -557,8 +557,7 @@ func removeLegacyFilterOf(iface netlink.Link, d tcDirection) (bool, error) {
 	}
 	removed := false
 	for _, f := range filters {
-		bf, ok := f.(*netlink.BpfFilter)
-		if !ok || bf.Priority != tcFilterPriority || bf.Handle != tcFilterHandle || !strings.HasPrefix(bf.Name, tcFilterPrefix) {
+		if !isKprFilter(f) {
 			continue
 		}
 		if err := netlink.FilterDel(legacyFilter(iface, d)); err != nil && !errors.Is(err, unix.ENOENT) {
@@ -570,6 +569,51 @@ func removeLegacyFilterOf(iface netlink.Link, d tcDirection) (bool, error) {
 		return false, nil // another tool's qdisc, or none
 	}
 	return true, removeEmptyClsact(iface)
+}
+
+// isKprFilter reports whether f is kpr's clsact filter.
+func isKprFilter(f netlink.Filter) bool {
+	bf, ok := f.(*netlink.BpfFilter)
+	return ok && bf.Priority == tcFilterPriority && bf.Handle == tcFilterHandle && strings.HasPrefix(bf.Name, tcFilterPrefix)
+}
+
+// TCAttachedDevices names the devices kpr's tc programs are attached to:
+// those of the tcx links pinned under bpfRoot, and those with kpr's clsact
+// filter in the network namespace at netnsPath (this one if empty). It
+// only reads.
+func TCAttachedDevices(bpfRoot, netnsPath string) ([]string, error) {
+	if bpfRoot == "" {
+		bpfRoot = DefaultBPFRoot
+	}
+	var devices []string
+	for _, pin := range tcPins(bpfRoot) {
+		if dev := tcPinDevice(pin); dev != "" && !slices.Contains(devices, dev) {
+			devices = append(devices, dev)
+		}
+	}
+	find := func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return fmt.Errorf("list the devices to find kpr's tc filters: %w", err)
+		}
+		for _, iface := range links {
+			for _, d := range tcDirections {
+				filters, err := netlink.FilterList(iface, d.parent)
+				if err != nil {
+					continue // no clsact qdisc
+				}
+				dev := iface.Attrs().Name
+				if slices.ContainsFunc(filters, isKprFilter) && !slices.Contains(devices, dev) {
+					devices = append(devices, dev)
+				}
+			}
+		}
+		return nil
+	}
+	if netnsPath == "" {
+		return devices, find()
+	}
+	return devices, netnsexec.InPath(netnsPath, find)
 }
 
 // removeEmptyClsact deletes the device's clsact qdisc when neither

@@ -16,6 +16,7 @@ import (
 	"github.com/kpr-io/kpr/dataplane/leftovers"
 	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/ebpfplane/sockterm"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/maps/maglev"
@@ -49,6 +50,39 @@ var ebpfMode = mode{
 	inspect:  func(at dataplaneAt) (dataplane.Inspector, error) { return ebpfplane.OpenInspector(at.bpfRoot) },
 	attached: func(at dataplaneAt) dataplane.Inspection { return ebpfplane.InspectLinks(at.bpfRoot, at.run.hostNetNS) },
 	commands: func(g *globalFlags) []*cobra.Command { return []*cobra.Command{newDumpCommand(g), newTraceCommand(g)} },
+	warnings: func(at dataplaneAt) []string {
+		return hostFirewallWarnings(at, loader.TCAttachedDevices, netfilter.ReadHostFirewall)
+	},
+}
+
+// hostFirewallWarnings says, where the tc programs are attached, how many
+// of the node's netfilter rules their traffic bypasses (read only, in
+// --host-netns): a rule an operator wrote to restrict a NodePort does not
+// apply to it. attached and read are loader.TCAttachedDevices and
+// netfilter.ReadHostFirewall, given so that a test can stand in for the
+// node.
+func hostFirewallWarnings(at dataplaneAt, attached func(bpfRoot, netnsPath string) ([]string, error),
+	read func(netfilter.Runner) netfilter.HostFirewall,
+) []string {
+	devices, err := attached(at.bpfRoot, at.run.hostNetNS)
+	if err != nil {
+		return []string{fmt.Sprintf("cannot tell whether the tc programs are attached, so whether they bypass the host firewall: %v", err)}
+	}
+	if len(devices) == 0 {
+		return nil
+	}
+	fw := read(netfilter.RunnerIn(context.Background(), at.run.hostNetNS))
+	var out []string
+	if fw.Total() > 0 {
+		out = append(out, fmt.Sprintf("HOST FIREWALL BYPASSED: %d iptables rules in INPUT/FORWARD and %d nftables rules at prerouting/input/forward "+
+			"are not kpr's or kube-proxy's, and traffic the tc programs on %s translate passes them by or reaches them already translated: "+
+			"restrict NodePorts and LoadBalancer IPs with loadBalancerSourceRanges or host NetworkPolicy instead (docs/operations.md, \"Host firewalls\")",
+			fw.IPTables, fw.NFTables, strings.Join(devices, ", ")))
+	}
+	for _, e := range fw.Errors {
+		out = append(out, "cannot read the host firewall the tc programs bypass: "+e)
+	}
+	return out
 }
 
 // probeEBPF probes the kernel's features as loader.Load will find them.

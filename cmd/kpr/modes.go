@@ -73,6 +73,11 @@ type mode struct {
 	// whichever mode's state it reads: a hook outlives the tables it
 	// reads, and one an earlier mode left still acts.
 	attached func(at dataplaneAt) dataplane.Inspection
+	// warnings, if set, says what on the node works against the mode,
+	// once `kpr status` has found the mode's state (the eBPF mode: the
+	// host firewall rules its tc programs bypass); one line each, none
+	// when all is well.
+	warnings func(at dataplaneAt) []string
 }
 
 // kernelReport is the kernel probe's report, the mode table's input: the

@@ -79,6 +79,8 @@ type statusOutput struct {
 	DataplaneError string `json:"dataplaneError,omitempty"`
 	// Tables are the mode's readings (dataplane.Inspector.InspectNode).
 	Tables []dataplane.Inspection `json:"-"`
+	// Warnings are the mode's (mode.warnings).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // MarshalJSON puts each of the modes' readings under its own key.
@@ -157,6 +159,9 @@ func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusO
 	defer in.Close()
 	st.Dataplane = string(b)
 	st.Tables = in.InspectNode()
+	if m := modeOf(b); m.warnings != nil {
+		st.Warnings = m.warnings(at)
+	}
 	return st
 }
 
@@ -249,6 +254,9 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 	}
 	for _, a := range st.Attached {
 		writeInspection(w, a)
+	}
+	for _, warning := range st.Warnings {
+		fmt.Fprintf(w, "warning:  %s\n", warning)
 	}
 	if st.DataplaneError != "" {
 		fmt.Fprintf(w, "\ndataplane:\n  %s\n", st.DataplaneError)

@@ -15,6 +15,8 @@ type SavedTable struct {
 	// Chains are every chain, built-in ones included, in the order saved.
 	Chains   []string
 	chainSet map[string]bool
+	// policies are the built-in chains' policies ("ACCEPT", "DROP").
+	policies map[string]string
 	// Rules are the "-A" rules, each split into words with the quoting
 	// removed ("-A", chain, matches..., "-j", target, ...).
 	Rules [][]string
@@ -32,16 +34,19 @@ func ParseSave(out []byte) (map[string]*SavedTable, error) {
 		switch {
 		case l == "" || strings.HasPrefix(l, "#"):
 		case strings.HasPrefix(l, "*"):
-			cur = &SavedTable{Name: l[1:], chainSet: map[string]bool{}}
+			cur = &SavedTable{Name: l[1:], chainSet: map[string]bool{}, policies: map[string]string{}}
 			tables[cur.Name] = cur
 		case cur == nil:
 			return nil, fmt.Errorf("iptables-save line %d (%q) comes before any table", n, l)
 		case l == "COMMIT":
 			cur = nil
 		case strings.HasPrefix(l, ":"):
-			name, _, _ := strings.Cut(l[1:], " ")
+			name, rest, _ := strings.Cut(l[1:], " ")
 			cur.Chains = append(cur.Chains, name)
 			cur.chainSet[name] = true
+			if policy, _, _ := strings.Cut(rest, " "); policy != "-" && policy != "" {
+				cur.policies[name] = policy
+			}
 		default:
 			words, err := SplitWords(l)
 			if err != nil {

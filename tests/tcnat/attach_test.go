@@ -192,6 +192,7 @@ func TestTCAttachAndCleanup(t *testing.T) {
 				t.Fatalf("attached with %s, asked for %s", first.Mode, mode)
 			}
 			checkAttached(t, node.NetNS, dev, first, mode)
+			checkAttachedDevices(t, bpfRoot, node.NetNS, dev)
 			// A restart: a new kpr adopts the pins and swaps its programs in
 			// (tcx: into the same links).
 			before := deviceState(t, node.NetNS, dev)
@@ -209,7 +210,21 @@ func TestTCAttachAndCleanup(t *testing.T) {
 			if s := deviceState(t, node.NetNS, dev); !s.empty() {
 				t.Errorf("after cleanup %s still carries %+v", dev, s)
 			}
+			checkAttachedDevices(t, bpfRoot, node.NetNS)
 		})
+	}
+}
+
+// checkAttachedDevices fails unless loader.TCAttachedDevices, which `kpr
+// status` reads, names exactly want.
+func checkAttachedDevices(t *testing.T, bpfRoot string, ns *harness.NetNS, want ...string) {
+	t.Helper()
+	got, err := loader.TCAttachedDevices(bpfRoot, ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("TCAttachedDevices = %v, want %v", got, want)
 	}
 }
 
