@@ -91,23 +91,7 @@ var optionsWriters = map[string][]string{
 }
 
 func TestConformanceWalksEveryTableThePlaneWrites(t *testing.T) {
-	declared := map[string]bool{}
-	for _, tb := range conformanceTables {
-		declared[tb.Name] = true
-	}
-	typ := reflect.TypeOf(Options{})
-	for i := range typ.NumField() {
-		f := typ.Field(i).Name
-		tables, ok := optionsWriters[f]
-		if !ok {
-			t.Errorf("Options.%s is new: say in optionsWriters which tables it writes, and declare them in conformanceTables", f)
-		}
-		for _, tb := range tables {
-			if !declared[tb] {
-				t.Errorf("Options.%s writes %s, which is not in conformanceTables", f, tb)
-			}
-		}
-	}
+	dataplanetest.CheckWriters(t, conformanceTables, "Options", dataplanetest.MemberNames(reflect.TypeOf(Options{})), optionsWriters)
 }
 
 // tamperer changes the tables with iptables-restore of its own, as

@@ -3,7 +3,6 @@ package ipvs
 import (
 	"net/netip"
 	"reflect"
-	"slices"
 	"sync"
 	"testing"
 
@@ -94,8 +93,9 @@ func conformanceTables(t *testing.T, v netfilter.Variant, fresh kernelMaker) []d
 	return out
 }
 
-// kernelWrites says which tables each Kernel method can add to; the
-// methods it lacks only read, change or remove.
+// kernelWrites says which tables each Kernel method can add to, for
+// dataplanetest.CheckWriters: every method is listed, nil for one that
+// adds to no table or to one checked beside it (the ipsets).
 var kernelWrites = map[string][]string{
 	"AddService":   {tableVS},
 	"AddDest":      {tableRS},
@@ -103,18 +103,19 @@ var kernelWrites = map[string][]string{
 	"AddAddr":      {tableAddrs},
 	"EnsureSet":    nil, // creates a set, which setSpecs lists
 	"AddEntry":     nil, // each set of setSpecs
+	// The rest only read, change or remove.
+	"Services": nil, "Dests": nil, "UpdateService": nil, "DelService": nil, "UpdateDest": nil, "DelDest": nil,
+	"DeviceAddrs": nil, "DelAddr": nil, "DelDevice": nil, "SetEntries": nil, "DelEntry": nil, "DestroySet": nil,
 }
-
-var kernelDoesNotAdd = []string{"Services", "Dests", "UpdateService", "DelService", "UpdateDest", "DelDest",
-	"DeviceAddrs", "DelAddr", "DelDevice", "SetEntries", "DelEntry", "DestroySet"}
 
 // The conformance suite walks every table the Plane writes: every ipset
 // of setSpecs, the firewall marks, and every table a Kernel method adds
 // to. A Kernel method added later fails this until it is placed, and the
 // table it fills declared.
 func TestConformanceWalksEveryTableThePlaneWrites(t *testing.T) {
+	tables := conformanceTables(t, netfilter.NFT, fakeKernelAndIPTables)
 	declared := map[string]bool{}
-	for _, tb := range conformanceTables(t, netfilter.NFT, fakeKernelAndIPTables) {
+	for _, tb := range tables {
 		declared[tb.Name] = true
 	}
 	for _, s := range setSpecs() {
@@ -127,19 +128,7 @@ func TestConformanceWalksEveryTableThePlaneWrites(t *testing.T) {
 			t.Errorf("%s is not a table of the conformance suite", name)
 		}
 	}
-	typ := reflect.TypeOf((*Kernel)(nil)).Elem()
-	for i := range typ.NumMethod() {
-		m := typ.Method(i).Name
-		tables, adds := kernelWrites[m]
-		if adds == slices.Contains(kernelDoesNotAdd, m) {
-			t.Errorf("Kernel.%s must be in exactly one of kernelWrites (with the tables it adds to) and kernelDoesNotAdd", m)
-		}
-		for _, tb := range tables {
-			if !declared[tb] {
-				t.Errorf("Kernel.%s adds to %s, which is not a table of the conformance suite", m, tb)
-			}
-		}
-	}
+	dataplanetest.CheckWriters(t, tables, "Kernel", dataplanetest.MemberNames(reflect.TypeOf((*Kernel)(nil)).Elem()), kernelWrites)
 }
 
 // failure fails the n-th write from now on.
