@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -74,9 +73,7 @@ func writeDumpJSON(w io.Writer, svcs []maps.Service, tables map[maps.VIPKey]maps
 		}
 		out = append(out, d)
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return writeJSON(w, out)
 }
 
 // writeDumpTable prints one line per backend, like `cilium bpf lb list`.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -107,9 +106,7 @@ func writeConntrackJSON(w io.Writer, flows []maps.ConntrackFlow) error {
 		}
 		out = append(out, d)
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return writeJSON(w, out)
 }
 
 func writeConntrackTable(w io.Writer, flows []maps.ConntrackFlow) error {

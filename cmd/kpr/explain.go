@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -58,9 +57,7 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 				return err
 			}
 			if f.output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(res)
+				return writeJSON(cmd.OutOrStdout(), res)
 			}
 			writeExplain(cmd.OutOrStdout(), res)
 			return nil

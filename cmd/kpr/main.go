@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/go-logr/zapr"
@@ -76,4 +78,11 @@ func (g *globalFlags) logger() (*zap.Logger, error) {
 	}
 	klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
 	return log, nil
+}
+
+// writeJSON is every command's -o json: v indented, one document.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

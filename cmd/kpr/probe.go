@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"text/tabwriter"
 
@@ -18,9 +17,7 @@ func newProbeCommand() *cobra.Command {
 			auto := autoModeOf(report, fallback)
 			out := cmd.OutOrStdout()
 			if output == "json" {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(probeOutput{kernelReport: report, ModeAuto: auto, TCAttach: tcAttachOf(report)})
+				return writeJSON(out, probeOutput{kernelReport: report, ModeAuto: auto, TCAttach: tcAttachOf(report)})
 			}
 			fmt.Fprintf(out, "kernel %s\n\n", report.Kernel)
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

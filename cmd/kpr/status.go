@@ -125,9 +125,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 			}
 			st := collectStatus(cmd.Context(), g.bpfRoot, addr, hostNetNS)
 			if output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+				return writeJSON(cmd.OutOrStdout(), st)
 			}
 			writeStatus(cmd.OutOrStdout(), st, time.Now())
 			return nil
