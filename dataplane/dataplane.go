@@ -150,6 +150,13 @@ type ServicePort struct {
 	// do. A restricted frontend accepts new connections only from sources
 	// inside one of its prefixes and drops the others.
 	SourceRanges []netip.Prefix
+	// HealthCheckNodePort is the Service's healthCheckNodePort when it has
+	// externalTrafficPolicy Local, else 0. kpr's health server answers on
+	// it on every node address; a backend that makes Service addresses
+	// the node's own (IPVS binds them to a device and filters the ports
+	// they answer on) must let it through there as well, because a cloud
+	// load balancer may probe it at the load-balancer IP.
+	HealthCheckNodePort uint16
 }
 
 // SourceRangesFor returns the prefixes that restrict fe, nil when fe

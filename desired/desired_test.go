@@ -808,3 +808,36 @@ func manyDuplicatesCase() translateCase {
 		want:   []string{"port ns/web:http/TCP", "  ClusterIP 10.96.0.10:80/TCP -> [" + strings.Join(want, " ") + "]"},
 	}
 }
+
+// The healthCheckNodePort rides along only where kpr's health server
+// serves it: under externalTrafficPolicy Local.
+func TestTranslateHealthCheckNodePort(t *testing.T) {
+	s := []*discoveryv1.EndpointSlice{slice("s1", v4, httpPort, ep("10.1.0.1", onNode("node-a")))}
+	node := &Node{Name: "node-a", Addresses: loopbackOnly}
+	withHealthCheck := func(s *v1.Service) { s.Spec.HealthCheckNodePort = 32000 }
+	nodePort := []func(*v1.Service){withType(v1.ServiceTypeNodePort), withPorts(svcPort("http", v1.ProtocolTCP, 80, 30080)), withHealthCheck}
+	runTranslateCases(t, []translateCase{
+		{
+			name:   "externalTrafficPolicy Local",
+			svc:    service(append([]func(*v1.Service){externalLocal}, nodePort...)...),
+			node:   node,
+			slices: s,
+			want: []string{
+				"port ns/web:http/TCP healthCheckNodePort=32000",
+				"  ClusterIP 10.96.0.10:80/TCP -> [10.1.0.1:8080]",
+				"  NodePort 127.0.0.1:30080/TCP -> [10.1.0.1:8080] ext=[10.1.0.1:8080]",
+			},
+		},
+		{
+			name:   "a stale healthCheckNodePort under Cluster",
+			svc:    service(nodePort...),
+			node:   node,
+			slices: s,
+			want: []string{
+				"port ns/web:http/TCP",
+				"  ClusterIP 10.96.0.10:80/TCP -> [10.1.0.1:8080]",
+				"  NodePort 127.0.0.1:30080/TCP -> [10.1.0.1:8080]",
+			},
+		},
+	})
+}

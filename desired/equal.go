@@ -19,6 +19,7 @@ func Equal(a, b *dataplane.ServicePort) bool {
 	}
 	return a.Name == b.Name &&
 		a.AffinityTimeout == b.AffinityTimeout &&
+		a.HealthCheckNodePort == b.HealthCheckNodePort &&
 		slices.Equal(a.SourceRanges, b.SourceRanges) &&
 		slices.EqualFunc(a.Frontends, b.Frontends, equalFrontends)
 }

@@ -177,6 +177,9 @@ func render(sps []dataplane.ServicePort) []string {
 		if sp.AffinityTimeout != 0 {
 			line += " affinity=" + sp.AffinityTimeout.String()
 		}
+		if sp.HealthCheckNodePort != 0 {
+			line += fmt.Sprintf(" healthCheckNodePort=%d", sp.HealthCheckNodePort)
+		}
 		out = append(out, line)
 		for _, f := range sp.Frontends {
 			l := fmt.Sprintf("  %s %s/%s -> %v", f.Kind, f.AddrPort(), f.Protocol, f.Backends)

@@ -40,6 +40,7 @@ func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, 
 	sp.Name = dataplane.ServicePortName{Namespace: t.svc.Namespace, Name: t.svc.Name, Port: p.Name, Protocol: proto}
 	sp.AffinityTimeout = t.affinity
 	sp.SourceRanges = slices.Clone(t.ranges)
+	sp.HealthCheckNodePort = t.healthCheckNodePort()
 
 	nodePort := t.nodePort(p, label)
 	endpoints := t.endpointsFor(p.Name, proto)
@@ -162,6 +163,20 @@ func (t *translation) servicePolicies() {
 		}
 	}
 	t.affinity = time.Duration(secs) * time.Second
+}
+
+// healthCheckNodePort is the Service's healthCheckNodePort where kpr's
+// health server serves it (externalTrafficPolicy Local), else 0; an
+// out-of-range value, which the API server never admits, is 0 too.
+func (t *translation) healthCheckNodePort() uint16 {
+	if !t.externalLocal {
+		return 0
+	}
+	port, ok := portNumber(t.svc.Spec.HealthCheckNodePort)
+	if !ok {
+		return 0
+	}
+	return port
 }
 
 // frontendAddrs collects the Service-wide frontend addresses other than the

@@ -22,7 +22,8 @@ const (
 // Service can: a ClusterIP, an external IP, a load-balancer IP under
 // externalTrafficPolicy Local with a backend elsewhere (its node-local
 // traffic gets other backends than its outside traffic),
-// loadBalancerSourceRanges and ClientIP affinity, with backends of its
+// with its healthCheckNodePort, loadBalancerSourceRanges and ClientIP
+// affinity, with backends of its
 // own, all of one family. Names sort in the order of i, so room goes to
 // the earlier ones.
 func tenant(i int, ipv6 bool) *dataplane.ServicePort {
@@ -46,7 +47,7 @@ func tenant(i int, ipv6 bool) *dataplane.ServicePort {
 	fe := func(kind dataplane.FrontendKind, a netip.Addr, external []dataplane.Backend) dataplane.Frontend {
 		return dataplane.Frontend{Addr: a, Port: 80, Protocol: dataplane.TCP, Kind: kind, Backends: backends, ExternalBackends: external}
 	}
-	return &dataplane.ServicePort{Name: n, AffinityTimeout: time.Minute,
+	return &dataplane.ServicePort{Name: n, AffinityTimeout: time.Minute, HealthCheckNodePort: uint16(32000 + i),
 		Frontends: []dataplane.Frontend{
 			fe(dataplane.ClusterIP, addr("10.100.0.%d", "fd00:100::%x", i+1), nil),
 			fe(dataplane.ExternalIP, addr("203.0.114.%d", "2001:db8:114::%x", i+1), nil),

@@ -38,9 +38,15 @@ const (
 	// setBound holds every address bound to the dummy interface
 	// (KUBE-IPVS-IPS), for KPR-IPVS-FILTER.
 	setBound = "IPVS-IPS"
+	// setHealthCheck holds the bound addresses of externalTrafficPolicy
+	// Local Services with their healthCheckNodePort, which
+	// KPR-IPVS-FILTER lets through (kube-proxy's
+	// KUBE-HEALTH-CHECK-NODE-PORT): a cloud load balancer may probe it at
+	// the load-balancer IP, which is bound here and so filtered.
+	setHealthCheck = "HEALTH-CHECK-NODE-PORT"
 )
 
-var setRoles = []string{setClusterIP, setExternal, setExternalLocal, setFirewall, setSourceCIDR, setLoopBack, setBound}
+var setRoles = []string{setClusterIP, setExternal, setExternalLocal, setFirewall, setSourceCIDR, setLoopBack, setBound, setHealthCheck}
 
 // setName is the kernel name of a role's set in one family.
 func setName(role string, ipv6 bool) string {
@@ -151,6 +157,10 @@ func desire(sp *dataplane.ServicePort, scheduler string, ipv6 bool, alloc markAl
 		if fe.Kind != dataplane.NodePort {
 			c.bind = append(c.bind, key.Addr)
 			c.entries = append(c.entries, setEntry{setName(setBound, key.IPv6), Entry{Addr: key.Addr}})
+			if sp.HealthCheckNodePort != 0 {
+				c.entries = append(c.entries, setEntry{setName(setHealthCheck, key.IPv6),
+					Entry{Addr: key.Addr, Proto: dataplane.TCP, Port: sp.HealthCheckNodePort}})
+			}
 		}
 		e := Entry{Addr: key.Addr, Proto: key.Proto, Port: key.Port}
 		role := setExternal

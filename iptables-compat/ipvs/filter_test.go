@@ -76,14 +76,17 @@ rules:
 // connection to a Service address bound to kpr-ipvs0 on a port that is
 // not one of its Services' ports is rejected, in both families; Service
 // ports pass, and so does every port of the node's own addresses (where
-// NodePorts are). Addresses leave the filter with their last Service.
+// NodePorts are), and the healthCheckNodePort of an externalTrafficPolicy
+// Local Service on that Service's addresses, where a cloud load balancer
+// may probe it (kube-proxy's KUBE-HEALTH-CHECK-NODE-PORT). Addresses leave
+// the filter with their last Service.
 func TestAccessFilterRejectsHostPortsOnServiceAddresses(t *testing.T) {
 	k, run := newFakes()
 	p := fakePlane(t, k, run)
 	web := dataplane.ServicePortName{Namespace: "shop", Name: "web", Protocol: dataplane.TCP}
 	dns := dataplane.ServicePortName{Namespace: "kube-system", Name: "dns", Protocol: dataplane.UDP}
 	sps := map[dataplane.ServicePortName]*dataplane.ServicePort{
-		web: {Name: web, Frontends: []dataplane.Frontend{
+		web: {Name: web, HealthCheckNodePort: 32100, Frontends: []dataplane.Frontend{
 			fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080"), nil),
 			fe(dataplane.NodePort, "192.168.1.10:30080", dataplane.TCP, backends("10.244.0.1:8080"), nil),
 			fe(dataplane.ExternalIP, "203.0.113.5:80", dataplane.TCP, backends("10.244.0.1:8080"), nil),
@@ -110,18 +113,20 @@ func TestAccessFilterRejectsHostPortsOnServiceAddresses(t *testing.T) {
 		}
 	}
 	check("both Services", map[string]string{
-		"10.96.0.1:80":           "RETURN",
-		"udp 10.96.0.1:53":       "RETURN",
-		"10.96.0.1:22":           "REJECT",
-		"udp 10.96.0.1:80":       "REJECT",
-		"203.0.113.5:80":         "RETURN",
-		"203.0.113.5:10250":      "REJECT",
-		"198.51.100.10:443":      "RETURN",
-		"198.51.100.10:22":       "REJECT",
-		"192.168.1.10:22":        "",
-		"192.168.1.10:30080":     "RETURN",
-		"udp [fd00:10:96::1]:53": "RETURN",
-		"[fd00:10:96::1]:22":     "REJECT",
+		"10.96.0.1:80":            "RETURN",
+		"udp 10.96.0.1:53":        "RETURN",
+		"10.96.0.1:22":            "REJECT",
+		"udp 10.96.0.1:80":        "REJECT",
+		"203.0.113.5:80":          "RETURN",
+		"203.0.113.5:10250":       "REJECT",
+		"198.51.100.10:443":       "RETURN",
+		"198.51.100.10:22":        "REJECT",
+		"198.51.100.10:32100":     "RETURN",
+		"udp 198.51.100.10:32100": "REJECT",
+		"192.168.1.10:22":         "",
+		"192.168.1.10:30080":      "RETURN",
+		"udp [fd00:10:96::1]:53":  "RETURN",
+		"[fd00:10:96::1]:22":      "REJECT",
 	})
 
 	if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{web: nil}); err != nil {
@@ -130,6 +135,7 @@ func TestAccessFilterRejectsHostPortsOnServiceAddresses(t *testing.T) {
 	check("dns alone", map[string]string{
 		"udp 10.96.0.1:53":  "RETURN",
 		"10.96.0.1:80":      "REJECT",
+		"10.96.0.1:32100":   "REJECT",
 		"198.51.100.10:443": "",
 		"203.0.113.5:10250": "",
 	})

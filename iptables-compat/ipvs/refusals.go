@@ -157,6 +157,7 @@ var setHolds = map[string]string{
 	setFirewall:      "one per load-balancer IP with loadBalancerSourceRanges",
 	setSourceCIDR:    "one per loadBalancerSourceRange of each load-balancer IP",
 	setLoopBack:      "one per endpoint address, protocol and port",
+	setHealthCheck:   "one per ClusterIP, external IP and load-balancer IP of each externalTrafficPolicy Local Service with a healthCheckNodePort",
 }
 
 // roleOf is the role of the set named name.

@@ -121,8 +121,9 @@ func (rs ruleSet) rules(table string) []string {
 		// load-balancer IP (kubernetes#72236). A new connection to one
 		// of them that is not for one of its Services' ports is
 		// rejected, as kube-proxy's KUBE-IPVS-FILTER rejects it; the
-		// frontends of every kind are in the three sets.
-		for _, role := range []string{setClusterIP, setExternal, setExternalLocal} {
+		// frontends of every kind are in the three sets, and the
+		// healthCheckNodePorts on their Services' addresses in the fourth.
+		for _, role := range []string{setClusterIP, setExternal, setExternalLocal, setHealthCheck} {
 			out = append(out, "-A "+chainAccessFilter+" -m set --match-set "+rs.set(role)+" dst,dst -j RETURN")
 		}
 		return append(out, "-A "+chainAccessFilter+" -m conntrack --ctstate NEW -m set --match-set "+rs.set(setBound)+
