@@ -257,22 +257,24 @@ func TestMasqueradeAllThroughIPVS(t *testing.T) {
 // the node that connects to a ClusterIP or load-balancer IP on a port no
 // Service has (sshd's, the kubelet's) is refused by KPR-IPVS-FILTER, as by
 // kube-proxy's KUBE-IPVS-FILTER (kubernetes#72236), while the Service's
-// own port reaches the pod and the node's address still reaches the
-// node's listener.
+// own port reaches the pod, its healthCheckNodePort the node's health
+// server, and the node's address still reaches the node's listener.
 func TestHostPortsAreNotExposedOnServiceAddresses(t *testing.T) {
 	k, run, node := newIPVSNode(t)
 	nodePath := namedns.Path(node)
 	pod1 := podNetNS(t, node, "10.244.0.1")
 	serveName(t, pod1, 8080, "pod1")
-	// A daemon of the node's that listens on every address.
+	// A daemon of the node's that listens on every address, and kpr's
+	// health server for the Service's healthCheckNodePort.
 	serveName(t, nodePath, 2222, "node sshd")
+	serveName(t, nodePath, 32100, "health check")
 	client := peerNetNS(t, node, "192.0.2.254/24", "192.0.2.2/24", "192.0.2.254")
 
 	p := ipv4Plane(t, Options{Kernel: k, Runner: run})
 	web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
-	sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
+	sp := &dataplane.ServicePort{Name: web, HealthCheckNodePort: 32100, Frontends: []dataplane.Frontend{
 		fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080"), nil),
-		fe(dataplane.LoadBalancer, "198.51.100.10:80", dataplane.TCP, backends("10.244.0.1:8080"), nil)}}
+		fe(dataplane.LoadBalancer, "198.51.100.10:80", dataplane.TCP, backends("10.244.0.1:8080"), backends("10.244.0.1:8080"))}}
 	if err := p.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{web: sp}); err != nil {
 		t.Fatal(err)
 	}
@@ -282,6 +284,11 @@ func TestHostPortsAreNotExposedOnServiceAddresses(t *testing.T) {
 		}
 		if got, err := ask(client, vip+":2222"); err == nil {
 			t.Errorf("a client reached the node's port 2222 on the Service address %s: %q; want it refused", vip, got)
+		}
+		// A cloud load balancer probes the healthCheckNodePort at the
+		// Service's address (kube-proxy's KUBE-HEALTH-CHECK-NODE-PORT).
+		if got, err := ask(client, vip+":32100"); err != nil || got != "health check" {
+			t.Errorf("a probe of the healthCheckNodePort at %s:32100 got %q, %v; want the node's health server", vip, got, err)
 		}
 	}
 	if got, err := ask(client, "192.0.2.254:2222"); err != nil || got != "node sshd" {
