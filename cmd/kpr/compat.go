@@ -35,7 +35,7 @@ type kubeProxyFlags struct {
 	masqueradeAll                                        bool
 	// localhostNodePorts is --iptables-localhost-nodeports.
 	localhostNodePorts bool
-	showVersion        bool
+	showVersion        versionFlag
 	// ignored collects "--name=value" of the kube-proxy flags given that
 	// mean nothing to kpr, for the start-up warning.
 	ignored []string
@@ -86,7 +86,7 @@ var kubeProxyExitFlags = map[string]string{
 }
 
 func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
-	fl.StringVar(&k.config, "config", "", "kube-proxy's configuration file (a KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1); flags override it")
+	fl.StringVar(&k.config, "config", "", "kube-proxy's configuration file (a KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1); as in kube-proxy, it wins over the kube-proxy flags but --hostname-override, --master and the logging flags")
 	fl.StringVar(&k.master, "master", "", "the API server's address (host:port or URL), in place of the kubeconfig's server or the in-cluster address; "+
 		"without --kubeconfig kpr authenticates as its Pod's ServiceAccount. Nodes where kpr is the only Service proxy need it: "+
 		"the kubernetes Service's ClusterIP works only once kpr has synced")
@@ -105,7 +105,7 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 		"the eBPF mode translates in the socket and does not SNAT, so there it is warned about")
 	fl.BoolVar(&k.localhostNodePorts, "iptables-localhost-nodeports", true, "iptables mode: serve NodePorts on 127.0.0.1 (where --nodeport-addresses covers it), "+
 		"as kube-proxy's flag; it sets route_localnet, and drops packets to 127.0.0.0/8 from outside (KUBE-FIREWALL). false leaves route_localnet as it is")
-	fl.BoolVar(&k.showVersion, "version", false, "print kpr's version and exit")
+	fl.VarPF(&k.showVersion, "version", "", "print kpr's version and exit; --version=raw prints every field of it, as kube-proxy's").NoOptDefVal = "true"
 	for _, name := range sortedKeys(kubeProxyOnlyFlags) {
 		f := fl.VarPF(&ignoredFlag{name: name, into: &k.ignored}, name, "", "kube-proxy's flag; it means nothing to kpr, which warns and goes on")
 		if kubeProxyOnlyFlags[name] {
@@ -165,7 +165,8 @@ func resolveProxyMode(k *kubeProxyFlags, f *runFlags, changed func(string) bool)
 // resolveKubeProxyFlags applies the other kube-proxy flags given (changed
 // names them) to kpr's settings, where kpr's own flag was not given too,
 // and returns the flags kpr ignores. It runs after the configuration file
-// is applied, which flags override; f.mode is final by then, and the sync
+// is applied; beside --config, only the flags kube-proxy applies over the
+// file are still marked changed by then (dropFlagsUnderConfig); f.mode is final by then, and the sync
 // periods that apply depend on it.
 func resolveKubeProxyFlags(k *kubeProxyFlags, f *runFlags, g *globalFlags, changed func(string) bool) ([]string, error) {
 	ignored := slices.Clone(k.ignored)

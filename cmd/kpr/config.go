@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -33,10 +34,13 @@ type ignoredSettings struct {
 	unknown []string
 	// flags are kube-proxy flags, --name=value.
 	flags []string
+	// underConfig are kube-proxy flags given beside --config, which
+	// kube-proxy, and so kpr, ignores in favour of the file.
+	underConfig []string
 }
 
 func (s ignoredSettings) empty() bool {
-	return len(s.unsupported)+len(s.unknown)+len(s.flags) == 0
+	return len(s.unsupported)+len(s.unknown)+len(s.flags)+len(s.underConfig) == 0
 }
 
 // fields are the warning's fields, one per non-empty list.
@@ -45,7 +49,8 @@ func (s ignoredSettings) fields() []zap.Field {
 	for _, l := range []struct {
 		key  string
 		list []string
-	}{{"unsupportedConfigFields", s.unsupported}, {"unknownConfigFields", s.unknown}, {"ignoredFlags", s.flags}} {
+	}{{"unsupportedConfigFields", s.unsupported}, {"unknownConfigFields", s.unknown}, {"ignoredFlags", s.flags},
+		{"flagsOverriddenByConfig", s.underConfig}} {
 		if len(l.list) > 0 {
 			fs = append(fs, zap.Strings(l.key, l.list))
 		}
@@ -54,12 +59,22 @@ func (s ignoredSettings) fields() []zap.Field {
 }
 
 // resolveSettings folds kube-proxy's configuration file and flags into
-// kpr's settings, with kube-proxy's precedence: kpr's own flags, then
-// kube-proxy's flags, then the file, then the defaults. changed names the
-// flags given on the command line.
-func resolveSettings(f *runFlags, g *globalFlags, changed func(string) bool) (ignoredSettings, error) {
+// kpr's settings, with kube-proxy's precedence. Without --config: kpr's own
+// flags, then kube-proxy's flags, then the defaults. With --config, as
+// kube-proxy: kpr's own flags, then the file, then the defaults; of
+// kube-proxy's flags (and kpr's flags of the same names) only those of
+// flagsOverConfig count, and the others given are named in the warning.
+// fs holds the command line, parsed.
+func resolveSettings(f *runFlags, g *globalFlags, fs *pflag.FlagSet) (ignoredSettings, error) {
 	var ignored ignoredSettings
 	k := &f.kubeProxy
+	if k.config != "" {
+		var err error
+		if ignored.underConfig, err = dropFlagsUnderConfig(fs, k); err != nil {
+			return ignored, err
+		}
+	}
+	changed := fs.Changed
 	if err := resolveProxyMode(k, f, changed); err != nil {
 		return ignored, err
 	}
@@ -76,6 +91,72 @@ func resolveSettings(f *runFlags, g *globalFlags, changed func(string) bool) (ig
 	var err error
 	ignored.flags, err = resolveKubeProxyFlags(k, f, g, changed)
 	return ignored, err
+}
+
+// kubeProxyFlagNames are kube-proxy 1.37's flags (`kube-proxy --help`,
+// and the hidden --healthz-port and --metrics-port).
+var kubeProxyFlagNames = []string{
+	"bind-address", "bind-address-hard-fail", "cleanup", "cluster-cidr", "config", "config-sync-period",
+	"conntrack-max-per-core", "conntrack-min", "conntrack-tcp-be-liberal", "conntrack-tcp-timeout-close-wait",
+	"conntrack-tcp-timeout-established", "conntrack-udp-timeout", "conntrack-udp-timeout-stream",
+	"detect-local-mode", "feature-gates", "healthz-bind-address", "healthz-port", "help", "hostname-override",
+	"init-only", "iptables-localhost-nodeports", "iptables-masquerade-bit", "iptables-min-sync-period",
+	"iptables-sync-period", "ipvs-exclude-cidrs", "ipvs-min-sync-period", "ipvs-scheduler", "ipvs-strict-arp",
+	"ipvs-sync-period", "ipvs-tcp-timeout", "ipvs-tcpfin-timeout", "ipvs-udp-timeout", "kube-api-burst",
+	"kube-api-content-type", "kube-api-qps", "kubeconfig", "log-flush-frequency", "log-json-info-buffer-size",
+	"log-json-split-stream", "log-text-info-buffer-size", "log-text-split-stream", "logging-format",
+	"masquerade-all", "master", "metrics-bind-address", "metrics-port", "nodeport-addresses", "oom-score-adj",
+	"pod-bridge-interface", "pod-interface-name-prefix", "profiling", "proxy-mode",
+	"show-hidden-metrics-for-version", "v", "version", "vmodule", "write-config-to",
+}
+
+// flagsOverConfig are the kube-proxy flags that still count beside
+// --config: kube-proxy applies the node name and the API server address
+// after loading the file, copies its logging flags over the file's logging
+// section, and the rest are not settings.
+var flagsOverConfig = map[string]bool{
+	"hostname-override": true, "master": true,
+	"v": true, "vmodule": true, "logging-format": true, "log-flush-frequency": true,
+	"log-json-info-buffer-size": true, "log-json-split-stream": true,
+	"log-text-info-buffer-size": true, "log-text-split-stream": true,
+	"config": true, "cleanup": true, "init-only": true, "write-config-to": true, "version": true, "help": true,
+}
+
+// dropFlagsUnderConfig undoes every kube-proxy flag given beside --config
+// that kube-proxy would ignore for the file (kpr's flags of the same names
+// included: they stand for kube-proxy's), so that the file, or the
+// default where the file is silent, applies, as in kube-proxy. It returns
+// them as --name=value, for the warning.
+func dropFlagsUnderConfig(fs *pflag.FlagSet, k *kubeProxyFlags) ([]string, error) {
+	var dropped []string
+	for _, name := range kubeProxyFlagNames {
+		fl := fs.Lookup(name)
+		if flagsOverConfig[name] || fl == nil || !fl.Changed {
+			continue
+		}
+		dropped = append(dropped, "--"+name+"="+fl.Value.String())
+		if _, ok := fl.Value.(*ignoredFlag); ok {
+			// Named once, here, rather than also as meaningless.
+			k.ignored = slices.DeleteFunc(k.ignored, func(s string) bool { return strings.HasPrefix(s, "--"+name+"=") })
+		} else if err := resetFlag(fl); err != nil {
+			return nil, fmt.Errorf("--%s: restore its default under --config: %w", name, err)
+		}
+		fl.Changed = false
+	}
+	return dropped, nil
+}
+
+// resetFlag gives fl its default value back.
+func resetFlag(fl *pflag.Flag) error {
+	if sv, ok := fl.Value.(pflag.SliceValue); ok {
+		def := strings.Trim(fl.DefValue, "[]")
+		var vals []string
+		if def != "" {
+			vals = strings.Split(def, ",")
+		}
+		return sv.Replace(vals)
+	}
+	return fl.Value.Set(fl.DefValue)
 }
 
 // loadKubeProxyConfig reads a kube-proxy configuration file. unknown lists
@@ -103,7 +184,8 @@ func loadKubeProxyConfig(path string) (cfg *kubeproxyconfig.KubeProxyConfigurati
 
 // applyKubeProxyConfig copies what kpr supports of cfg into f and g, for
 // each setting whose kpr flag was not given (changed names the flags
-// given: flags override the file, as in kube-proxy). It returns the fields
+// given and still counted: kpr's own flags, and the kube-proxy flags that
+// kube-proxy applies over the file). It returns the fields
 // cfg sets that kpr does not support, by their JSON paths.
 //
 // A field counts as set when it is not its type's zero value: kube-proxy

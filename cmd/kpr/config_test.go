@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"reflect"
 	"strings"
 	"testing"
@@ -23,7 +24,7 @@ func parseRun(t *testing.T, args ...string) (*runFlags, *globalFlags, ignoredSet
 		if c.Name() == "run" {
 			c.RunE = func(cmd *cobra.Command, _ []string) error {
 				ran = true
-				ignored, resolveErr = resolveSettings(f, g, cmd.Flags().Changed)
+				ignored, resolveErr = resolveSettings(f, g, cmd.Flags())
 				return resolveErr
 			}
 		}
@@ -68,9 +69,13 @@ func TestKubeProxyConfigProtections(t *testing.T) {
 	if !ignored.empty() {
 		t.Errorf("settings reported as unused: %+v", ignored)
 	}
-	// The flag beats the file, as in kube-proxy.
-	if f, _, _, err = parseRun(t, "--config=testdata/protections.conf", "--iptables-localhost-nodeports=true"); err != nil || !f.localhostNodePorts() {
-		t.Errorf("--iptables-localhost-nodeports=true over the file's false: localhost NodePorts %v, %v", f.localhostNodePorts(), err)
+	// Beside --config the file wins and the flag is named, as in kube-proxy.
+	f, _, ignored, err = parseRun(t, "--config=testdata/protections.conf", "--iptables-localhost-nodeports=true")
+	if err != nil || f.localhostNodePorts() {
+		t.Errorf("--iptables-localhost-nodeports=true beside the file's false: localhost NodePorts %v, %v", f.localhostNodePorts(), err)
+	}
+	if !reflect.DeepEqual(ignored.underConfig, []string{"--iptables-localhost-nodeports=true"}) {
+		t.Errorf("flags overridden by the file = %q, want the one given", ignored.underConfig)
 	}
 }
 
@@ -115,22 +120,35 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 	}
 }
 
-func TestFlagsOverrideTheConfigFile(t *testing.T) {
+// TestConfigFileBeatsKubeProxyFlags: with --config, kube-proxy takes the
+// file's values and ignores the flags that also set them, except
+// --hostname-override, --master and the logging flags. kpr's own flags
+// (those kube-proxy does not have) still win.
+func TestConfigFileBeatsKubeProxyFlags(t *testing.T) {
 	f, g, ignored, err := parseRun(t, "--config=testdata/kubeadm-tuned.conf",
-		"--hostname-override=worker-2", "--proxy-mode=ebpf", "--iptables-sync-period=10s", "--min-sync-period=1s",
-		"--healthz-bind-address=127.0.0.1:1", "--kubeconfig=/etc/kpr/kubeconfig", "--kube-api-qps=7", "--log-level=warn", "--log-format=json",
-		"--nodeport-addresses=10.0.0.0/8")
+		"--hostname-override=worker-2", "--master=https://10.0.0.1:6443", "--v=5",
+		"--proxy-mode=ebpf", "--iptables-sync-period=10s", "--healthz-bind-address=127.0.0.1:1",
+		"--kubeconfig=/etc/kpr/kubeconfig", "--kube-api-qps=7", "--nodeport-addresses=10.0.0.0/8",
+		"--min-sync-period=1s", "--log-format=json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.hostnameOverride != "worker-2" || f.mode != "ebpf" || f.syncPeriod != 10*time.Second || f.minSyncPeriod != time.Second ||
-		f.healthzAddr != "127.0.0.1:1" || f.kubeconfig != "/etc/kpr/kubeconfig" || f.kubeProxy.qps != 7 ||
-		g.logLevel != "warn" || g.logFormat != "json" || !reflect.DeepEqual(f.nodePortAddresses, []string{"10.0.0.0/8"}) {
-		t.Errorf("a flag lost to the file: %+v, log %q %q", f, g.logLevel, g.logFormat)
+	// The flags kube-proxy applies over the file, and kpr's own.
+	if f.hostnameOverride != "worker-2" || f.kubeProxy.master != "https://10.0.0.1:6443" || f.minSyncPeriod != time.Second || g.logFormat != "json" {
+		t.Errorf("hostname %q master %q min-sync %v log format %q: a flag that beats the file lost to it",
+			f.hostnameOverride, f.kubeProxy.master, f.minSyncPeriod, g.logFormat)
 	}
-	// What the flags did not override still comes from the file.
-	if f.metricsAddr != "127.0.0.1:10259" || f.kubeProxy.burst != 40 {
-		t.Errorf("metrics %q burst %d: the file's settings were dropped", f.metricsAddr, f.kubeProxy.burst)
+	// The file's values, where kube-proxy ignores the flags.
+	if f.mode != "iptables" || f.syncPeriod != 45*time.Second || f.healthzAddr != "0.0.0.0:10266" ||
+		f.kubeconfig != "/var/lib/kube-proxy/kubeconfig.conf" || f.kubeProxy.qps != 20 ||
+		!reflect.DeepEqual(f.nodePortAddresses, []string{"primary"}) || f.metricsAddr != "127.0.0.1:10259" {
+		t.Errorf("a kube-proxy flag beat the file: mode %q sync %v healthz %q kubeconfig %q qps %v nodeports %q metrics %q",
+			f.mode, f.syncPeriod, f.healthzAddr, f.kubeconfig, f.kubeProxy.qps, f.nodePortAddresses, f.metricsAddr)
+	}
+	want := []string{"--healthz-bind-address=127.0.0.1:1", "--iptables-sync-period=10s", "--kube-api-qps=7",
+		"--kubeconfig=/etc/kpr/kubeconfig", "--nodeport-addresses=[10.0.0.0/8]", "--proxy-mode=ebpf"}
+	if !reflect.DeepEqual(ignored.underConfig, want) {
+		t.Errorf("flags named as overridden by the file:\n got %q\nwant %q", ignored.underConfig, want)
 	}
 	if len(ignored.unsupported) == 0 {
 		t.Error("the file's unsupported fields went unreported")
@@ -247,6 +265,37 @@ func TestVersionNamesTheStampAndTheCommit(t *testing.T) {
 	}
 	if got := vcsSuffix(nil); got != "" {
 		t.Errorf("vcsSuffix(no VCS info) = %q", got)
+	}
+}
+
+// TestVersionFlagAsKubeProxy: --version, --version=raw and
+// --version=false, in kube-proxy's spelling (no run subcommand).
+func TestVersionFlagAsKubeProxy(t *testing.T) {
+	for _, tc := range []struct {
+		arg, want string
+	}{
+		{"--version", "kpr dev"},
+		{"--version=true", "kpr dev"},
+		{"--version=raw", `version.Info{Version:"dev", GitCommit:`},
+	} {
+		root := newRootCommand()
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetArgs(kubeProxyArgs([]string{tc.arg}, root))
+		if err := root.Execute(); err != nil || !strings.HasPrefix(out.String(), tc.want) {
+			t.Errorf("kpr %s printed %q (%v), want it to start %q", tc.arg, out.String(), err, tc.want)
+		}
+	}
+	if _, _, _, err := parseRun(t, "--version=maybe"); err == nil || !strings.Contains(err.Error(), "want true, false or raw") {
+		t.Errorf("--version=maybe: err %v, want it refused", err)
+	}
+}
+
+// TestUnderscoresSpellDashes: kube-proxy normalizes _ to - in flag names.
+func TestUnderscoresSpellDashes(t *testing.T) {
+	f, _, _, err := parseRun(t, "--proxy_mode=ipvs", "--ipvs_sync_period=5s", "--hostname_override=node-9")
+	if err != nil || f.mode != "ipvs" || f.syncPeriod != 5*time.Second || f.hostnameOverride != "node-9" {
+		t.Errorf("--proxy_mode, --ipvs_sync_period, --hostname_override: mode %q sync %v host %q (%v)", f.mode, f.syncPeriod, f.hostnameOverride, err)
 	}
 }
 

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/go-logr/zapr"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/klog/v2"
@@ -43,6 +45,8 @@ func newRootCommandFor(g *globalFlags, f *runFlags) *cobra.Command {
 	}
 	// The default is the leftovers' root, not the eBPF loader's: every
 	// mode records its writes under it (dataplane/leftovers).
+	// kube-proxy's flags take _ for - (--proxy_mode), and so do kpr's.
+	root.SetGlobalNormalizationFunc(wordSepNormalize)
 	root.PersistentFlags().StringVar(&g.bpfRoot, "bpf-root", leftovers.DefaultRoot, "bpffs directory holding kpr's pinned maps and links")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "json", "log format: json or console")
@@ -53,6 +57,12 @@ func newRootCommandFor(g *globalFlags, f *runFlags) *cobra.Command {
 		}
 	}
 	return root
+}
+
+// wordSepNormalize spells a flag name with - where it has _, as
+// component-base's WordSepNormalizeFunc does for kube-proxy.
+func wordSepNormalize(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+	return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
 }
 
 // logger builds the zap logger the flags ask for and routes client-go's

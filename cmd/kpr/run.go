@@ -57,11 +57,11 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 			"serving; `kpr cleanup` removes it. A restart with other --map-size-* values carries the pinned maps' " +
 			"contents over into maps of the new sizes, without a moment in which Services are not translated.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if f.kubeProxy.showVersion {
-				fmt.Fprintln(cmd.OutOrStdout(), versionString())
+			if f.kubeProxy.showVersion.requested() {
+				fmt.Fprintln(cmd.OutOrStdout(), f.kubeProxy.showVersion.text())
 				return nil
 			}
-			ignored, err := resolveSettings(f, g, cmd.Flags().Changed)
+			ignored, err := resolveSettings(f, g, cmd.Flags())
 			if err != nil {
 				return err
 			}
