@@ -50,10 +50,6 @@ type kubeProxyFlags struct {
 var kubeProxyOnlyFlags = map[string]bool{
 	"bind-address-hard-fail":           true,
 	"config-sync-period":               false,
-	"conntrack-max-per-core":           false,
-	"conntrack-min":                    false,
-	"conntrack-tcp-be-liberal":         true,
-	"conntrack-tcp-timeout-close-wait": false,
 	"detect-local-mode":                false,
 	"feature-gates":                    false,
 	"healthz-port":                     false,

@@ -246,6 +246,31 @@ func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFla
 	apply("sync-period", section+".syncPeriod", func() { f.syncPeriod = syncPeriod.Duration })
 	apply("min-sync-period", section+".minSyncPeriod", func() { f.minSyncPeriod = minSyncPeriod.Duration })
 
+	// The conntrack section's pointers are read themselves: null keeps
+	// kube-proxy's default, and an explicit 0 leaves the sysctl, which
+	// setFields cannot tell from null.
+	ct := cfg.Conntrack
+	for _, p := range []struct {
+		flag, path string
+		set        bool
+		do         func()
+	}{
+		{"conntrack-max-per-core", "conntrack.maxPerCore", ct.MaxPerCore != nil, func() { f.conntrack.maxPerCore = *ct.MaxPerCore }},
+		{"conntrack-min", "conntrack.min", ct.Min != nil, func() { f.conntrack.min = *ct.Min }},
+		{"conntrack-tcp-timeout-established", "conntrack.tcpEstablishedTimeout", ct.TCPEstablishedTimeout != nil,
+			func() { f.conntrack.tcpEstablished = ct.TCPEstablishedTimeout.Duration }},
+		{"conntrack-tcp-timeout-close-wait", "conntrack.tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout != nil,
+			func() { f.conntrack.tcpCloseWait = ct.TCPCloseWaitTimeout.Duration }},
+	} {
+		consume(p.path)
+		if p.set && !changed(p.flag) {
+			p.do()
+		}
+	}
+	apply("conntrack-tcp-be-liberal", "conntrack.tcpBeLiberal", func() { f.conntrack.tcpBeLiberal = ct.TCPBeLiberal })
+	apply("conntrack-udp-timeout", "conntrack.udpTimeout", func() { f.conntrack.udp = ct.UDPTimeout.Duration })
+	apply("conntrack-udp-timeout-stream", "conntrack.udpStreamTimeout", func() { f.conntrack.udpStream = ct.UDPStreamTimeout.Duration })
+
 	// A value that asks for kube-proxy's own behaviour, which kpr has
 	// anyway: binding to every address.
 	if ip := net.ParseIP(cfg.BindAddress); ip != nil && ip.IsUnspecified() {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -91,7 +92,8 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		"hostname": f.hostnameOverride, "kubeconfig": f.kubeconfig,
 		"qps": f.kubeProxy.qps, "burst": f.kubeProxy.burst, "contentType": f.kubeProxy.contentType,
 		"logLevel": g.logLevel, "logFormat": g.logFormat, "masqueradeAll": f.kubeProxy.masqueradeAll,
-		"ipvsScheduler": f.ipvs.scheduler,
+		"ipvsScheduler":       f.ipvs.scheduler,
+		"conntrackMaxPerCore": f.conntrack.maxPerCore, "conntrackEstablished": f.conntrack.tcpEstablished, "conntrackCloseWait": f.conntrack.tcpCloseWait,
 	}
 	want := map[string]any{
 		"mode": "iptables", "clusterCIDR": "10.244.0.0/16,fd00:244::/56", "nodePortAddresses": []string{"primary"},
@@ -100,7 +102,8 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		"hostname": "Node-7", "kubeconfig": "/var/lib/kube-proxy/kubeconfig.conf",
 		"qps": float32(20), "burst": int32(40), "contentType": "application/json",
 		"logLevel": "debug", "logFormat": "console", "masqueradeAll": true,
-		"ipvsScheduler": "rr",
+		"ipvsScheduler":       "rr",
+		"conntrackMaxPerCore": int32(65536), "conntrackEstablished": 24 * time.Hour, "conntrackCloseWait": time.Hour,
 	}
 	for k, w := range want {
 		if !reflect.DeepEqual(got[k], w) {
@@ -108,7 +111,6 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		}
 	}
 	wantUnsupported := []string{
-		`conntrack.maxPerCore=65536`, `conntrack.tcpCloseWaitTimeout="1h0m0s"`, `conntrack.tcpEstablishedTimeout="24h0m0s"`,
 		`featureGates.SomeGate=true`, `iptables.masqueradeBit=14`,
 		`ipvs.syncPeriod="1m0s"`, `oomScoreAdj=-999`,
 	}
@@ -188,12 +190,18 @@ func TestKubeProxyCommandLine(t *testing.T) {
 		{name: "specific bind address is warned about", args: []string{"--bind-address=10.1.2.3"},
 			check: func(*runFlags, *globalFlags) bool { return true }, flags: []string{"--bind-address=10.1.2.3"}},
 		{name: "bad bind address", args: []string{"--bind-address=node-1"}, wantErr: "--bind-address"},
-		{name: "flags without meaning are accepted", args: []string{"--masquerade-all", "--conntrack-max-per-core=0", "--feature-gates=A=true,B=false", "--oom-score-adj=-999", "--nodeport-addresses=primary"},
+		{name: "flags without meaning are accepted", args: []string{"--masquerade-all", "--feature-gates=A=true,B=false", "--oom-score-adj=-999", "--nodeport-addresses=primary"},
 			check: func(f *runFlags, _ *globalFlags) bool {
 				// --masquerade-all has a meaning now: the iptables mode's.
 				return reflect.DeepEqual(f.nodePortAddresses, []string{"primary"}) && f.kubeProxy.masqueradeAll
 			},
-			flags: []string{"--conntrack-max-per-core=0", "--feature-gates=A=true,B=false", "--oom-score-adj=-999"}},
+			flags: []string{"--feature-gates=A=true,B=false", "--oom-score-adj=-999"}},
+		{name: "conntrack flags are kube-proxy's", args: []string{"--conntrack-max-per-core=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=45s"},
+			check: func(f *runFlags, _ *globalFlags) bool {
+				s := f.conntrack.sysctls()
+				return s.MaxPerCore == 0 && s.Min == 131072 && s.TCPBeLiberal && s.UDP == 45*time.Second && s.TCPEstablished == 24*time.Hour &&
+					s.TCPCloseWait == time.Hour && f.conntrack.tcTimeouts().UDP == 45*time.Second
+			}},
 		{name: "ipvs-strict-arp is applied", args: []string{"--proxy-mode=ipvs", "--ipvs-strict-arp"},
 			check: func(f *runFlags, _ *globalFlags) bool { return f.ipvs.strictARP }},
 		{name: "localhost NodePorts by default", args: []string{"--proxy-mode=iptables"},
@@ -320,5 +328,36 @@ func TestClusterCIDRs(t *testing.T) {
 		if _, err := f.clusterCIDRs(); err == nil || !strings.Contains(err.Error(), "--cluster-cidr") {
 			t.Errorf("--cluster-cidr %s: err %v, want one naming the flag", bad, err)
 		}
+	}
+}
+
+// TestConntrackSectionNullAndZero: null keeps kube-proxy's defaults, and an
+// explicit 0 leaves the node's sysctl, as in kube-proxy.
+func TestConntrackSectionNullAndZero(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, conntrack string) string {
+		p := dir + "/" + name
+		body := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nconntrack:\n" + conntrack
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	f, _, _, err := parseRun(t, "--config="+write("null.conf", "  maxPerCore: null\n  min: null\n  tcpEstablishedTimeout: null\n  tcpCloseWaitTimeout: null\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := f.conntrack.sysctls(); s.MaxPerCore != 32768 || s.Min != 131072 || s.TCPEstablished != 24*time.Hour || s.TCPCloseWait != time.Hour {
+		t.Errorf("null fields: %+v, want kube-proxy's defaults", s)
+	}
+	f, _, ignored, err := parseRun(t, "--config="+write("zero.conf", "  maxPerCore: 0\n  tcpEstablishedTimeout: 0s\n  udpTimeout: 40s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := f.conntrack.sysctls(); s.MaxPerCore != 0 || s.TCPEstablished != 0 || s.UDP != 40*time.Second || s.TCPCloseWait != time.Hour {
+		t.Errorf("zero fields: %+v, want maxPerCore and tcpEstablishedTimeout 0 (leave the sysctls), udpTimeout 40s", s)
+	}
+	if len(ignored.unsupported) != 0 {
+		t.Errorf("conntrack fields named as unsupported: %q", ignored.unsupported)
 	}
 }

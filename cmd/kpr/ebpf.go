@@ -141,7 +141,6 @@ type ebpfFlags struct {
 	// The packet-level programs for traffic from other machines.
 	devices   []string
 	tcAttach  string
-	conntrack loader.ConntrackTimeouts
 	snatPorts string
 	// How the tc programs pick the backend of a new flow.
 	lbAlgorithm     string
@@ -172,12 +171,6 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
 	fl.Uint32Var(&f.maglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "slots of each Service's Maglev table (--lb-algorithm maglev): a prime, "+
 		"at least 100 times the backends of the largest Service for even shares, the same on every node; each table takes 4 bytes a slot")
-	fl.DurationVar(&f.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", 0, "lifetime of an established TCP flow (handshake completed both ways) in the tc programs' conntrack; 0 keeps 24h, as kube-proxy sets it")
-	fl.DurationVar(&f.conntrack.TCPSyn, "conntrack-tcp-timeout-syn", 0, "lifetime of a TCP flow whose handshake has not completed both ways (a SYN, answered or not); 0 keeps 1m (netfilter's SYN_RECV)")
-	fl.DurationVar(&f.conntrack.TCPFin, "conntrack-tcp-timeout-fin", 0, "lifetime of a TCP flow after a FIN; 0 keeps 2m (netfilter's TIME_WAIT)")
-	fl.DurationVar(&f.conntrack.TCPRst, "conntrack-tcp-timeout-rst", 0, "lifetime of a TCP flow after a RST; 0 keeps 10s (netfilter's CLOSE)")
-	fl.DurationVar(&f.conntrack.UDP, "conntrack-udp-timeout", 0, "lifetime of a UDP flow without an answer; 0 keeps 30s (netfilter's udp_timeout)")
-	fl.DurationVar(&f.conntrack.UDPStream, "conntrack-udp-timeout-stream", 0, "lifetime of an answered UDP flow; 0 keeps 2m (netfilter's udp_timeout_stream)")
 }
 
 // newEBPFDataplane loads kpr's BPF programs, or adopts the pinned ones, and
@@ -266,7 +259,7 @@ func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 		devices = f.ebpf.detectedDevices
 	}
 	// The devices are the node's own: in --host-netns where it is given.
-	opts := &loader.TCOptions{Devices: devices, NetNS: f.hostNetNS, Timeouts: f.ebpf.conntrack, MaglevTableSize: f.ebpf.maglevTableSize}
+	opts := &loader.TCOptions{Devices: devices, NetNS: f.hostNetNS, Timeouts: f.conntrack.tcTimeouts(), MaglevTableSize: f.ebpf.maglevTableSize}
 	switch f.ebpf.tcAttach {
 	case "auto":
 		opts.Mode = loader.TCAttachAuto

@@ -100,6 +100,7 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 	if err := f.inHostNetNS(func() error { return ipvs.SetSysctls(f.ipvs.strictARP) }); err != nil {
 		log.Warn("IPVS may not masquerade or move drained UDP flows on, or (with --ipvs-strict-arp) the node may answer ARP for Service addresses", zap.Error(err))
 	}
+	applyConntrackSysctls(f, log)
 	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)
 	// Recorded before the first virtual server is written, so that a kpr
 	// in another mode or `kpr cleanup` later removes it even if this one

@@ -41,6 +41,7 @@ type runFlags struct {
 	metricsAddr       string
 	profiling         bool
 	kubeProxy         kubeProxyFlags // compat.go
+	conntrack         conntrackFlags // conntrack.go
 	// Each mode's own settings, registered by its file.
 	ebpf ebpfFlags // ebpf.go
 	ipvs ipvsFlags // ipvs.go
@@ -99,6 +100,7 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	fl.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics and /proxyMode; empty disables")
 	fl.BoolVar(&f.profiling, "profiling", false, "serve Go's profiler on the metrics address under /debug/pprof/, as kube-proxy's --profiling does")
 	addKubeProxyFlags(fl, &f.kubeProxy)
+	addConntrackFlags(fl, &f.conntrack)
 	for _, m := range modes {
 		if m.addFlags != nil {
 			m.addFlags(fl, f)
