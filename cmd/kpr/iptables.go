@@ -75,10 +75,11 @@ func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log 
 		return builtDataplane{}, err
 	}
 	opts.LocalhostNodePorts = f.localhostNodePorts()
+	// Before PrepareNamespace, which reads nf_conntrack_tcp_be_liberal.
+	applyConntrackSysctls(f, log)
 	if err := f.inHostNetNS(func() error { return iptables.PrepareNamespace(&opts) }); err != nil {
 		log.Warn("Could not prepare the node's network namespace for the iptables mode", zap.Error(err))
 	}
-	applyConntrackSysctls(f, log)
 	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)
 	// Recorded before the first rule is written, so that an eBPF-mode kpr
 	// or `kpr cleanup` later removes the chains even if this one crashes.
