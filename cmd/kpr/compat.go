@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,6 +37,12 @@ type kubeProxyFlags struct {
 	// localhostNodePorts is --iptables-localhost-nodeports.
 	localhostNodePorts bool
 	showVersion        versionFlag
+	// bindAddressHardFail makes a health or metrics server that cannot
+	// serve fatal; without it kpr tries again (serve.go).
+	bindAddressHardFail bool
+	// healthzPort and metricsPort are kube-proxy's hidden flags: the port
+	// of a bind address given without one.
+	healthzPort, metricsPort int32
 	// ignored collects "--name=value" of the kube-proxy flags given that
 	// mean nothing to kpr, for the start-up warning.
 	ignored []string
@@ -48,28 +55,25 @@ type kubeProxyFlags struct {
 // flags of its own: they set the tc programs' conntrack lifetimes), IPVS, local-traffic detection, the OOM score (the
 // kubelet's job for a Pod), the config watcher, component-base logging.
 var kubeProxyOnlyFlags = map[string]bool{
-	"bind-address-hard-fail":           true,
-	"config-sync-period":               false,
-	"detect-local-mode":                false,
-	"feature-gates":                    false,
-	"healthz-port":                     false,
-	"iptables-masquerade-bit":          false,
-	"ipvs-exclude-cidrs":               false,
-	"ipvs-tcp-timeout":                 false,
-	"ipvs-tcpfin-timeout":              false,
-	"ipvs-udp-timeout":                 false,
-	"log-flush-frequency":              false,
-	"log-json-info-buffer-size":        false,
-	"log-json-split-stream":            true,
-	"log-text-info-buffer-size":        false,
-	"log-text-split-stream":            true,
-	"logging-format":                   false,
-	"metrics-port":                     false,
-	"oom-score-adj":                    false,
-	"pod-bridge-interface":             false,
-	"pod-interface-name-prefix":        false,
-	"show-hidden-metrics-for-version":  false,
-	"vmodule":                          false,
+	"config-sync-period":              false,
+	"detect-local-mode":               false,
+	"feature-gates":                   false,
+	"iptables-masquerade-bit":         false,
+	"ipvs-exclude-cidrs":              false,
+	"ipvs-tcp-timeout":                false,
+	"ipvs-tcpfin-timeout":             false,
+	"ipvs-udp-timeout":                false,
+	"log-flush-frequency":             false,
+	"log-json-info-buffer-size":       false,
+	"log-json-split-stream":           true,
+	"log-text-info-buffer-size":       false,
+	"log-text-split-stream":           true,
+	"logging-format":                  false,
+	"oom-score-adj":                   false,
+	"pod-bridge-interface":            false,
+	"pod-interface-name-prefix":       false,
+	"show-hidden-metrics-for-version": false,
+	"vmodule":                         false,
 }
 
 // kubeProxyExitFlags are kube-proxy's flags that make it do a one-off job
@@ -102,6 +106,12 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 	fl.BoolVar(&k.localhostNodePorts, "iptables-localhost-nodeports", true, "iptables mode: serve NodePorts on 127.0.0.1 (where --nodeport-addresses covers it), "+
 		"as kube-proxy's flag; it sets route_localnet, and drops packets to 127.0.0.0/8 from outside (KUBE-FIREWALL). false leaves route_localnet as it is")
 	fl.VarPF(&k.showVersion, "version", "", "print kpr's version and exit; --version=raw prints every field of it, as kube-proxy's").NoOptDefVal = "true"
+	fl.BoolVar(&k.bindAddressHardFail, "bind-address-hard-fail", false, "exit when the health or metrics server cannot serve (a port in use); "+
+		"without it kpr logs the error and tries again every 5s, as kube-proxy")
+	fl.Int32Var(&k.healthzPort, "healthz-port", 10256, "port of a --healthz-bind-address given without one, as kube-proxy's hidden flag")
+	fl.Int32Var(&k.metricsPort, "metrics-port", 10249, "port of a --metrics-bind-address given without one, as kube-proxy's hidden flag")
+	_ = fl.MarkHidden("healthz-port")
+	_ = fl.MarkHidden("metrics-port")
 	for _, name := range sortedKeys(kubeProxyOnlyFlags) {
 		f := fl.VarPF(&ignoredFlag{name: name, into: &k.ignored}, name, "", "kube-proxy's flag; it means nothing to kpr, which warns and goes on")
 		if kubeProxyOnlyFlags[name] {
@@ -166,6 +176,10 @@ func resolveProxyMode(k *kubeProxyFlags, f *runFlags, changed func(string) bool)
 // periods that apply depend on it.
 func resolveKubeProxyFlags(k *kubeProxyFlags, f *runFlags, g *globalFlags, changed func(string) bool) ([]string, error) {
 	ignored := slices.Clone(k.ignored)
+	// An address without a port takes --healthz-port or --metrics-port, as
+	// kube-proxy's do.
+	f.healthzAddr = withDefaultPort(f.healthzAddr, strconv.Itoa(int(k.healthzPort)))
+	f.metricsAddr = withDefaultPort(f.metricsAddr, strconv.Itoa(int(k.metricsPort)))
 	sync, minSync := "iptables-sync-period", "iptables-min-sync-period"
 	syncVal, minSyncVal := k.iptablesSync, k.iptablesMinSync
 	otherSync, otherMinSync := "ipvs-sync-period", "ipvs-min-sync-period"

@@ -183,12 +183,17 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	go tuneStartupGC(ctx, w.CachesSynced(), w.FirstSync(), os.Getenv("GOGC") == "")
 
 	group, ctx := errgroup.WithContext(ctx)
+	hardFail := f.kubeProxy.bindAddressHardFail
 	if f.healthzAddr != "" {
-		group.Go(func() error { return hs.Run(ctx) })
+		group.Go(func() error { return serveRetrying(ctx, "health", hardFail, bindRetryInterval, log, hs.Run) })
 	}
 	if f.metricsAddr != "" {
 		handler := withStatusz(metricsHandler(m, chosen, f.profiling), chosen, report, w, devices)
-		group.Go(func() error { return metrics.ListenAndServe(ctx, f.metricsAddr, handler) })
+		group.Go(func() error {
+			return serveRetrying(ctx, "metrics", hardFail, bindRetryInterval, log, func(ctx context.Context) error {
+				return metrics.ListenAndServe(ctx, f.metricsAddr, handler)
+			})
+		})
 	}
 	group.Go(func() error { return svcHealth.Run(ctx) })
 	group.Go(func() error { events.Run(ctx); return nil })
