@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 
 	"github.com/spf13/cobra"
 )
@@ -22,13 +23,7 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 			if kubeProxy {
 				return cleanupKubeProxy(out, run.hostNetNS)
 			}
-			at := dataplaneAt{bpfRoot: g.bpfRoot, run: run}
-			line := func(l string) { fmt.Fprintln(out, l) }
-			if err := removeEveryModeState(line, at); err != nil {
-				return err
-			}
-			removeKeepNAT(out, run.hostNetNS)
-			return sweepEveryMode(line, at)
+			return cleanupKpr(out, g, run)
 		},
 	}
 	cmd.Flags().BoolVar(&kubeProxy, "kube-proxy", false, "remove upstream kube-proxy's leftovers instead of kpr's dataplane: its iptables chains "+
@@ -40,4 +35,26 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 		}
 	}
 	return cmd
+}
+
+// cleanupKpr removes what every mode of kpr left on the node that run
+// describes.
+func cleanupKpr(out io.Writer, g *globalFlags, run runFlags) error {
+	at := dataplaneAt{bpfRoot: g.bpfRoot, run: run}
+	line := func(l string) { fmt.Fprintln(out, l) }
+	if err := removeEveryModeState(line, at); err != nil {
+		return err
+	}
+	removeKeepNAT(out, run.hostNetNS)
+	return sweepEveryMode(line, at)
+}
+
+// cleanupAsKubeProxy is kube-proxy's --cleanup: every proxy mode's state
+// goes, kpr's (all its modes) and upstream kube-proxy's alike, so that a
+// node prepared with `kube-proxy --cleanup` is prepared the same way by kpr.
+func cleanupAsKubeProxy(out io.Writer, g *globalFlags, run runFlags) error {
+	if err := cleanupKpr(out, g, run); err != nil {
+		return err
+	}
+	return cleanupKubeProxy(out, run.hostNetNS)
 }

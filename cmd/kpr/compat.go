@@ -43,6 +43,9 @@ type kubeProxyFlags struct {
 	// healthzPort and metricsPort are kube-proxy's hidden flags: the port
 	// of a bind address given without one.
 	healthzPort, metricsPort int32
+	// cleanup and initOnly are kube-proxy's one-off jobs: remove every
+	// proxy mode's state, or do the privileged node setup; then exit.
+	cleanup, initOnly bool
 	// ignored collects "--name=value" of the kube-proxy flags given that
 	// mean nothing to kpr, for the start-up warning.
 	ignored []string
@@ -80,8 +83,6 @@ var kubeProxyOnlyFlags = map[string]bool{
 // and exit. Running the daemon instead would surprise whoever gave them,
 // so kpr refuses them and says what to run.
 var kubeProxyExitFlags = map[string]string{
-	"cleanup":         "kpr cleanup removes kpr's dataplane; it is a subcommand: `kpr cleanup`",
-	"init-only":       "kpr needs no separate privileged initialisation; drop the flag",
 	"write-config-to": "kpr does not write kube-proxy configurations; `kube-proxy --write-config-to` does",
 }
 
@@ -110,6 +111,10 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 		"without it kpr logs the error and tries again every 5s, as kube-proxy")
 	fl.Int32Var(&k.healthzPort, "healthz-port", 10256, "port of a --healthz-bind-address given without one, as kube-proxy's hidden flag")
 	fl.Int32Var(&k.metricsPort, "metrics-port", 10249, "port of a --metrics-bind-address given without one, as kube-proxy's hidden flag")
+	fl.BoolVar(&k.cleanup, "cleanup", false, "remove every proxy mode's state from the node and exit, as kube-proxy's: "+
+		"kpr's (`kpr cleanup`) and upstream kube-proxy's (`kpr cleanup --kube-proxy`)")
+	fl.BoolVar(&k.initOnly, "init-only", false, "do the node setup that needs full privileges (the conntrack and mode sysctls, bpffs) for the mode "+
+		"kpr would run, and exit, as kube-proxy's; kpr run needs the same privileges afterwards in the eBPF mode")
 	_ = fl.MarkHidden("healthz-port")
 	_ = fl.MarkHidden("metrics-port")
 	for _, name := range sortedKeys(kubeProxyOnlyFlags) {

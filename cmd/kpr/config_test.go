@@ -212,7 +212,8 @@ func TestKubeProxyCommandLine(t *testing.T) {
 			check: func(f *runFlags, _ *globalFlags) bool { return !f.localhostNodePorts() }},
 		{name: "localhost NodePorts where nodeport-addresses name localhost", args: []string{"--proxy-mode=iptables", "--nodeport-addresses=primary,localhost"},
 			check: func(f *runFlags, _ *globalFlags) bool { return f.localhostNodePorts() }},
-		{name: "cleanup is refused", args: []string{"--cleanup"}, wantErr: "kpr cleanup"},
+		{name: "cleanup and init-only are kube-proxy's jobs", args: []string{"--cleanup", "--init-only"},
+			check: func(f *runFlags, _ *globalFlags) bool { return f.kubeProxy.cleanup && f.kubeProxy.initOnly }},
 		{name: "write-config-to is refused", args: []string{"--write-config-to=/tmp/x"}, wantErr: "one-off"},
 		{name: "not a kube-proxy file", args: []string{"--config=testdata/not-kube-proxy.yaml"}, wantErr: "KubeProxyConfiguration"},
 	} {

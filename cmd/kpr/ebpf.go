@@ -38,6 +38,7 @@ var ebpfMode = mode{
 	requested:  "--mode ebpf asked for it, and the kernel has every feature it needs",
 	refused:    "on this node run kpr with --mode iptables, or --mode auto to fall back by itself",
 	probeNotes: printEBPFProbeNotes,
+	initNode: initEBPFNode,
 	build: func(_ context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 		return newEBPFDataplane(g, f, m, log)
 	},
@@ -171,6 +172,18 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
 	fl.Uint32Var(&f.maglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "slots of each Service's Maglev table (--lb-algorithm maglev): a prime, "+
 		"at least 100 times the backends of the largest Service for even shares, the same on every node; each table takes 4 bytes a slot")
+}
+
+// initEBPFNode is the eBPF mode's part of --init-only: the bpffs under
+// --bpf-root, mounted if need be. The rest of the mode's work (loading
+// and attaching programs) needs its privileges all along, so there is
+// nothing more to do ahead of it.
+func initEBPFNode(g *globalFlags, _ *runFlags, log *zap.Logger) error {
+	if err := loader.EnsureBPFFS(g.bpfRoot); err != nil {
+		return fmt.Errorf("--init-only: %w", err)
+	}
+	log.Info("bpffs ready for kpr's pins", zap.String("bpfRoot", g.bpfRoot))
+	return nil
 }
 
 // newEBPFDataplane loads kpr's BPF programs, or adopts the pinned ones, and

@@ -20,6 +20,7 @@ var iptablesMode = mode{
 	backend:   backendIPTables,
 	fallback:  true,
 	requested: "--mode iptables asked for it; it needs no eBPF feature",
+	initNode: initIPTablesNode,
 	build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 		return newIPTablesDataplane(ctx, g, f, log)
 	},
@@ -58,6 +59,24 @@ func inspectIPTables(at dataplaneAt) (dataplane.Inspector, error) {
 		at.run.localhostNodePorts())
 }
 
+// initIPTablesNode is the iptables mode's node setup (--init-only).
+func initIPTablesNode(_ *globalFlags, f *runFlags, log *zap.Logger) error {
+	opts := iptables.Options{LocalhostNodePorts: f.localhostNodePorts()}
+	prepareIPTablesNode(f, &opts, log)
+	return nil
+}
+
+// prepareIPTablesNode writes the conntrack sysctls, then readies the node's
+// network namespace (route_localnet) and learns what o needs from it.
+// Neither failure is fatal: the mode serves Services without them.
+func prepareIPTablesNode(f *runFlags, o *iptables.Options, log *zap.Logger) {
+	// Before PrepareNamespace, which reads nf_conntrack_tcp_be_liberal.
+	applyConntrackSysctls(f, log)
+	if err := f.inHostNetNS(func() error { return iptables.PrepareNamespace(o) }); err != nil {
+		log.Warn("Could not prepare the node's network namespace for the iptables mode", zap.Error(err))
+	}
+}
+
 // newIPTablesDataplane programs the iptables of the node's network
 // namespace: --host-netns, or kpr's own (the node's, under the DaemonSet's
 // hostNetwork: true).
@@ -75,11 +94,7 @@ func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log 
 		return builtDataplane{}, err
 	}
 	opts.LocalhostNodePorts = f.localhostNodePorts()
-	// Before PrepareNamespace, which reads nf_conntrack_tcp_be_liberal.
-	applyConntrackSysctls(f, log)
-	if err := f.inHostNetNS(func() error { return iptables.PrepareNamespace(&opts) }); err != nil {
-		log.Warn("Could not prepare the node's network namespace for the iptables mode", zap.Error(err))
-	}
+	prepareIPTablesNode(f, &opts, log)
 	netfilter.WarnWithoutBridgeNetfilter(f.hostNetNS, log)
 	// Recorded before the first rule is written, so that an eBPF-mode kpr
 	// or `kpr cleanup` later removes the chains even if this one crashes.

@@ -23,6 +23,7 @@ var ipvsMode = mode{
 	require:   requireIPVS,
 	requested: "--mode ipvs asked for it; it needs no eBPF feature, and the kernel has IPVS",
 	refused:   "on this node run kpr with --mode iptables, or --mode auto",
+	initNode: initIPVSNode,
 	build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 		return newIPVSDataplane(ctx, g, f, log)
 	},
@@ -73,6 +74,16 @@ func addIPVSFlags(fl *pflag.FlagSet, f *ipvsFlags) {
 		"(rr, wrr, lc, wlc, sh, ...; the kernel needs its ip_vs_<name> module); empty means rr")
 	fl.BoolVar(&f.strictARP, "ipvs-strict-arp", false, "with --mode ipvs, set arp_ignore=1 and arp_announce=2 on every interface of the node's network namespace, "+
 		"as kube-proxy's flag does, so that the node does not answer ARP for the Service addresses on its dummy interface (MetalLB's L2 mode needs it)")
+}
+
+// initIPVSNode is the IPVS mode's node setup (also --init-only): the
+// conntrack sysctls and IPVS's own. Failures are logged, not fatal.
+func initIPVSNode(_ *globalFlags, f *runFlags, log *zap.Logger) error {
+	applyConntrackSysctls(f, log)
+	if err := f.inHostNetNS(func() error { return ipvs.SetSysctls(f.ipvs.strictARP) }); err != nil {
+		log.Warn("IPVS may not masquerade or move drained UDP flows on, or (with --ipvs-strict-arp) the node may answer ARP for Service addresses", zap.Error(err))
+	}
+	return nil
 }
 
 // newIPVSDataplane programs IPVS, the dummy interface, the ipsets and the

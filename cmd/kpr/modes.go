@@ -59,6 +59,10 @@ type mode struct {
 	// (iptables-restore and the like), so that kpr run exits on SIGTERM
 	// without waiting for a long one.
 	build func(ctx context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error)
+	// initNode does the node setup the mode needs full privileges for
+	// (sysctls, bpffs), which build does too: kube-proxy's --init-only
+	// runs it alone, in an init container, and exits.
+	initNode func(g *globalFlags, f *runFlags, log *zap.Logger) error
 	// leftovers removes what the mode left on the node.
 	leftovers modeLeftovers
 	// inspect reads what the mode holds on the node, for explain and

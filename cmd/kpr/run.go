@@ -75,6 +75,9 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 			if !ignored.empty() {
 				log.Warn("kpr ignores these kube-proxy settings: it has no use for them", ignored.fields()...)
 			}
+			if f.kubeProxy.cleanup {
+				return cleanupAsKubeProxy(cmd.OutOrStdout(), g, *f)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return run(ctx, g, f, log)
@@ -140,6 +143,13 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		return err
 	}
 	logChoice(log, f.mode, chosen)
+	if f.kubeProxy.initOnly {
+		if err := modeOf(chosen.backend).initNode(g, f, log); err != nil {
+			return err
+		}
+		log.Info("Node set up for the mode; --init-only exits", zap.String("backend", string(chosen.backend)))
+		return nil
+	}
 	client, err := apiclient.New(f.apiConnection())
 	if err != nil {
 		return err

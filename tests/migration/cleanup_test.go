@@ -17,10 +17,23 @@ import (
 // served. The IPVS mode's interface and ipsets, which the test kernels can
 // hold although they have no IPVS, are added by hand as that mode leaves
 // them; an ipset of another tool stays.
+//
+// kube-proxy's own `--cleanup`, given to kpr in kube-proxy's spelling,
+// does the same (and removes kpr's state too, as kube-proxy's removes
+// every mode's).
 func TestCleanupKubeProxy(t *testing.T) {
 	f := newFixture(t)
-	for _, mode := range []string{"nftables", "iptables"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct {
+		mode string
+		args []string
+	}{
+		{"nftables", []string{"cleanup", "--kube-proxy"}},
+		{"iptables", []string{"cleanup", "--kube-proxy"}},
+		{"nftables", []string{"--cleanup"}},
+		{"iptables", []string{"--cleanup"}},
+	} {
+		mode := tc.mode
+		t.Run(mode+strings.Join(tc.args, ""), func(t *testing.T) {
 			kp := f.startKubeProxy(mode)
 			if err := kp.Stop(); err != nil {
 				t.Fatal(err)
@@ -29,8 +42,8 @@ func TestCleanupKubeProxy(t *testing.T) {
 				t.Fatalf("kube-proxy in %s mode left nothing to clean: the test would prove nothing", mode)
 			}
 			ipsets := f.addIPVSLeftovers(t)
-			out := f.cleanupKubeProxy()
-			t.Logf("kpr cleanup --kube-proxy:\n%s", out)
+			out := f.cleanupKubeProxy(tc.args...)
+			t.Logf("kpr %s:\n%s", strings.Join(tc.args, " "), out)
 			if left := f.kubeProxyState(); len(left) > 0 {
 				t.Fatalf("kube-proxy state left after kpr cleanup --kube-proxy:\n%s", strings.Join(left, "\n"))
 			}

@@ -186,15 +186,16 @@ func (f *fixture) checkNewConnections() error {
 }
 
 // cleanupKubeProxy runs `kpr cleanup --kube-proxy` for the node.
-func (f *fixture) cleanupKubeProxy() string {
+func (f *fixture) cleanupKubeProxy(args ...string) string {
 	f.t.Helper()
 	bin, err := kprproc.Binary()
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	out, err := exec.Command(bin, "cleanup", "--kube-proxy", "--host-netns", f.env.Node.NetNS.Path).CombinedOutput()
+	args = append(args, "--host-netns", f.env.Node.NetNS.Path, "--bpf-root", f.t.TempDir())
+	out, err := exec.Command(bin, args...).CombinedOutput()
 	if err != nil {
-		f.t.Fatalf("kpr cleanup --kube-proxy: %v\n%s", err, out)
+		f.t.Fatalf("kpr %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
 }
