@@ -29,6 +29,17 @@ var (
 type NodePortAddresses struct {
 	prefixes []netip.Prefix
 	primary  bool
+	// noLoopback leaves 127.0.0.1 and ::1 out whatever the list says
+	// (kube-proxy's localhostNodePorts: false).
+	noLoopback bool
+}
+
+// WithoutLoopback is npa serving no NodePort on 127.0.0.1 or ::1, which is
+// what kube-proxy's --iptables-localhost-nodeports=false (the file's
+// iptables.localhostNodePorts: false) asks of every mode.
+func (npa NodePortAddresses) WithoutLoopback() NodePortAddresses {
+	npa.noLoopback = true
+	return npa
 }
 
 // ParseNodePortAddresses parses --nodeport-addresses: CIDRs and the keywords
@@ -89,9 +100,12 @@ func (npa NodePortAddresses) covers(a netip.Addr) bool {
 // free of duplicates.
 func (npa NodePortAddresses) Select(node *v1.Node, local ...netip.Addr) []netip.Addr {
 	var out []netip.Addr
-	candidates := append(append(NodeIPs(node), local...), loopback4, loopback6)
+	candidates := append(NodeIPs(node), local...)
+	if !npa.noLoopback {
+		candidates = append(candidates, loopback4, loopback6)
+	}
 	for _, a := range candidates {
-		if npa.covers(a) {
+		if npa.covers(a) && !(npa.noLoopback && a.IsLoopback()) {
 			out = append(out, a)
 		}
 	}

@@ -82,6 +82,21 @@ func TestNodePortAddressesSelect(t *testing.T) {
 	}
 }
 
+// localhostNodePorts: false leaves loopback out whatever the list says.
+func TestNodePortAddressesWithoutLoopback(t *testing.T) {
+	for _, flag := range [][]string{nil, {"all"}, {"localhost"}, {"127.0.0.1/32", "primary"}} {
+		npa, err := ParseNodePortAddresses(flag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range npa.WithoutLoopback().Select(apiNode(), netip.MustParseAddr("127.0.0.53")) {
+			if a.IsLoopback() {
+				t.Errorf("%q without loopback selects %s", flag, a)
+			}
+		}
+	}
+}
+
 func TestPrimaryIPsFallBackToExternalIP(t *testing.T) {
 	node := &v1.Node{Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
 		{Type: v1.NodeExternalIP, Address: "203.0.113.7"},

@@ -104,8 +104,9 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 	fl.DurationVar(&k.ipvsMinSync, "ipvs-min-sync-period", 0, "kube-proxy's --min-sync-period with --proxy-mode ipvs")
 	fl.BoolVar(&k.masqueradeAll, "masquerade-all", false, "iptables and ipvs modes: masquerade all traffic to ClusterIPs, as kube-proxy's flag; "+
 		"the eBPF mode translates in the socket and does not SNAT, so there it is warned about")
-	fl.BoolVar(&k.localhostNodePorts, "iptables-localhost-nodeports", true, "iptables mode: serve NodePorts on 127.0.0.1 (where --nodeport-addresses covers it), "+
-		"as kube-proxy's flag; it sets route_localnet, and drops packets to 127.0.0.0/8 from outside (KUBE-FIREWALL). false leaves route_localnet as it is")
+	fl.BoolVar(&k.localhostNodePorts, "iptables-localhost-nodeports", true, "serve NodePorts on loopback (where --nodeport-addresses covers it), as kube-proxy's flag: in the iptables mode on 127.0.0.1, "+
+		"which sets route_localnet and drops packets to 127.0.0.0/8 from outside (KUBE-FIREWALL); in the eBPF mode on 127.0.0.1 and ::1. "+
+		"false serves no NodePort on loopback in any mode, and leaves route_localnet as it is")
 	fl.VarPF(&k.showVersion, "version", "", "print kpr's version and exit; --version=raw prints every field of it, as kube-proxy's").NoOptDefVal = "true"
 	fl.BoolVar(&k.bindAddressHardFail, "bind-address-hard-fail", false, "exit when the health or metrics server cannot serve (a port in use); "+
 		"without it kpr logs the error and tries again every 5s, as kube-proxy")

@@ -70,6 +70,14 @@ func TestKubeProxyConfigProtections(t *testing.T) {
 	if !ignored.empty() {
 		t.Errorf("settings reported as unused: %+v", ignored)
 	}
+	// No NodePort on loopback in any mode: the watcher's selection too.
+	cfg, err := f.watcherConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range cfg.NodePortAddresses.Select(nil) {
+		t.Errorf("localhostNodePorts: false still serves NodePorts on %s", a)
+	}
 	// Beside --config the file wins and the flag is named, as in kube-proxy.
 	f, _, ignored, err = parseRun(t, "--config=testdata/protections.conf", "--iptables-localhost-nodeports=true")
 	if err != nil || f.localhostNodePorts() {

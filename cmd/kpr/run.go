@@ -239,6 +239,9 @@ func (f *runFlags) watcherConfig() (watcher.Config, error) {
 	if err != nil {
 		return watcher.Config{}, fmt.Errorf("--nodeport-addresses: %w", err)
 	}
+	if !f.kubeProxy.localhostNodePorts {
+		npa = npa.WithoutLoopback()
+	}
 	externalIPs, err := desired.ParseExternalIPPolicy(f.externalIPs)
 	if err != nil {
 		return watcher.Config{}, fmt.Errorf("--external-ips: %w", err)
