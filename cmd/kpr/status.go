@@ -18,16 +18,17 @@ import (
 	"github.com/kpr-io/kpr/watcher"
 )
 
-// The running daemon's part of `kpr status` is served as JSON at /statusz
-// on the metrics address, beside /metrics and /proxyMode. That address is
+// The running daemon's part of `kpr status` is served as JSON at
+// /kpr/status on the metrics address, beside /metrics, /proxyMode and
+// the standard /statusz page (statusz.go). That address is
 // already where operators and scrapers reach kube-proxy (loopback by
 // default), it needs no extra flag, file or cleanup, and it works for
 // every backend. A unix socket would have to live under a run directory
 // (bpffs holds no sockets) that kpr does not otherwise have. The payload
 // says no more than /metrics does.
-const statuszPath = "/statusz"
+const daemonStatusPath = "/kpr/status"
 
-// daemonStatus is the JSON body of /statusz.
+// daemonStatus is the JSON body of /kpr/status.
 type daemonStatus struct {
 	Version   string         `json:"version"`
 	PID       int            `json:"pid"`
@@ -41,12 +42,14 @@ type daemonStatus struct {
 	HeaderlessDevices []string `json:"headerlessDevices,omitempty"`
 }
 
-// withStatusz serves /statusz in front of next. devices is nil without the
+// withStatusz serves /kpr/status and the standard /statusz in front of
+// next. devices is nil without the
 // tc programs.
 func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Watcher, devices *nodeDevices) http.Handler {
 	started := time.Now()
 	mux := http.NewServeMux()
-	mux.HandleFunc(statuszPath, func(rw http.ResponseWriter, _ *http.Request) {
+	mux.Handle(statuszPath, statuszHandler(started))
+	mux.HandleFunc(daemonStatusPath, func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(rw).Encode(daemonStatus{
 			Version: version, PID: os.Getpid(), StartedAt: started,
@@ -117,7 +120,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show whether kpr is healthy: mode, kernel, attached programs, map fill, syncs and the API connection",
-		Long: "status asks the running daemon (" + statuszPath + " on --metrics-address) for its mode, syncs and API connection, " +
+		Long: "status asks the running daemon (" + daemonStatusPath + " on --metrics-address) for its mode, syncs and API connection, " +
 			"and reads the pinned links and maps under --bpf-root itself. Without a daemon it shows what the pins say.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -167,7 +170,7 @@ func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) 
 	addr = strings.Replace(addr, "0.0.0.0:", "127.0.0.1:", 1)
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+statuszPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+daemonStatusPath, nil)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-address %q: %w", addr, err)
 	}
@@ -177,11 +180,11 @@ func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s%s answered %s: is that kpr (with /statusz) on that address?", addr, statuszPath, resp.Status)
+		return nil, fmt.Errorf("%s%s answered %s: is that kpr (with %s) on that address?", addr, daemonStatusPath, resp.Status, daemonStatusPath)
 	}
 	var d daemonStatus
 	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
-		return nil, fmt.Errorf("decode %s%s: %w", addr, statuszPath, err)
+		return nil, fmt.Errorf("decode %s%s: %w", addr, daemonStatusPath, err)
 	}
 	return &d, nil
 }

@@ -53,7 +53,7 @@ func TestKprRunAttachesToTheDeviceWithTheNodeIP(t *testing.T) {
 	if st := deviceState(t, top.node.NetNS, "tun0"); !st.empty() {
 		t.Errorf("tun0, without an Ethernet header, carries tc programs: %+v", st)
 	}
-	resp, err := http.Get("http://" + kpr.MetricsAddr + "/statusz")
+	resp, err := http.Get("http://" + kpr.MetricsAddr + "/kpr/status")
 	if err != nil {
 		t.Fatal(err)
 	}

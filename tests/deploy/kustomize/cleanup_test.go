@@ -52,7 +52,7 @@ func TestCleanupWaitsForKpr(t *testing.T) {
 		t.Fatal(err)
 	}
 	daemon := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/statusz" {
+		if r.URL.Path != "/kpr/status" {
 			http.NotFound(w, r)
 			return
 		}
