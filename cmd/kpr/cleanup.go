@@ -28,7 +28,7 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&kubeProxy, "kube-proxy", false, "remove upstream kube-proxy's leftovers instead of kpr's dataplane: its iptables chains "+
 		"(also kpr's iptables-mode ones, which have the same names), its nftables tables and its IPVS state; see docs/migration.md")
-	cmd.Flags().StringVar(&run.hostNetNS, "host-netns", "", "network namespace file of the node whose iptables chains and tc filters to remove, as given to `kpr run`; empty means kpr's own")
+	cmd.Flags().StringVar(&run.hostNetNS, "host-netns", "", "network namespace file of the node whose iptables chains and tc filters to remove, as given to \"kpr run\"; empty means kpr's own")
 	for _, m := range modes {
 		if m.addCleanupFlags != nil {
 			m.addCleanupFlags(cmd.Flags(), &run)

@@ -83,7 +83,7 @@ var kubeProxyOnlyFlags = map[string]bool{
 // and exit. Running the daemon instead would surprise whoever gave them,
 // so kpr refuses them and says what to run.
 var kubeProxyExitFlags = map[string]string{
-	"write-config-to": "kpr does not write kube-proxy configurations; `kube-proxy --write-config-to` does",
+	"write-config-to": "kpr does not write kube-proxy configurations; kube-proxy --write-config-to does",
 }
 
 func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
@@ -113,13 +113,13 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 	fl.Int32Var(&k.healthzPort, "healthz-port", 10256, "port of a --healthz-bind-address given without one, as kube-proxy's hidden flag")
 	fl.Int32Var(&k.metricsPort, "metrics-port", 10249, "port of a --metrics-bind-address given without one, as kube-proxy's hidden flag")
 	fl.BoolVar(&k.cleanup, "cleanup", false, "remove every proxy mode's state from the node and exit, as kube-proxy's: "+
-		"kpr's (`kpr cleanup`) and upstream kube-proxy's (`kpr cleanup --kube-proxy`)")
+		"kpr's (as kpr cleanup) and upstream kube-proxy's (as kpr cleanup --kube-proxy)")
 	fl.BoolVar(&k.initOnly, "init-only", false, "do the node setup that needs full privileges (the conntrack and mode sysctls, bpffs) for the mode "+
 		"kpr would run, and exit, as kube-proxy's; kpr run needs the same privileges afterwards in the eBPF mode")
 	_ = fl.MarkHidden("healthz-port")
 	_ = fl.MarkHidden("metrics-port")
 	for _, name := range sortedKeys(kubeProxyOnlyFlags) {
-		f := fl.VarPF(&ignoredFlag{name: name, into: &k.ignored}, name, "", "kube-proxy's flag; it means nothing to kpr, which warns and goes on")
+		f := fl.VarPF(&ignoredFlag{name: name, into: &k.ignored, boolean: kubeProxyOnlyFlags[name]}, name, "", "kube-proxy's flag; it means nothing to kpr, which warns and goes on")
 		if kubeProxyOnlyFlags[name] {
 			f.NoOptDefVal = "true"
 		}
@@ -135,13 +135,19 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 // ignoredFlag is a kube-proxy flag kpr accepts and does nothing with
 // beyond naming it in the start-up warning.
 type ignoredFlag struct {
-	name  string
-	value string
-	into  *[]string
+	name    string
+	value   string
+	into    *[]string
+	boolean bool
 }
 
 func (f *ignoredFlag) String() string { return f.value }
-func (f *ignoredFlag) Type() string   { return "kube-proxy" }
+func (f *ignoredFlag) Type() string {
+	if f.boolean {
+		return "bool" // so that --help shows no value name, as for kube-proxy's
+	}
+	return "string"
+}
 func (f *ignoredFlag) Set(v string) error {
 	f.value = v
 	*f.into = append(*f.into, "--"+f.name+"="+v)
@@ -152,7 +158,7 @@ func (f *ignoredFlag) Set(v string) error {
 type exitFlag struct{ name string }
 
 func (f *exitFlag) String() string { return "" }
-func (f *exitFlag) Type() string   { return "kube-proxy" }
+func (f *exitFlag) Type() string   { return "string" }
 func (f *exitFlag) Set(v string) error {
 	if f.name != "write-config-to" && v == "false" {
 		return nil

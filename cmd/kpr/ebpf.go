@@ -38,7 +38,7 @@ var ebpfMode = mode{
 	requested:  "--mode ebpf asked for it, and the kernel has every feature it needs",
 	refused:    "on this node run kpr with --mode iptables, or --mode auto to fall back by itself",
 	probeNotes: printEBPFProbeNotes,
-	initNode: initEBPFNode,
+	initNode:   initEBPFNode,
 	build: func(_ context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 		return newEBPFDataplane(g, f, m, log)
 	},

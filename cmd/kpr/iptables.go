@@ -20,7 +20,7 @@ var iptablesMode = mode{
 	backend:   backendIPTables,
 	fallback:  true,
 	requested: "--mode iptables asked for it; it needs no eBPF feature",
-	initNode: initIPTablesNode,
+	initNode:  initIPTablesNode,
 	build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 		return newIPTablesDataplane(ctx, g, f, log)
 	},

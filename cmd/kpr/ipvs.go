@@ -23,7 +23,7 @@ var ipvsMode = mode{
 	require:   requireIPVS,
 	requested: "--mode ipvs asked for it; it needs no eBPF feature, and the kernel has IPVS",
 	refused:   "on this node run kpr with --mode iptables, or --mode auto",
-	initNode: initIPVSNode,
+	initNode:  initIPVSNode,
 	build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 		return newIPVSDataplane(ctx, g, f, log)
 	},

@@ -38,7 +38,7 @@ func newProbeCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
-	cmd.Flags().StringVar(&fallback, "fallback-mode", defaultFallback, "the --fallback-mode of the `kpr run` to predict")
+	cmd.Flags().StringVar(&fallback, "fallback-mode", defaultFallback, "the --fallback-mode of the \"kpr run\" to predict")
 	return cmd
 }
 
