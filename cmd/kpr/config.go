@@ -226,6 +226,9 @@ func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFla
 	apply("masquerade-all", "iptables.masqueradeAll", func() { f.kubeProxy.masqueradeAll = cfg.IPTables.MasqueradeAll })
 	apply("ipvs-scheduler", "ipvs.scheduler", func() { f.ipvs.scheduler = cfg.IPVS.Scheduler })
 	apply("ipvs-strict-arp", "ipvs.strictARP", func() { f.ipvs.strictARP = cfg.IPVS.StrictARP })
+	apply("ipvs-tcp-timeout", "ipvs.tcpTimeout", func() { f.ipvs.timeouts.TCP = cfg.IPVS.TCPTimeout.Duration })
+	apply("ipvs-tcpfin-timeout", "ipvs.tcpFinTimeout", func() { f.ipvs.timeouts.TCPFin = cfg.IPVS.TCPFinTimeout.Duration })
+	apply("ipvs-udp-timeout", "ipvs.udpTimeout", func() { f.ipvs.timeouts.UDP = cfg.IPVS.UDPTimeout.Duration })
 	apply("nodeport-addresses", "nodePortAddresses", func() { f.nodePortAddresses = slices.Clone(cfg.NodePortAddresses) })
 	if !changed("mode") && !changed("proxy-mode") {
 		apply("mode", "mode", func() { f.mode = string(cfg.Mode) })

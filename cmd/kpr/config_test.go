@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"github.com/kpr-io/kpr/iptables-compat/ipvs"
 	"os"
 	"reflect"
 	"strings"
@@ -204,6 +205,10 @@ func TestKubeProxyCommandLine(t *testing.T) {
 				return reflect.DeepEqual(f.nodePortAddresses, []string{"primary"}) && f.kubeProxy.masqueradeAll
 			},
 			flags: []string{"--feature-gates=A=true,B=false", "--oom-score-adj=-999"}},
+		{name: "IPVS timeouts", args: []string{"--ipvs-tcp-timeout=15m", "--ipvs_udp_timeout=40s"},
+			check: func(f *runFlags, _ *globalFlags) bool {
+				return f.ipvs.timeouts == ipvs.Timeouts{TCP: 15 * time.Minute, UDP: 40 * time.Second}
+			}},
 		{name: "conntrack flags are kube-proxy's", args: []string{"--conntrack-max-per-core=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=45s"},
 			check: func(f *runFlags, _ *globalFlags) bool {
 				s := f.conntrack.sysctls()

@@ -67,6 +67,7 @@ func requireIPVS(report kernelReport) error {
 type ipvsFlags struct {
 	scheduler string
 	strictARP bool
+	timeouts  ipvs.Timeouts
 }
 
 func addIPVSFlags(fl *pflag.FlagSet, f *ipvsFlags) {
@@ -74,6 +75,9 @@ func addIPVSFlags(fl *pflag.FlagSet, f *ipvsFlags) {
 		"(rr, wrr, lc, wlc, sh, ...; the kernel needs its ip_vs_<name> module); empty means rr")
 	fl.BoolVar(&f.strictARP, "ipvs-strict-arp", false, "with --mode ipvs, set arp_ignore=1 and arp_announce=2 on every interface of the node's network namespace, "+
 		"as kube-proxy's flag does, so that the node does not answer ARP for the Service addresses on its dummy interface (MetalLB's L2 mode needs it)")
+	fl.DurationVar(&f.timeouts.TCP, "ipvs-tcp-timeout", 0, "with --mode ipvs, IPVS's timeout of idle TCP connections (ipvsadm --set), as kube-proxy's; 0 leaves the kernel's")
+	fl.DurationVar(&f.timeouts.TCPFin, "ipvs-tcpfin-timeout", 0, "with --mode ipvs, IPVS's timeout of TCP connections after a FIN, as kube-proxy's; 0 leaves the kernel's")
+	fl.DurationVar(&f.timeouts.UDP, "ipvs-udp-timeout", 0, "with --mode ipvs, IPVS's timeout of UDP flows, as kube-proxy's; 0 leaves the kernel's")
 }
 
 // initIPVSNode is the IPVS mode's node setup (also --init-only): the

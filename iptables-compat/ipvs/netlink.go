@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	mobyipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
@@ -408,4 +409,31 @@ func SetSysctls(strictARP bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Timeouts are IPVS's own connection timeouts (ipvsadm --set), which
+// kube-proxy's --ipvs-tcp-timeout, --ipvs-tcpfin-timeout and
+// --ipvs-udp-timeout set at start-up. A zero leaves the kernel's value.
+type Timeouts struct {
+	TCP, TCPFin, UDP time.Duration
+}
+
+// SetTimeouts writes t into the namespace's IPVS, as kube-proxy does.
+func (k *NetlinkKernel) SetTimeouts(t Timeouts) error {
+	if t == (Timeouts{}) {
+		return nil
+	}
+	if err := k.ipvs.SetConfig(&mobyipvs.Config{TimeoutTCP: t.TCP, TimeoutTCPFin: t.TCPFin, TimeoutUDP: t.UDP}); err != nil {
+		return fmt.Errorf("set the IPVS timeouts (tcp %s, tcpfin %s, udp %s; 0 leaves one): %w", t.TCP, t.TCPFin, t.UDP, err)
+	}
+	return nil
+}
+
+// timeouts reads the namespace's IPVS timeouts back.
+func (k *NetlinkKernel) timeouts() (Timeouts, error) {
+	c, err := k.ipvs.GetConfig()
+	if err != nil {
+		return Timeouts{}, err
+	}
+	return Timeouts{TCP: c.TimeoutTCP, TCPFin: c.TimeoutTCPFin, UDP: c.TimeoutUDP}, nil
 }

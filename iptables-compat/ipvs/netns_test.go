@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
@@ -148,5 +149,25 @@ func TestCleanupInANetNS(t *testing.T) {
 				t.Errorf("after Cleanup the %s %s table holds kpr's chains (%v):\n%s", fam, table, err, out)
 			}
 		}
+	}
+}
+
+// --ipvs-tcp-timeout and the others reach the namespace's IPVS; a zero
+// leaves the kernel's value.
+func TestSetTimeouts(t *testing.T) {
+	k, _ := newNetNS(t)
+	before, err := k.timeouts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.SetTimeouts(Timeouts{TCP: 7 * time.Minute, UDP: 45 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := k.timeouts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Timeouts{TCP: 7 * time.Minute, TCPFin: before.TCPFin, UDP: 45 * time.Second}); got != want {
+		t.Errorf("IPVS timeouts %+v, want %+v (tcpfin left at the kernel's)", got, want)
 	}
 }
