@@ -145,8 +145,10 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 	logChoice(log, f.mode, chosen)
 	if f.kubeProxy.initOnly {
-		if err := modeOf(chosen.backend).initNode(g, f, log); err != nil {
-			return err
+		if m := modeOf(chosen.backend); m != nil && m.initNode != nil {
+			if err := m.initNode(g, f, log); err != nil {
+				return err
+			}
 		}
 		log.Info("Node set up for the mode; --init-only exits", zap.String("backend", string(chosen.backend)))
 		return nil
