@@ -215,7 +215,7 @@ static __always_inline void tcp_seg_read(struct __sk_buff *skb, const struct pkt
 	} h;
 	__u32 hlen;
 
-	seg->ok = 0;
+	*seg = (struct tcp_seg){};
 	if (p->proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, p->l4_off + 4, &h, sizeof(h)))
 		return;
 	seg->seq = bpf_ntohl(h.seq);
@@ -430,7 +430,7 @@ static __always_inline int ct_usable(const struct ct_value *ct, const struct pkt
  */
 static __always_inline int ct_forward_seen(struct __sk_buff *skb, struct ct_value *ct, const struct pkt *p)
 {
-	struct tcp_seg seg;
+	struct tcp_seg seg = {};
 	struct ct_key rkey = {};
 	const struct ct_value *rev;
 
@@ -462,7 +462,7 @@ static __always_inline int note_reply(struct __sk_buff *skb, struct ct_value *re
 {
 	struct ct_key fkey = {};
 	struct ct_value *fwd;
-	struct tcp_seg seg;
+	struct tcp_seg seg = {};
 	__u8 flags = ct_seen(p, CT_DIR_REPLY) | CT_F_REPLIED;
 
 	tcp_seg_read(skb, p, &seg);

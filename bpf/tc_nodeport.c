@@ -254,7 +254,7 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 	fwd->rev_nat_id = master->rev_nat_id;
 	fwd->flags = ct_seen(p, CT_DIR_FORWARD);
 	if (p->proto == IPPROTO_TCP) {
-		struct tcp_seg seg;
+		struct tcp_seg seg = {};
 
 		tcp_seg_read(skb, p, &seg);
 		ct_win_open(fwd, p, &seg);
