@@ -172,8 +172,11 @@ struct tcp_seg {
 
 /* The window scale option of the SYN whose options are the len bytes at
  * off. Read byte by byte through the helper: SYNs are few, and it keeps
- * every offset off the verifier's stack and packet bounds. */
-static __always_inline __u8 tcp_syn_wscale(struct __sk_buff *skb, __u32 off, __u32 len)
+ * every offset off the verifier's stack and packet bounds. A global
+ * function, which the verifier checks once on its own, rather than once
+ * for every path of each caller (a loop inlined there made kpr_tc_ingress
+ * four times as costly to verify). */
+__attribute__((noinline)) int tcp_syn_wscale(struct __sk_buff *skb, __u32 off, __u32 len)
 {
 	__u32 i = 0;
 	__u8 kind, olen, ws;
@@ -202,9 +205,11 @@ static __always_inline __u8 tcp_syn_wscale(struct __sk_buff *skb, __u32 off, __u
 	return i >= len ? WSCALE_NONE : WSCALE_UNKNOWN;
 }
 
-/* Read what the window check needs of p, a TCP segment; seg->ok is 0 when
- * it cannot be read, and the segment then changes no window. */
-static __always_inline void tcp_seg_read(struct __sk_buff *skb, const struct pkt *p, struct tcp_seg *seg)
+/* Read what the window check needs of p, a TCP segment, with a SYN's
+ * window scale if syn_opts; seg->ok is 0 when it cannot be read, and the
+ * segment then changes no window. */
+static __always_inline void tcp_seg_read(struct __sk_buff *skb, const struct pkt *p, struct tcp_seg *seg,
+					 int syn_opts)
 {
 	struct {
 		__be32 seq;
@@ -222,7 +227,7 @@ static __always_inline void tcp_seg_read(struct __sk_buff *skb, const struct pkt
 	seg->ack = bpf_ntohl(h.ack);
 	seg->win = bpf_ntohs(h.win);
 	seg->wscale = WSCALE_NONE;
-	if (p->tcp_flags & TCP_FLAG_SYN) {
+	if (syn_opts && (p->tcp_flags & TCP_FLAG_SYN)) {
 		hlen = (h.doff >> 4) * 4;
 		seg->wscale = hlen < 20 ? WSCALE_UNKNOWN : tcp_syn_wscale(skb, p->l4_off + 20, hlen - 20);
 	}
@@ -436,7 +441,7 @@ static __always_inline int ct_forward_seen(struct __sk_buff *skb, struct ct_valu
 
 	if (p->proto != IPPROTO_TCP)
 		return 0;
-	tcp_seg_read(skb, p, &seg);
+	tcp_seg_read(skb, p, &seg, 0);
 	if (p->tcp_flags & (TCP_FLAG_RST | TCP_FLAG_FIN)) {
 		ct_reply_key(&rkey, ct, p->saddr, p->sport, p->proto);
 		rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
@@ -465,7 +470,8 @@ static __always_inline int note_reply(struct __sk_buff *skb, struct ct_value *re
 	struct tcp_seg seg = {};
 	__u8 flags = ct_seen(p, CT_DIR_REPLY) | CT_F_REPLIED;
 
-	tcp_seg_read(skb, p, &seg);
+	/* Only the first reply can be the SYN-ACK that settles the scales. */
+	tcp_seg_read(skb, p, &seg, !(rev->flags & CT_F_REPLIED));
 	if ((rev->flags & flags) == flags && !(flags & (CT_F_FIN | CT_F_RST))) {
 		ct_win_note(rev, p, &seg);
 		return 0;

@@ -256,7 +256,7 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 	if (p->proto == IPPROTO_TCP) {
 		struct tcp_seg seg = {};
 
-		tcp_seg_read(skb, p, &seg);
+		tcp_seg_read(skb, p, &seg, 1);
 		ct_win_open(fwd, p, &seg);
 	}
 	/* externalTrafficPolicy: Local (the external scope) keeps the
