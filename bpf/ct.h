@@ -12,6 +12,7 @@
 #include <linux/bpf.h>
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 
 #include "types.h"
 #include "maps.h"
@@ -115,6 +116,195 @@ static __always_inline int tcp_plain_syn(__u8 tcp_flags)
 	return (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST | TCP_FLAG_FIN)) == TCP_FLAG_SYN;
 }
 
+/*
+ * The TCP window check. A RST or FIN changes a flow's lifetime only when its
+ * sequence number lies in the window of the side it is sent to, as netfilter
+ * accepts them (nf_conntrack_proto_tcp.c, tcp_in_window): otherwise one
+ * spoofed or guessed segment with the client's address and port would end
+ * any idle connection. Each entry keeps its own direction's part (struct
+ * ct_value: win_flags, wscale, ack, max_win): the highest acknowledgment
+ * number that direction sent, and the largest window it advertised, scaled.
+ * A RST from one side is in the window if its sequence number lies in
+ * [ack, ack + max_win] of the other side (RFC 5961's receive window; what
+ * the receiver has acknowledged, and what it allows beyond); a FIN in
+ * [ack - max_win, ack + max_win], since a retransmitted FIN may lie below
+ * the receiver's acknowledgment. Each direction's entry is written by its
+ * own packets only, and read only for a RST or FIN.
+ *
+ * An acknowledgment number is taken only if it moves forward by at most the
+ * sender's own largest window (the other side cannot have sent further), so
+ * a blind segment can move the window no more easily than it could hit it.
+ *
+ * Left out, against netfilter: the check of every other segment (netfilter
+ * also judges data and ACKs, and the highest sequence number each side has
+ * sent: td_end, td_maxend); SACK blocks; its rule that a RST in the window
+ * but not at the exact expected number closes nothing until the challenge
+ * ACK (RFC 5961) confirms it; and its retransmission counting. A flow whose
+ * handshake kpr did not see (a Maglev flow picked up mid-stream, an entry
+ * carried over from an earlier kpr), or whose SYN or SYN-ACK options kpr
+ * could not read, has no window scale, and is not checked at all: netfilter
+ * too is liberal with a connection it picked up mid-stream.
+ */
+#define CT_W_SYN 1	/* the flow's SYN passed kpr: its options were read */
+#define CT_W_WSCALE 2	/* that SYN offered a window scale (in wscale) */
+#define CT_W_KNOWN 4	/* the handshake passed kpr: windows are scaled by wscale */
+#define CT_W_ACK 8	/* ack and max_win hold what this direction sent */
+
+/* What the window check reads of a TCP segment. */
+struct tcp_seg {
+	__u32 seq;
+	__u32 ack;
+	__u32 win;	/* the window field, unscaled */
+	__u8 wscale;	/* a SYN's window scale option, or one of: */
+	__u8 ok;	/* the segment was read */
+};
+#define WSCALE_NONE 0xfe	/* the SYN offers no window scale */
+#define WSCALE_UNKNOWN 0xff	/* kpr could not read the SYN's options */
+#define TCP_MAX_WSCALE 14	/* RFC 7323: a larger shift counts as 14 */
+
+/* The TCP options a SYN can hold fit 40 bytes; one is at least a byte. The
+ * window scale comes within a SYN's first five options on Linux, Windows
+ * and macOS; a SYN whose options go on longer gets no check. */
+#define TCP_OPT_STEPS 12
+#define TCPOPT_EOL 0
+#define TCPOPT_NOP 1
+#define TCPOPT_WINDOW 3
+
+/* The window scale option of the SYN whose options are the len bytes at
+ * off. Read byte by byte through the helper: SYNs are few, and it keeps
+ * every offset off the verifier's stack and packet bounds. A global
+ * function, which the verifier checks once on its own, rather than once
+ * for every path of each caller (a loop inlined there made kpr_tc_ingress
+ * four times as costly to verify). */
+__attribute__((noinline)) int tcp_syn_wscale(struct __sk_buff *skb, __u32 off, __u32 len)
+{
+	__u32 i = 0;
+	__u8 kind, olen, ws;
+	int n;
+
+	for (n = 0; n < TCP_OPT_STEPS; n++) {
+		if (i >= len)
+			return WSCALE_NONE;
+		if (bpf_skb_load_bytes(skb, off + i, &kind, 1))
+			return WSCALE_UNKNOWN;
+		if (kind == TCPOPT_EOL)
+			return WSCALE_NONE;
+		if (kind == TCPOPT_NOP) {
+			i++;
+			continue;
+		}
+		if (i + 2 > len || bpf_skb_load_bytes(skb, off + i + 1, &olen, 1) || olen < 2)
+			return WSCALE_UNKNOWN;
+		if (kind == TCPOPT_WINDOW) {
+			if (olen != 3 || i + 3 > len || bpf_skb_load_bytes(skb, off + i + 2, &ws, 1))
+				return WSCALE_UNKNOWN;
+			return ws > TCP_MAX_WSCALE ? TCP_MAX_WSCALE : ws;
+		}
+		i += olen;
+	}
+	return i >= len ? WSCALE_NONE : WSCALE_UNKNOWN;
+}
+
+/* Read what the window check needs of p, a TCP segment, with a SYN's
+ * window scale if syn_opts; seg->ok is 0 when it cannot be read, and the
+ * segment then changes no window. */
+static __always_inline void tcp_seg_read(struct __sk_buff *skb, const struct pkt *p, struct tcp_seg *seg,
+					 int syn_opts)
+{
+	struct {
+		__be32 seq;
+		__be32 ack;
+		__u8 doff;
+		__u8 flags;
+		__be16 win;
+	} h;
+	__u32 hlen;
+
+	*seg = (struct tcp_seg){};
+	if (p->proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, p->l4_off + 4, &h, sizeof(h)))
+		return;
+	seg->seq = bpf_ntohl(h.seq);
+	seg->ack = bpf_ntohl(h.ack);
+	seg->win = bpf_ntohs(h.win);
+	seg->wscale = WSCALE_NONE;
+	if (syn_opts && (p->tcp_flags & TCP_FLAG_SYN)) {
+		hlen = (h.doff >> 4) * 4;
+		seg->wscale = hlen < 20 ? WSCALE_UNKNOWN : tcp_syn_wscale(skb, p->l4_off + 20, hlen - 20);
+	}
+	seg->ok = 1;
+}
+
+/* A new flow's forward entry from its first segment: a plain SYN whose
+ * options were read starts the window state; anything else (a Maglev flow
+ * picked up mid-stream) never gets one. */
+static __always_inline void ct_win_open(struct ct_value *fwd, const struct pkt *p, const struct tcp_seg *seg)
+{
+	fwd->win_flags = 0;
+	fwd->wscale = 0;
+	if (!seg->ok || !tcp_plain_syn(p->tcp_flags) || seg->wscale == WSCALE_UNKNOWN)
+		return;
+	fwd->win_flags = CT_W_SYN;
+	if (seg->wscale != WSCALE_NONE) {
+		fwd->win_flags |= CT_W_WSCALE;
+		fwd->wscale = seg->wscale;
+	}
+}
+
+/* The backend's SYN-ACK settles both directions' window scales: each its
+ * own when both SYNs offered one, else none (RFC 7323). */
+static __always_inline void ct_win_synack(struct ct_value *fwd, struct ct_value *rev, const struct pkt *p,
+					  const struct tcp_seg *seg)
+{
+	if (!seg->ok || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != (TCP_FLAG_SYN | TCP_FLAG_ACK) ||
+	    !(fwd->win_flags & CT_W_SYN) || (fwd->win_flags & CT_W_KNOWN) || seg->wscale == WSCALE_UNKNOWN)
+		return;
+	if ((fwd->win_flags & CT_W_WSCALE) && seg->wscale != WSCALE_NONE) {
+		rev->wscale = seg->wscale;
+	} else {
+		fwd->wscale = 0;
+		rev->wscale = 0;
+	}
+	fwd->win_flags |= CT_W_KNOWN;
+	rev->win_flags = CT_W_KNOWN;
+}
+
+/* Note the acknowledgment number and window of a segment in its own
+ * direction's entry e: see the window check above. */
+static __always_inline void ct_win_note(struct ct_value *e, const struct pkt *p, const struct tcp_seg *seg)
+{
+	__u32 win, moved;
+
+	if (!seg->ok || !(e->win_flags & CT_W_KNOWN) || (p->tcp_flags & (TCP_FLAG_ACK | TCP_FLAG_RST)) != TCP_FLAG_ACK)
+		return;
+	/* A SYN's window is never scaled. */
+	win = seg->win << (p->tcp_flags & TCP_FLAG_SYN ? 0 : (e->wscale & 0xf));
+	if (!(e->win_flags & CT_W_ACK)) {
+		e->ack = seg->ack;
+		e->max_win = win;
+		e->win_flags |= CT_W_ACK;
+		return;
+	}
+	moved = seg->ack - e->ack;
+	if ((__s32)moved < 0 || moved > e->max_win)
+		return;
+	if (moved)
+		e->ack = seg->ack;
+	if (win > e->max_win)
+		e->max_win = win;
+}
+
+/* Whether a RST or FIN (seg) lies in the window of the side it is sent to,
+ * whose entry is to; a side that has sent no acknowledgment kpr could note
+ * has no window to judge by, and the segment is taken. */
+static __always_inline int ct_in_window(const struct ct_value *to, const struct pkt *p, const struct tcp_seg *seg)
+{
+	if (!seg->ok || !(to->win_flags & CT_W_ACK))
+		return 1;
+	if (p->tcp_flags & TCP_FLAG_RST)
+		return seg->seq - to->ack <= to->max_win;
+	return seg->seq - (to->ack - to->max_win) <= 2 * to->max_win;
+}
+
 /* What a packet of the flow in direction dir (enum ct_dir) shows: a FIN or
  * RST, and a TCP segment without SYN, which is half of being established. */
 static __always_inline __u8 ct_seen(const struct pkt *p, __u8 dir)
@@ -179,6 +369,34 @@ static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4],
 	}
 }
 
+/*
+ * Whether old, the reply entry found under the key a new flow without SNAT
+ * needs (its backend answering the client's address and port), belongs to
+ * no live flow, so that the new flow may replace it. The key does not name
+ * the frontend: a flow from the same client address and port to another
+ * frontend with the same backend (a sibling NodePort of the same Service)
+ * holds it, and replacing it would send that flow's replies out from the
+ * wrong frontend. Its flow is over when its forward entry is gone, expired,
+ * reset or sends elsewhere, or when it is the new flow's own forward key,
+ * which ct_usable found over. A SNATed flow's reply entry keeps its own
+ * lifetime.
+ */
+static __always_inline int ct_reply_free(const struct ct_value *old, const struct ct_key *rkey,
+					 const struct pkt *p, __u64 now)
+{
+	struct ct_key okey = {};
+	const struct ct_value *ofwd;
+
+	if (old->flags & CT_F_SNAT)
+		return now > old->expires_ns;
+	if (old->port == p->dport && addr_eq(old->addr, p->daddr))
+		return 1;
+	ct_key_of(&okey, p->saddr, p->sport, old->addr, old->port, p->proto, CT_DIR_FORWARD);
+	ofwd = bpf_map_lookup_elem(&kpr_conntrack, &okey);
+	return !ofwd || now > ofwd->expires_ns || (ofwd->flags & (CT_F_RST | CT_F_SNAT)) ||
+	       ofwd->port != rkey->sport || !addr_eq(ofwd->addr, rkey->saddr);
+}
+
 /* Whether the backend a flow was sent to is still the one behind its id. */
 static __always_inline int ct_backend_live(const struct ct_value *ct)
 {
@@ -210,24 +428,65 @@ static __always_inline int ct_usable(const struct ct_value *ct, const struct pkt
 }
 
 /*
+ * A packet from the client of a known flow, whose forward entry is ct: what
+ * it shows (ct_seen), or -1 for a RST or FIN outside the backend's window
+ * (counted), which must change nothing and is dropped. Its window is noted
+ * in ct.
+ */
+static __always_inline int ct_forward_seen(struct __sk_buff *skb, struct ct_value *ct, const struct pkt *p)
+{
+	struct tcp_seg seg = {};
+	struct ct_key rkey = {};
+	const struct ct_value *rev;
+
+	if (p->proto != IPPROTO_TCP)
+		return 0;
+	tcp_seg_read(skb, p, &seg, 0);
+	if (p->tcp_flags & (TCP_FLAG_RST | TCP_FLAG_FIN)) {
+		ct_reply_key(&rkey, ct, p->saddr, p->sport, p->proto);
+		rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+		if (rev && !ct_in_window(rev, p, &seg)) {
+			STAT_INC(drop_out_of_window);
+			return -1;
+		}
+	}
+	ct_win_note(ct, p, &seg);
+	return ct_seen(p, CT_DIR_FORWARD);
+}
+
+/*
  * A reply passed: the forward entry learns what it shows that the reply
  * entry has not passed on yet (the first reply, the backend's first segment
  * without SYN, which completes the handshake), and of every FIN or RST,
  * which shorten its lifetime. rev is the reply entry, from its copy;
- * client the flow's client.
+ * client the flow's client. Returns -1 for a RST or FIN outside the
+ * client's window (counted), which changes nothing and is dropped.
  */
-static __always_inline void note_reply(struct ct_value *rev, const struct ct_value *from,
-				       const struct pkt *p, const __u32 client[4], __u16 client_port)
+static __always_inline int note_reply(struct __sk_buff *skb, struct ct_value *rev, const struct ct_value *from,
+				      const struct pkt *p, const __u32 client[4], __u16 client_port)
 {
 	struct ct_key fkey = {};
 	struct ct_value *fwd;
+	struct tcp_seg seg = {};
 	__u8 flags = ct_seen(p, CT_DIR_REPLY) | CT_F_REPLIED;
 
-	if ((rev->flags & flags) == flags && !(flags & (CT_F_FIN | CT_F_RST)))
-		return;
-	rev->flags |= flags;
+	/* Only the first reply can be the SYN-ACK that settles the scales. */
+	tcp_seg_read(skb, p, &seg, !(rev->flags & CT_F_REPLIED));
+	if ((rev->flags & flags) == flags && !(flags & (CT_F_FIN | CT_F_RST))) {
+		ct_win_note(rev, p, &seg);
+		return 0;
+	}
 	ct_key_of(&fkey, client, client_port, from->addr, from->port, p->proto, CT_DIR_FORWARD);
 	fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
+	if (fwd && (flags & (CT_F_FIN | CT_F_RST)) && !ct_in_window(fwd, p, &seg)) {
+		STAT_INC(drop_out_of_window);
+		return -1;
+	}
+	if (fwd)
+		ct_win_synack(fwd, rev, p, &seg);
+	ct_win_note(rev, p, &seg);
+	rev->flags |= flags;
 	if (fwd)
 		ct_touch(fwd, client, client_port, p->proto, flags, bpf_ktime_get_ns());
+	return 0;
 }

@@ -62,9 +62,13 @@ type KprCtValue struct {
 	Port      uint16
 	NatPort   uint16
 	Flags     uint8
-	Pad       [3]uint8
+	WinFlags  uint8
+	Wscale    uint8
+	Pad       uint8
 	BackendId uint32
 	RevNatId  uint32
+	Ack       uint32
+	MaxWin    uint32
 }
 
 type KprMaglevKey struct {
@@ -95,6 +99,8 @@ type KprNatStats struct {
 	V4Mapped         uint64
 	SnatTakeover     uint64
 	DropInvalidSyn   uint64
+	DropOutOfWindow  uint64
+	DropReplyTaken   uint64
 }
 
 type KprRevNatValue struct {

@@ -192,7 +192,8 @@ static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p
 	if (!rev || !(rev->flags & CT_F_SNAT))
 		return -1;
 	from = *rev;
-	note_reply(rev, &from, p, from.nat_addr, from.nat_port);
+	if (note_reply(skb, rev, &from, p, from.nat_addr, from.nat_port))
+		return TC_ACT_SHOT; /* a RST or FIN outside the window */
 	/* To the client, from the frontend. */
 	if (rewrite(skb, p, 1, p->daddr, from.nat_addr, p->dport, from.nat_port) ||
 	    rewrite(skb, p, 0, p->saddr, from.addr, p->sport, from.port)) {

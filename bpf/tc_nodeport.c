@@ -253,6 +253,12 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 	fwd->backend_id = backend_id;
 	fwd->rev_nat_id = master->rev_nat_id;
 	fwd->flags = ct_seen(p, CT_DIR_FORWARD);
+	if (p->proto == IPPROTO_TCP) {
+		struct tcp_seg seg = {};
+
+		tcp_seg_read(skb, p, &seg, 1);
+		ct_win_open(fwd, p, &seg);
+	}
 	/* externalTrafficPolicy: Local (the external scope) keeps the
 	 * client's address. */
 	if (skey->scope == SVC_SCOPE_INTERNAL && backend_remote(skb, p, be, fwd->nat_addr))
@@ -276,10 +282,23 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 		fwd->nat_port = rkey.dport;
 		STAT_INC(snat);
 	} else {
+		/* Without SNAT the reply entry's key is the backend and the
+		 * client's address and port: another frontend's live flow
+		 * from them to the same backend may hold it (ct_reply_free),
+		 * and then this flow is refused. The backend could not tell
+		 * the two apart either: they are one connection to it. */
 		ct_reply_key(&rkey, fwd, p->saddr, p->sport, p->proto);
-		if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_ANY)) {
-			STAT_INC(drop_ct_insert);
-			return -1;
+		if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_NOEXIST)) {
+			const struct ct_value *old = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+
+			if (old && !ct_reply_free(old, &rkey, p, now)) {
+				STAT_INC(drop_reply_taken);
+				return -1;
+			}
+			if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_ANY)) {
+				STAT_INC(drop_ct_insert);
+				return -1;
+			}
 		}
 	}
 	err = bpf_map_update_elem(&kpr_conntrack, fkey, fwd, BPF_ANY);
@@ -328,7 +347,10 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 	now = bpf_ktime_get_ns();
 	ct = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
 	if (ct && ct_usable(ct, &p, now)) {
-		ct_touch(ct, p.saddr, p.sport, p.proto, ct_seen(&p, CT_DIR_FORWARD), now);
+		ret = ct_forward_seen(skb, ct, &p);
+		if (ret < 0)
+			return TC_ACT_SHOT; /* a RST or FIN outside the window */
+		ct_touch(ct, p.saddr, p.sport, p.proto, ret, now);
 		to = *ct;
 	} else {
 		/* Not a flow kpr knows (or one that is over): only traffic to
@@ -402,7 +424,8 @@ int kpr_tc_egress(struct __sk_buff *skb)
 		return TC_PASS;
 	/* A copy: the forward lookup below may evict the entry rev points to. */
 	from = *rev;
-	note_reply(rev, &from, &p, p.daddr, p.dport);
+	if (note_reply(skb, rev, &from, &p, p.daddr, p.dport))
+		return TC_ACT_SHOT; /* a RST or FIN outside the window */
 
 	if (rewrite(skb, &p, 0, p.saddr, from.addr, p.sport, from.port)) {
 		STAT_INC(drop_rewrite);

@@ -188,9 +188,19 @@ struct ct_value {
 				 * it passed on (CT_F_REPLIED, CT_F_ACK_REPLY),
 				 * and, when SNATed, the forward entry's state
 				 * too: port takeover reads it there */
-	__u8 pad[3];
+	/* TCP, this entry's direction (the forward entry the client's, the
+	 * reply entry the backend's): what the window check of a RST or FIN
+	 * from the other direction reads (ct.h). All zero, as in an entry
+	 * of an earlier kpr, means no check. */
+	__u8 win_flags;		/* CT_W_* of ct.h */
+	__u8 wscale;		/* its window scale (RFC 7323), 0 unless both
+				 * SYNs offered one */
+	__u8 pad;
 	__u32 backend_id;	/* the backend's id in kpr_backends */
 	__u32 rev_nat_id;	/* the frontend's id in kpr_rev_nat */
+	__u32 ack;		/* TCP: the highest acknowledgment number this
+				 * direction sent, host order */
+	__u32 max_win;		/* TCP: the largest window it advertised, scaled */
 };
 
 /*
@@ -248,6 +258,14 @@ struct nat_stats {
 				 * had not shown traffic both ways */
 	__u64 drop_invalid_syn;	/* SYN with ACK, RST or FIN to a frontend, of
 				 * no flow kpr knows: opens none, dropped */
+	__u64 drop_out_of_window; /* TCP RST or FIN of a known flow whose
+				   * sequence number lies outside the
+				   * receiver's window: dropped, the flow's
+				   * lifetime unchanged */
+	__u64 drop_reply_taken;	/* new flow dropped: its reply entry (no SNAT)
+				 * would replace a live flow's, which another
+				 * frontend's flow from the same client address
+				 * and port to the same backend holds */
 };
 
 /*

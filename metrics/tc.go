@@ -88,6 +88,8 @@ var tcCounters = []tcCounter{
 	{"DropSourceRange", tcDropsDesc, "source_range"},
 	{"DropLoopback", tcDropsDesc, "loopback"},
 	{"DropInvalidSyn", tcDropsDesc, "invalid_syn"},
+	{"DropOutOfWindow", tcDropsDesc, "tcp_out_of_window"},
+	{"DropReplyTaken", tcDropsDesc, "reply_taken"},
 	{"ClusterIpOutside", tcPassedDesc, "cluster_ip_outside"},
 	{"Fragment", tcPassedDesc, "fragment"},
 	{"Midstream", tcPassedDesc, "tcp_midstream"},

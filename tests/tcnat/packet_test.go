@@ -24,6 +24,7 @@ type flow struct {
 	proto    dataplane.Protocol
 	tcpFlags string // any of "SAFR" for SYN, ACK, FIN, RST
 	seq      uint32 // TCP sequence number; 0 is 1000
+	ack      uint32 // TCP acknowledgment number; 0 is 2000
 	empty    bool   // no payload
 }
 
@@ -58,8 +59,12 @@ func build(t testing.TB, f flow) []byte {
 		if seq == 0 {
 			seq = 1000
 		}
+		ack := f.ack
+		if ack == 0 {
+			ack = 2000
+		}
 		tcp := &layers.TCP{SrcPort: layers.TCPPort(f.src.Port()), DstPort: layers.TCPPort(f.dst.Port()),
-			Seq: seq, Ack: 2000, Window: 65535}
+			Seq: seq, Ack: ack, Window: 65535}
 		for _, c := range f.tcpFlags {
 			switch c {
 			case 'S':
