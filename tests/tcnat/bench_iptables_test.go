@@ -68,14 +68,9 @@ const (
 var requestLine = []byte("ping\n")
 
 func BenchmarkNodePortRequests(b *testing.B) {
-	var variants []netfilter.Variant
-	for _, v := range strings.Split(*benchIPTables, ",") {
-		switch netfilter.Variant(v) {
-		case netfilter.Legacy, netfilter.NFT:
-			variants = append(variants, netfilter.Variant(v))
-		default:
-			b.Fatalf("-tcbench.iptables=%q: want legacy, nft or both, comma separated", *benchIPTables)
-		}
+	variants, err := parseVariants(*benchIPTables)
+	if err != nil {
+		b.Fatal(err)
 	}
 	r := newBenchRig(b, *benchServices, variants)
 	b.Logf("%d Services in each dataplane; target %s (its rule is %d of %d in KUBE-NODEPORTS); %d clients, %d rounds of %s per side",
