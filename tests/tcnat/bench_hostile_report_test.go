@@ -188,7 +188,8 @@ func heldAfter(h floodHeld, n int) string {
 // window (kpr's counters, a first failure).
 func (r *hostileResults) docSection() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Floods of %s each, at %s SYN/s; the entries counted at the end of each flood (it still running) and %s after it stopped.\n\n",
+	fmt.Fprintf(&b, "Floods of %s each, at %s SYN/s; the entries counted at the end of each flood (it still running) and %s after it stopped. "+
+		"kpr keeps two conntrack entries per flow (forward and reply; the reply entry of a SNATed flow is its SNAT port), netfilter one.\n\n",
 		r.flood, joinInts(r.rates), r.after)
 	b.WriteString(r.markdown())
 	var notes []string

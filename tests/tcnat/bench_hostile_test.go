@@ -161,6 +161,7 @@ type hostileSide struct {
 	name     string
 	lan      *lan
 	attacker *harness.Node
+	nf       *netlink.Handle // netfilter's, in the node's namespace (iptables sides)
 	// sampleMu serializes the counts: a netlink handle is not for
 	// concurrent dumps.
 	sampleMu sync.Mutex
@@ -184,6 +185,7 @@ func newHostileRig(tb testing.TB, services int, variants []netfilter.Variant) *h
 			tb.Fatalf("%s: the remote pods are %v, kpr's %v", name, got, backends)
 		}
 		start := time.Now()
+		var err error
 		if s.kpr() {
 			// The maps at the sizes kpr ships with.
 			s.lan.loadKpr(tb, loader.TCOptions{}, loader.MapSizes{})
@@ -191,6 +193,10 @@ func newHostileRig(tb testing.TB, services int, variants []netfilter.Variant) *h
 				tb.Fatalf("program %d Services into kpr's maps: %v", services, err)
 			}
 		} else {
+			if s.nf, err = netlink.NewHandleAt(s.lan.node1.NetNS.Handle(), unix.NETLINK_NETFILTER); err != nil {
+				tb.Fatalf("netlink netfilter socket in %s: %v", s.lan.node1.NetNS.Name, err)
+			}
+			tb.Cleanup(s.nf.Close)
 			v := netfilter.Variant(strings.TrimPrefix(name, "iptables-"))
 			run := netfilter.ExecRunner{Prefix: []string{"ip", "netns", "exec", s.lan.node1.NetNS.Name}}
 			p, err := iptables.New(iptables.Options{Runner: run, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4)}})
@@ -334,7 +340,7 @@ func (s *hostileSide) count(block netip.Prefix) (floodHeld, error) {
 	if s.kpr() {
 		return countKprFlood(s.lan, block)
 	}
-	flows, err := s.lan.node1.NetNS.Netlink().ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	flows, err := s.nf.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
 	if err != nil {
 		return floodHeld{}, fmt.Errorf("list netfilter's conntrack table in %s: %w", s.lan.node1.NetNS.Name, err)
 	}
