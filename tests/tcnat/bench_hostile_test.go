@@ -185,7 +185,6 @@ func newHostileRig(tb testing.TB, services int, variants []netfilter.Variant) *h
 			tb.Fatalf("%s: the remote pods are %v, kpr's %v", name, got, backends)
 		}
 		start := time.Now()
-		var err error
 		if s.kpr() {
 			// The maps at the sizes kpr ships with.
 			s.lan.loadKpr(tb, loader.TCOptions{}, loader.MapSizes{})
@@ -193,10 +192,7 @@ func newHostileRig(tb testing.TB, services int, variants []netfilter.Variant) *h
 				tb.Fatalf("program %d Services into kpr's maps: %v", services, err)
 			}
 		} else {
-			if s.nf, err = netlink.NewHandleAt(s.lan.node1.NetNS.Handle(), unix.NETLINK_NETFILTER); err != nil {
-				tb.Fatalf("netlink netfilter socket in %s: %v", s.lan.node1.NetNS.Name, err)
-			}
-			tb.Cleanup(s.nf.Close)
+			s.nf = netfilterNetlink(tb, s.lan.node1.NetNS)
 			v := netfilter.Variant(strings.TrimPrefix(name, "iptables-"))
 			run := netfilter.ExecRunner{Prefix: []string{"ip", "netns", "exec", s.lan.node1.NetNS.Name}}
 			p, err := iptables.New(iptables.Options{Runner: run, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(v, netfilter.IPv4)}})

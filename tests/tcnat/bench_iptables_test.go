@@ -134,6 +134,24 @@ func TestNodePortBenchRigServesBothSides(t *testing.T) {
 	}
 }
 
+// The rounds' flush of an iptables side's conntrack table empties the
+// table of that side's node namespace (and so leaves the host's alone).
+func TestNodePortBenchFlushesTheNodesConntrack(t *testing.T) {
+	r := newBenchRig(t, 10, []netfilter.Variant{netfilter.Legacy})
+	s := r.sides[1]
+	load(s.top.client.NetNS, r.fe, 1, 100*time.Millisecond)
+	node := s.top.node.NetNS
+	if n := nfConntrackCount(t, node); n == 0 {
+		t.Fatalf("no connection tracked in %s after requests through its iptables rules", node.Name)
+	}
+	if err := netfilterNetlink(t, node).ConntrackTableFlush(netlink.ConntrackTable); err != nil {
+		t.Fatal(err)
+	}
+	if n := nfConntrackCount(t, node); n != 0 {
+		t.Errorf("%d connections tracked in %s after the flush", n, node.Name)
+	}
+}
+
 // benchRig is one topology per side, each serving the same Services.
 type benchRig struct {
 	sides []*benchSide // kpr first
@@ -335,7 +353,7 @@ func (r *benchRig) round(tb testing.TB, s *benchSide, d time.Duration, clients i
 		if n := nfConntrackCount(tb, node); n != 0 {
 			tb.Fatalf("kpr round: netfilter tracks %d connections in kpr's node namespace %s before it", n, node.Name)
 		}
-	} else if err := node.Netlink().ConntrackTableFlush(netlink.ConntrackTable); err != nil {
+	} else if err := netfilterNetlink(tb, node).ConntrackTableFlush(netlink.ConntrackTable); err != nil {
 		tb.Fatalf("flush the conntrack table of %s (%s): %v", node.Name, s.name, err)
 	}
 	load(s.top.client.NetNS, r.fe, clients, d/10)
@@ -371,6 +389,21 @@ func (r *benchRig) round(tb testing.TB, s *benchSide, d time.Duration, clients i
 		tb.Fatalf("kpr round: netfilter tracked %d connections in kpr's node namespace %s: its hooks run there", tracked, node.Name)
 	}
 	return res
+}
+
+// netfilterNetlink is a netlink handle for netfilter's conntrack in ns. The
+// harness's handle (NetNS.Netlink) has only a NETLINK_ROUTE socket, and the
+// netlink library sends a request of another protocol through a socket of
+// the calling thread's namespace: a conntrack flush through it would flush
+// the host's table.
+func netfilterNetlink(tb testing.TB, ns *harness.NetNS) *netlink.Handle {
+	tb.Helper()
+	h, err := netlink.NewHandleAt(ns.Handle(), unix.NETLINK_NETFILTER)
+	if err != nil {
+		tb.Fatalf("netlink netfilter socket in %s: %v", ns.Name, err)
+	}
+	tb.Cleanup(h.Close)
+	return h
 }
 
 // nfConntrackCount is the number of connections in netfilter's conntrack
