@@ -131,10 +131,13 @@ bench-dataplane: deps
 ## bench-tc: requests per second and latency through a NodePort, kpr's tc
 ## programs against kube-proxy-style iptables rules (legacy and nft), each in
 ## an identical topology of its own, alternating in one run, 1,000 Services;
-## then BPF time per packet of an established flow, net of the harness
+## then BPF time per packet of an established flow, net of the harness;
+## then the same sides under a spoofed SYN flood (500 to 5,000 SYN/s, 60 s
+## each) with remote backends, its results written into docs/tc-dataplane.md
 bench-tc: deps
 	$(GO) test ./tests/tcnat -run '^$$' -bench NodePortRequests -benchtime 1x -count=1 -timeout 30m
 	$(GO) test ./tests/tcnat -run '^$$' -bench PerPacket -benchtime 100000x -count 3
+	$(GO) test ./tests/tcnat -run '^$$' -bench NodePortHostile -benchtime 1x -count=1 -timeout 60m -args -tchostile.doc=$(CURDIR)/docs/tc-dataplane.md
 
 ## demo: a local API server, three pods, a Service and kpr run, end to end
 demo: deps tools build

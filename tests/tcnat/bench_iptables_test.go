@@ -68,14 +68,9 @@ const (
 var requestLine = []byte("ping\n")
 
 func BenchmarkNodePortRequests(b *testing.B) {
-	var variants []netfilter.Variant
-	for _, v := range strings.Split(*benchIPTables, ",") {
-		switch netfilter.Variant(v) {
-		case netfilter.Legacy, netfilter.NFT:
-			variants = append(variants, netfilter.Variant(v))
-		default:
-			b.Fatalf("-tcbench.iptables=%q: want legacy, nft or both, comma separated", *benchIPTables)
-		}
+	variants, err := parseVariants(*benchIPTables)
+	if err != nil {
+		b.Fatal(err)
 	}
 	r := newBenchRig(b, *benchServices, variants)
 	b.Logf("%d Services in each dataplane; target %s (its rule is %d of %d in KUBE-NODEPORTS); %d clients, %d rounds of %s per side",
@@ -136,6 +131,24 @@ func TestNodePortBenchRigServesBothSides(t *testing.T) {
 		if len(res.latencies) == 0 || res.failed*10 > len(res.latencies) {
 			t.Errorf("%s: %d requests served, %d failed%s", s.name, len(res.latencies), res.failed, firstFailure(res))
 		}
+	}
+}
+
+// The rounds' flush of an iptables side's conntrack table empties the
+// table of that side's node namespace (and so leaves the host's alone).
+func TestNodePortBenchFlushesTheNodesConntrack(t *testing.T) {
+	r := newBenchRig(t, 10, []netfilter.Variant{netfilter.Legacy})
+	s := r.sides[1]
+	load(s.top.client.NetNS, r.fe, 1, 100*time.Millisecond)
+	node := s.top.node.NetNS
+	if n := nfConntrackCount(t, node); n == 0 {
+		t.Fatalf("no connection tracked in %s after requests through its iptables rules", node.Name)
+	}
+	if err := netfilterNetlink(t, node).ConntrackTableFlush(netlink.ConntrackTable); err != nil {
+		t.Fatal(err)
+	}
+	if n := nfConntrackCount(t, node); n != 0 {
+		t.Errorf("%d connections tracked in %s after the flush", n, node.Name)
 	}
 }
 
@@ -340,7 +353,7 @@ func (r *benchRig) round(tb testing.TB, s *benchSide, d time.Duration, clients i
 		if n := nfConntrackCount(tb, node); n != 0 {
 			tb.Fatalf("kpr round: netfilter tracks %d connections in kpr's node namespace %s before it", n, node.Name)
 		}
-	} else if err := node.Netlink().ConntrackTableFlush(netlink.ConntrackTable); err != nil {
+	} else if err := netfilterNetlink(tb, node).ConntrackTableFlush(netlink.ConntrackTable); err != nil {
 		tb.Fatalf("flush the conntrack table of %s (%s): %v", node.Name, s.name, err)
 	}
 	load(s.top.client.NetNS, r.fe, clients, d/10)
@@ -376,6 +389,21 @@ func (r *benchRig) round(tb testing.TB, s *benchSide, d time.Duration, clients i
 		tb.Fatalf("kpr round: netfilter tracked %d connections in kpr's node namespace %s: its hooks run there", tracked, node.Name)
 	}
 	return res
+}
+
+// netfilterNetlink is a netlink handle for netfilter's conntrack in ns. The
+// harness's handle (NetNS.Netlink) has only a NETLINK_ROUTE socket, and the
+// netlink library sends a request of another protocol through a socket of
+// the calling thread's namespace: a conntrack flush through it would flush
+// the host's table.
+func netfilterNetlink(tb testing.TB, ns *harness.NetNS) *netlink.Handle {
+	tb.Helper()
+	h, err := netlink.NewHandleAt(ns.Handle(), unix.NETLINK_NETFILTER)
+	if err != nil {
+		tb.Fatalf("netlink netfilter socket in %s: %v", ns.Name, err)
+	}
+	tb.Cleanup(h.Close)
+	return h
 }
 
 // nfConntrackCount is the number of connections in netfilter's conntrack

@@ -13,7 +13,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
@@ -190,11 +189,11 @@ func addr16(a netip.Addr) [4]uint32 {
 func htons(v uint16) uint16 { return v>>8 | v<<8 }
 
 func monotonicNow(t testing.TB) uint64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+	now, err := monotonic()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return uint64(ts.Nano())
+	return now
 }
 
 func randomHex(n int) string {

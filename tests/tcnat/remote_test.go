@@ -31,12 +31,22 @@ type lan struct {
 	*progs
 	client       *harness.Node
 	node1, node2 *harness.Node
-	remote       *harness.Pod // on node2
+	remote       *harness.Pod   // on node2
+	remotes      []*harness.Pod // on node2, remote first
 }
 
 var node2Addrs = []netip.Prefix{netip.MustParsePrefix("192.168.100.11/24"), netip.MustParsePrefix("fd00:100::11/64")}
 
 func newLAN(t *testing.T, tcOpts loader.TCOptions) *lan {
+	t.Helper()
+	l := buildLAN(t, 1)
+	l.loadKpr(t, tcOpts, fixtureSizes)
+	return l
+}
+
+// buildLAN makes the namespaces, the LAN and remotePods echo pods on node2,
+// without kpr.
+func buildLAN(t testing.TB, remotePods int) *lan {
 	t.Helper()
 	harness.RequireRoot(t)
 	l := &lan{}
@@ -80,35 +90,46 @@ func newLAN(t *testing.T, tcOpts loader.TCOptions) *lan {
 	route(t, l.node2.NetNS, "10.244.0.0/24", nodeAddrs[0].Addr())
 	route(t, l.node2.NetNS, "fd00:244::/64", nodeAddrs[1].Addr())
 
-	if l.remote, err = l.node2.AddPod("remote-0"); err != nil {
-		t.Fatal(err)
+	for i := 0; i < remotePods; i++ {
+		pod, err := l.node2.AddPod(fmt.Sprintf("remote-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pod.ServeTCP(echoPort); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pod.ServeUDP(udpPort); err != nil {
+			t.Fatal(err)
+		}
+		l.remotes = append(l.remotes, pod)
 	}
-	if _, err := l.remote.ServeTCP(echoPort); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.remote.ServeUDP(udpPort); err != nil {
-		t.Fatal(err)
-	}
+	l.remote = l.remotes[0]
 	for _, a := range append(append([]netip.Prefix{}, nodeAddrs...), node2Addrs...) {
 		waitReachable(t, l.client.NetNS, a.Addr())
 	}
+	return l
+}
+
+// loadKpr loads kpr's maps, sized as given, and its tc programs on node1's
+// external device.
+func (l *lan) loadKpr(t testing.TB, tcOpts loader.TCOptions, sizes loader.MapSizes) {
+	t.Helper()
 
 	// The devices are found in the namespace TCOptions.NetNS names, as
 	// `kpr run --host-netns` has it.
 	tcOpts.Devices, tcOpts.NetNS = []string{extDev}, l.node1.NetNS.Path
-	loaded := loadDataplane(t, newBPFRoot(t), &tcOpts)
+	loaded := loadDataplaneSized(t, newBPFRoot(t), &tcOpts, sizes)
 	tc := loaded.TC
 	lb, err := maps.New(loaded.Maps)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.progs = &progs{t: t, loaded: loaded, lb: lb, ingress: tc.Ingress, egress: tc.Egress}
-	return l
 }
 
 // plugInto moves node's uplink peer into the client namespace, named name,
 // as a port of bridge br.
-func plugInto(t *testing.T, node, client *harness.Node, br netlink.Link, name string) {
+func plugInto(t testing.TB, node, client *harness.Node, br netlink.Link, name string) {
 	t.Helper()
 	nl := node.NetNS.Netlink()
 	wire, err := nl.LinkByName(extDev + "-wire")
@@ -133,7 +154,7 @@ func plugInto(t *testing.T, node, client *harness.Node, br netlink.Link, name st
 	}
 }
 
-func addAddr(t *testing.T, nl *netlink.Handle, l netlink.Link, a netip.Prefix) {
+func addAddr(t testing.TB, nl *netlink.Handle, l netlink.Link, a netip.Prefix) {
 	t.Helper()
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), a.Addr().BitLen())}}
 	if a.Addr().Is6() {
@@ -144,7 +165,7 @@ func addAddr(t *testing.T, nl *netlink.Handle, l netlink.Link, a netip.Prefix) {
 	}
 }
 
-func route(t *testing.T, ns *harness.NetNS, dst string, gw netip.Addr) {
+func route(t testing.TB, ns *harness.NetNS, dst string, gw netip.Addr) {
 	t.Helper()
 	p := netip.MustParsePrefix(dst)
 	r := &netlink.Route{Gw: gw.AsSlice(), Dst: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
@@ -156,7 +177,7 @@ func route(t *testing.T, ns *harness.NetNS, dst string, gw netip.Addr) {
 // waitReachable waits until addr answers TCP from ns (a refused
 // connection is an answer), so that no test's first packet waits out a
 // retransmit behind neighbour discovery or link setup.
-func waitReachable(t *testing.T, ns *harness.NetNS, addr netip.Addr) {
+func waitReachable(t testing.TB, ns *harness.NetNS, addr netip.Addr) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
