@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -11,6 +9,8 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
+
+	"github.com/kpr-io/kpr/maps/maglev"
 )
 
 // The cluster's Maglev seed. Maglev needs every node to build the same
@@ -28,13 +28,6 @@ const seedNamespace = "kube-system"
 // client retries a refused connection meanwhile.
 const seedReadTimeout = time.Minute
 
-// maglevSeedOf turns the seed text (the flag's, or the UID) into the
-// 64-bit seed of the tables and of the tc programs' Maglev flow hash.
-func maglevSeedOf(text string) uint64 {
-	sum := sha256.Sum256([]byte("kpr maglev hash seed\x00" + text))
-	return binary.BigEndian.Uint64(sum[:8])
-}
-
 // resolveMaglevSeed sets f.maglevSeed for --lb-algorithm maglev, from
 // --maglev-hash-seed or else from the UID core reads. A seed that cannot
 // be read is an error, not a fallback: a node with another seed would
@@ -45,7 +38,7 @@ func (f *ebpfFlags) resolveMaglevSeed(ctx context.Context, core rest.Interface, 
 		return nil
 	}
 	if f.maglevHashSeed != "" {
-		f.maglevSeed = maglevSeedOf(f.maglevHashSeed)
+		f.maglevSeed = maglev.SeedOf(f.maglevHashSeed)
 		log.Info("Maglev hash seed from --maglev-hash-seed")
 		return nil
 	}
@@ -54,7 +47,7 @@ func (f *ebpfFlags) resolveMaglevSeed(ctx context.Context, core rest.Interface, 
 		return fmt.Errorf("--lb-algorithm maglev needs the cluster's hash seed, the same on every node: reading the UID of Namespace %s: %w; "+
 			"grant kpr's ServiceAccount get on that Namespace (deploy/ does), or give every node the same secret --maglev-hash-seed", seedNamespace, err)
 	}
-	f.maglevSeed = maglevSeedOf(uid)
+	f.maglevSeed = maglev.SeedOf(uid)
 	log.Info("Maglev hash seed from the UID of Namespace "+seedNamespace, zap.String("namespace", seedNamespace))
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kpr-io/kpr/apiclient"
+	"github.com/kpr-io/kpr/maps/maglev"
 )
 
 // apiServing answers GET /api/v1/namespaces/kube-system with status and
@@ -48,7 +49,9 @@ func TestMaglevSeedFromTheClusterOrTheFlag(t *testing.T) {
 		}
 		return f.maglevSeed
 	}
-	uid := func(u string) rest.Interface { return apiServing(t, http.StatusOK, strings.Replace(kubeSystem, "%s", u, 1)) }
+	uid := func(u string) rest.Interface {
+		return apiServing(t, http.StatusOK, strings.Replace(kubeSystem, "%s", u, 1))
+	}
 	cluster1 := uid("5b2d1c9e-8f3a-4d7e-9a61-0c4f2b7e1d35")
 	node1 := seedOf(ebpfFlags{lbAlgorithm: lbMaglev}, cluster1)
 	node2 := seedOf(ebpfFlags{lbAlgorithm: lbMaglev}, uid("5b2d1c9e-8f3a-4d7e-9a61-0c4f2b7e1d35"))
@@ -60,7 +63,7 @@ func TestMaglevSeedFromTheClusterOrTheFlag(t *testing.T) {
 		t.Errorf("another cluster got the same seed %#x", other)
 	}
 	flag := seedOf(ebpfFlags{lbAlgorithm: lbMaglev, maglevHashSeed: "s3cret-of-the-cluster"}, apiServing(t, http.StatusForbidden, `{}`))
-	if flag == 0 || flag == node1 || flag != maglevSeedOf("s3cret-of-the-cluster") {
+	if flag == 0 || flag == node1 || flag != maglev.SeedOf("s3cret-of-the-cluster") {
 		t.Errorf("--maglev-hash-seed gave seed %#x", flag)
 	}
 	if s := seedOf(ebpfFlags{lbAlgorithm: lbRandom}, apiServing(t, http.StatusForbidden, `{}`)); s != 0 {

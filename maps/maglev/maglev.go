@@ -141,6 +141,14 @@ func permutation(seed uint64, id string, m uint64) (offset, skip uint64) {
 	return offset, skip
 }
 
+// SeedOf turns the cluster's seed as text (kpr run's --maglev-hash-seed,
+// or the kube-system Namespace's UID) into the 64-bit seed of the tables
+// and of the tc programs' Maglev flow hash.
+func SeedOf(text string) uint64 {
+	sum := sha256.Sum256([]byte("kpr maglev hash seed\x00" + text))
+	return binary.BigEndian.Uint64(sum[:8])
+}
+
 // Shares counts the slots of each backend index in table.
 func Shares(table []int, backends int) []int {
 	out := make([]int, backends)

@@ -2,12 +2,14 @@ package tcnat
 
 import (
 	"bufio"
+	"context"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
@@ -216,24 +218,32 @@ func TestSNATPortFollowsTheNodeSecret(t *testing.T) {
 // address and the one the peer server saw.
 func askPeerFrom(t *testing.T, ns *harness.NetNS, fe netip.AddrPort) (client, seen netip.AddrPort) {
 	t.Helper()
+	client, line := greetingFrom(t, ns, fe)
+	seen, err := netip.ParseAddrPort(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, netip.AddrPortFrom(seen.Addr().Unmap(), seen.Port())
+}
+
+// greetingFrom connects to fe from ns and returns the connection's own
+// address and the server's first line.
+func greetingFrom(t *testing.T, ns *harness.NetNS, fe netip.AddrPort) (client netip.AddrPort, line string) {
+	t.Helper()
 	c, err := harness.DialTCP(ns, fe, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
-	if seen, err = netip.ParseAddrPort(strings.TrimSpace(line)); err != nil {
+	if line, err = bufio.NewReader(c).ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
 	local, err := netip.ParseAddrPort(c.LocalAddr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), netip.AddrPortFrom(seen.Addr().Unmap(), seen.Port())
+	return netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), strings.TrimSpace(line)
 }
 
 // Maglev takes the cluster's seed: nodes that share it build the same table
@@ -274,5 +284,41 @@ func TestMaglevFollowsTheClusterSeed(t *testing.T) {
 	// About a tenth of the flows land on the same backend by chance.
 	if elsewhere < seededFlows*3/4 {
 		t.Errorf("only %d of %d flows went elsewhere in a cluster with another seed", elsewhere, seededFlows)
+	}
+}
+
+// `kpr run --lb-algorithm maglev` against a real API server takes the
+// cluster's seed from the kube-system Namespace's UID: real connections
+// from outside each reach the pod that the UID's table and hash name.
+func TestKprRunMaglevSeedsFromTheCluster(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const nodeName = "kpr-tcnat-maglev"
+	const size = 251
+	cl, api := testCluster(ctx, t, nodeName)
+	top := buildTopology(t, 3)
+	runKpr(ctx, t, cl, nodeName, top.node.NetNS.Path, "--devices", extDev, "--lb-algorithm", "maglev", "--maglev-table-size", "251")
+	fe := createNodePort(ctx, t, api, "tcnat-maglev", nodeName, top.pods...)
+	waitWho(t, top.client.NetNS, fe, len(top.pods))
+
+	ks, err := api.CoreV1().Namespaces().Get(ctx, "kube-system", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := maglev.SeedOf(string(ks.UID))
+	names := make([]string, len(top.pods))
+	for i, p := range top.pods {
+		names[i] = netip.AddrPortFrom(p.IPv4, echoPort).String()
+	}
+	table, err := maglev.Build(names, size, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 24; i++ {
+		client, who := greetingFrom(t, top.client.NetNS, fe)
+		want := top.pods[table[flowHash(client, fe.Port(), unix.IPPROTO_TCP, seed)%size]].Name
+		if who != want {
+			t.Fatalf("the flow from %s reached %s; the cluster's seed (kube-system's UID %s) sends it to %s", client, who, ks.UID, want)
+		}
 	}
 }
