@@ -251,6 +251,7 @@ const (
 	KprMapKprBackends       = "kpr_backends"
 	KprMapKprConntrack      = "kpr_conntrack"
 	KprMapKprMaglev         = "kpr_maglev"
+	KprMapKprNodeSeed       = "kpr_node_seed"
 	KprMapKprRevNat         = "kpr_rev_nat"
 	KprMapKprServices       = "kpr_services"
 	KprMapKprSockRev        = "kpr_sock_rev"
@@ -340,6 +341,7 @@ type KprMapSpecs struct {
 	KprBackends       *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack      *ebpf.MapSpec `ebpf:"kpr_conntrack"`
 	KprMaglev         *ebpf.MapSpec `ebpf:"kpr_maglev"`
+	KprNodeSeed       *ebpf.MapSpec `ebpf:"kpr_node_seed"`
 	KprRevNat         *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices       *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev        *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
@@ -389,6 +391,7 @@ type KprMaps struct {
 	KprBackends       *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack      *ebpf.Map `ebpf:"kpr_conntrack"`
 	KprMaglev         *ebpf.Map `ebpf:"kpr_maglev"`
+	KprNodeSeed       *ebpf.Map `ebpf:"kpr_node_seed"`
 	KprRevNat         *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices       *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev        *ebpf.Map `ebpf:"kpr_sock_rev"`
@@ -408,6 +411,7 @@ func (m *KprMaps) Close() error {
 		m.KprBackends,
 		m.KprConntrack,
 		m.KprMaglev,
+		m.KprNodeSeed,
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,

@@ -37,6 +37,16 @@ static __always_inline __u32 lb_hash64(__u64 x)
 	return (__u32)x;
 }
 
+/* The node's secret for the flow hash (kpr_node_seed); 0 only before the
+ * loader has filled it, which it does before any program runs. */
+static __always_inline __u64 lb_node_seed(void)
+{
+	__u32 zero = 0;
+	const __u64 *seed = bpf_map_lookup_elem(&kpr_node_seed, &zero);
+
+	return seed ? *seed : 0;
+}
+
 /*
  * The backend in slot (hash % master->count) + 1 of the frontend key names,
  * with its id in *backend_id; NULL when the slot or its backend is missing

@@ -101,6 +101,24 @@ struct {
 } kpr_tc_affinity SEC(".maps");
 
 /*
+ * The node's secret for the tc programs' flow hash (flow_hash in pkt.h):
+ * the random backend pick and the start of the SNAT port search use it, so
+ * that an outsider cannot tell which backend or which SNAT port a flow of
+ * his choosing gets. The loader fills entry 0 from crypto/rand when it
+ * creates this map and adopts it afterwards: a kpr restart keeps it, and a
+ * flow whose conntrack entry was evicted still picks what it picked before.
+ * Maglev frontends use the cluster's seed instead (maglev_seed in
+ * tc_nodeport.c), which every node shares.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_node_seed SEC(".maps");
+
+/*
  * Maglev tables of the tc programs (struct maglev_key in types.h): the
  * backend of a new flow to a frontend that has one is
  * table[flow hash % maglev_table_size]. The control plane is the only

@@ -145,7 +145,7 @@ static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 				      const struct ct_value *rev, __u64 now)
 {
 	__u32 range = (__u32)snat_port_max - snat_port_min + 1;
-	__u32 start = flow_hash(p);
+	__u32 start = flow_hash(p, lb_node_seed());
 	__u64 victim_expires = ~0ULL;
 	__u16 victim = 0;
 	const struct ct_value *old;

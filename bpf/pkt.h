@@ -59,13 +59,16 @@ struct pkt {
  * entry be lost (evicted from the LRU map), its next packet picks the same
  * backend while the Service's backends stay the same. The hash leaves out
  * the destination address, so a NodePort reached at either of a node's
- * addresses picks alike; and it is a function of the packet alone, so
- * every node with the same Maglev table picks the same backend.
+ * addresses picks alike; and it is a function of the packet and seed
+ * alone, so every node with the same Maglev table and seed picks the same
+ * backend. seed is a secret (the node's, lb_node_seed, or the cluster's
+ * for Maglev): without it an outsider could choose flows that all land on
+ * one backend, or predict a flow's SNAT port.
  */
-static __always_inline __u32 flow_hash(const struct pkt *p)
+static __always_inline __u32 flow_hash(const struct pkt *p, __u64 seed)
 {
 	__u64 a = ((__u64)(p->saddr[0] ^ p->saddr[2]) << 32) | (p->saddr[1] ^ p->saddr[3]);
 	__u64 b = ((__u64)p->sport << 16 | p->dport) ^ ((__u64)p->proto << 32);
 
-	return lb_hash64(a ^ lb_hash64(b));
+	return lb_hash64(a ^ lb_hash64(b ^ seed));
 }

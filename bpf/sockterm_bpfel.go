@@ -21,6 +21,7 @@ const (
 	SockTermMapKprBackends      = "kpr_backends"
 	SockTermMapKprConntrack     = "kpr_conntrack"
 	SockTermMapKprMaglev        = "kpr_maglev"
+	SockTermMapKprNodeSeed      = "kpr_node_seed"
 	SockTermMapKprRevNat        = "kpr_rev_nat"
 	SockTermMapKprServices      = "kpr_services"
 	SockTermMapKprSockRev       = "kpr_sock_rev"
@@ -85,6 +86,7 @@ type SockTermMapSpecs struct {
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
 	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
+	KprNodeSeed      *ebpf.MapSpec `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
@@ -125,6 +127,7 @@ type SockTermMaps struct {
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
 	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
+	KprNodeSeed      *ebpf.Map `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
@@ -141,6 +144,7 @@ func (m *SockTermMaps) Close() error {
 		m.KprBackends,
 		m.KprConntrack,
 		m.KprMaglev,
+		m.KprNodeSeed,
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,

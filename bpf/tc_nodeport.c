@@ -59,6 +59,12 @@
  * loader from --maglev-table-size. */
 volatile const __u32 maglev_table_size = 16381;
 
+/* The cluster's seed of the Maglev flow hash, set by the loader: the same
+ * on every node (as the tables, which the control plane builds with it),
+ * so that every node picks the same backend for a flow, and secret, so
+ * that an outsider cannot. */
+volatile const __u64 maglev_seed = 0;
+
 /* svc_flags reaches BTF only through a use of its type: this constant is
  * that use, so that Go can check its copy of the values against this
  * object. Nothing reads it. */
@@ -234,12 +240,12 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 	 * one and its backend is still there (flows take the slots meanwhile
 	 * otherwise); then the backend slots. */
 	if (!be) {
-		backend_id = lb_maglev_backend(master, skey->scope, flow_hash(p), maglev_table_size);
+		backend_id = lb_maglev_backend(master, skey->scope, flow_hash(p, maglev_seed), maglev_table_size);
 		if (backend_id)
 			be = bpf_map_lookup_elem(&kpr_backends, &backend_id);
 	}
 	if (!be) {
-		be = lb_pick_slot(skey, master, flow_hash(p), &backend_id);
+		be = lb_pick_slot(skey, master, flow_hash(p, lb_node_seed()), &backend_id);
 		if (!be) {
 			STAT_INC(drop_no_backend);
 			return -1;

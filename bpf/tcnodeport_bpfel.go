@@ -21,6 +21,7 @@ const (
 	TcNodeportMapKprBackends       = "kpr_backends"
 	TcNodeportMapKprConntrack      = "kpr_conntrack"
 	TcNodeportMapKprMaglev         = "kpr_maglev"
+	TcNodeportMapKprNodeSeed       = "kpr_node_seed"
 	TcNodeportMapKprRevNat         = "kpr_rev_nat"
 	TcNodeportMapKprServices       = "kpr_services"
 	TcNodeportMapKprSockRev        = "kpr_sock_rev"
@@ -39,6 +40,7 @@ const (
 	TcNodeportVarCtTcpSynS         = "ct_tcp_syn_s"
 	TcNodeportVarCtUdpS            = "ct_udp_s"
 	TcNodeportVarCtUdpStreamS      = "ct_udp_stream_s"
+	TcNodeportVarMaglevSeed        = "maglev_seed"
 	TcNodeportVarMaglevTableSize   = "maglev_table_size"
 	TcNodeportVarSnatPortMax       = "snat_port_max"
 	TcNodeportVarSnatPortMin       = "snat_port_min"
@@ -99,6 +101,7 @@ type TcNodeportMapSpecs struct {
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
 	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
+	KprNodeSeed      *ebpf.MapSpec `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
@@ -121,6 +124,7 @@ type TcNodeportVariableSpecs struct {
 	CtTcpSynS         *ebpf.VariableSpec `ebpf:"ct_tcp_syn_s"`
 	CtUdpS            *ebpf.VariableSpec `ebpf:"ct_udp_s"`
 	CtUdpStreamS      *ebpf.VariableSpec `ebpf:"ct_udp_stream_s"`
+	MaglevSeed        *ebpf.VariableSpec `ebpf:"maglev_seed"`
 	MaglevTableSize   *ebpf.VariableSpec `ebpf:"maglev_table_size"`
 	SnatPortMax       *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin       *ebpf.VariableSpec `ebpf:"snat_port_min"`
@@ -151,6 +155,7 @@ type TcNodeportMaps struct {
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
 	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
+	KprNodeSeed      *ebpf.Map `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
@@ -167,6 +172,7 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprBackends,
 		m.KprConntrack,
 		m.KprMaglev,
+		m.KprNodeSeed,
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSockRev,
@@ -190,6 +196,7 @@ type TcNodeportVariables struct {
 	CtTcpSynS         *ebpf.Variable `ebpf:"ct_tcp_syn_s"`
 	CtUdpS            *ebpf.Variable `ebpf:"ct_udp_s"`
 	CtUdpStreamS      *ebpf.Variable `ebpf:"ct_udp_stream_s"`
+	MaglevSeed        *ebpf.Variable `ebpf:"maglev_seed"`
 	MaglevTableSize   *ebpf.Variable `ebpf:"maglev_table_size"`
 	SnatPortMax       *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin       *ebpf.Variable `ebpf:"snat_port_min"`

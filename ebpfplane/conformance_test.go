@@ -65,6 +65,7 @@ var notFilledByServices = map[string]string{
 	bpf.KprMapKprTcAffinity:     "LRU map the tc programs write per client; evicts the oldest when full",
 	bpf.KprMapKprSockStats:      "array of counters, one per hook",
 	bpf.KprMapKprTcStats:        "per-CPU array of counters, one entry",
+	bpf.KprMapKprNodeSeed:       "one entry, the node's flow hash secret, written by the loader",
 	bpf.KprMapKprTraceFrontends: "written by `kpr trace` sessions, not by Services",
 	bpf.KprMapKprTraceOn:        "written by `kpr trace` sessions, not by Services",
 	bpf.KprMapKprTraceRings:     "written by `kpr trace` sessions, not by Services",

@@ -163,6 +163,10 @@ func Load(opts Options) (*Loaded, error) {
 		return nil, fmt.Errorf("load BPF maps: %w", err)
 	}
 
+	if err := ensureNodeSeed(kprMaps.KprNodeSeed, log); err != nil {
+		kprMaps.Close()
+		return nil, err
+	}
 	if err := attachCgroup(opts.BPFRoot, opts.CgroupRoot, coll, log); err != nil {
 		kprMaps.Close()
 		return nil, err

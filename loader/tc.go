@@ -96,6 +96,10 @@ type TCOptions struct {
 	// MaglevTableSize is the size of the Maglev tables the control plane
 	// writes (maps.Maglev); zero keeps the default, 16381.
 	MaglevTableSize uint32
+	// MaglevSeed is the cluster's seed of the Maglev flow hash, which
+	// the control plane's tables (maps.NewMaglev) must be built with:
+	// the same on every node, and secret.
+	MaglevSeed uint64
 }
 
 // TC is the loaded tc programs.
@@ -147,6 +151,9 @@ func (l *Loaded) LoadTC(opts TCOptions, log *zap.Logger) (*TC, error) {
 		if err := spec.Variables[bpf.TcNodeportVarMaglevTableSize].Set(opts.MaglevTableSize); err != nil {
 			return nil, fmt.Errorf("configure tc programs: %w", err)
 		}
+	}
+	if err := spec.Variables[bpf.TcNodeportVarMaglevSeed].Set(opts.MaglevSeed); err != nil {
+		return nil, fmt.Errorf("configure tc programs: %w", err)
 	}
 	var objs struct {
 		Ingress *ebpf.Program `ebpf:"kpr_tc_ingress"`

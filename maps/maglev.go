@@ -31,6 +31,7 @@ type Maglev struct {
 	lb    *LB
 	outer *ebpf.Map
 	size  uint32
+	seed  uint64
 	// held is what kpr_maglev holds for each frontend, as this Maglev
 	// wrote it; tables are the arrays those entries point at, by content.
 	held   map[VIPKey]heldTable
@@ -59,16 +60,17 @@ type maglevTable struct {
 }
 
 // NewMaglev returns the writer of outer (kpr_maglev) for tables of size
-// slots, which must be the tc programs' maglev_table_size, and makes lb
+// slots and the cluster's seed, which must be the tc programs'
+// maglev_table_size and maglev_seed (loader.TCOptions), and makes lb
 // write the tables of the frontends it writes from now on. It trusts no
 // table it finds: the first write of a frontend replaces its table, with
 // the same content where nothing changed, and SyncAll writes every
 // frontend's and removes the tables of frontends the LB no longer has.
-func NewMaglev(lb *LB, outer *ebpf.Map, size uint32) (*Maglev, error) {
+func NewMaglev(lb *LB, outer *ebpf.Map, size uint32, seed uint64) (*Maglev, error) {
 	if err := maglev.ValidateTableSize(size); err != nil {
 		return nil, err
 	}
-	mg := &Maglev{lb: lb, outer: outer, size: size,
+	mg := &Maglev{lb: lb, outer: outer, size: size, seed: seed,
 		held: map[VIPKey]heldTable{}, tables: map[string]*maglevTable{}}
 	lb.maglev = mg
 	return mg, nil
@@ -220,7 +222,7 @@ func (mg *Maglev) build(vip VIPKey, sig string, ids []uint32, addrs []backendAdd
 		// its node-local id.
 		names[i] = netip.AddrPortFrom(a.Addr(), a.port).String()
 	}
-	slots, err := maglev.Build(names, mg.size)
+	slots, err := maglev.Build(names, mg.size, mg.seed)
 	if err != nil {
 		return nil, fmt.Errorf("Maglev table of %s: %w; its new flows are picked at random", vip.VIP, err)
 	}

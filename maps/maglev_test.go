@@ -40,7 +40,7 @@ func newMaglevMaps(t *testing.T) *maglevMaps {
 	check := func() { f.checkLookupSafe(); f.checkTables() }
 	f.services.check, f.backends.check, f.revNat.check = check, check, check
 	f.lb = f.fakeMaps.lb()
-	if f.mg, err = NewMaglev(f.lb, outer, maglev.MinTableSize); err != nil {
+	if f.mg, err = NewMaglev(f.lb, outer, maglev.MinTableSize, 0); err != nil {
 		t.Fatal(err)
 	}
 	f.mg.OnError = func(err error) { f.failed = append(f.failed, err) }

@@ -146,6 +146,10 @@ type ebpfFlags struct {
 	// How the tc programs pick the backend of a new flow.
 	lbAlgorithm     string
 	maglevTableSize uint32
+	// maglevHashSeed is --maglev-hash-seed; maglevSeed the cluster's
+	// seed run resolved from it or from the API (maglevseed.go).
+	maglevHashSeed string
+	maglevSeed     uint64
 
 	// detectedDevices are the devices the nodeaddrs rule picked at start,
 	// without --devices (devices.go).
@@ -172,6 +176,8 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 		"or maglev (consistent hashing: every node behind one ECMP router picks the same backend for a flow, and a backend change moves few flows)")
 	fl.Uint32Var(&f.maglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "slots of each Service's Maglev table (--lb-algorithm maglev): a prime, "+
 		"at least 100 times the backends of the largest Service for even shares, the same on every node; each table takes 4 bytes a slot")
+	fl.StringVar(&f.maglevHashSeed, "maglev-hash-seed", "", "the cluster's secret seed of the Maglev tables and flow hash (--lb-algorithm maglev): the same on every node, "+
+		"and unknown outside the cluster (say 16 or more random characters); empty uses the UID of the kube-system Namespace, which needs get on it")
 }
 
 // initEBPFNode is the eBPF mode's part of --init-only: the bpffs under
@@ -272,7 +278,8 @@ func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 		devices = f.ebpf.detectedDevices
 	}
 	// The devices are the node's own: in --host-netns where it is given.
-	opts := &loader.TCOptions{Devices: devices, NetNS: f.hostNetNS, Timeouts: f.conntrack.tcTimeouts(), MaglevTableSize: f.ebpf.maglevTableSize}
+	opts := &loader.TCOptions{Devices: devices, NetNS: f.hostNetNS, Timeouts: f.conntrack.tcTimeouts(), MaglevTableSize: f.ebpf.maglevTableSize,
+		MaglevSeed: f.ebpf.maglevSeed}
 	switch f.ebpf.tcAttach {
 	case "auto":
 		opts.Mode = loader.TCAttachAuto
@@ -327,7 +334,7 @@ func setLBAlgorithm(f *ebpfFlags, plane *ebpfplane.Plane, lb *maps.LB, loaded *l
 		}
 		return err
 	}
-	mg, err := maps.NewMaglev(lb, loaded.Maps.KprMaglev, f.maglevTableSize)
+	mg, err := maps.NewMaglev(lb, loaded.Maps.KprMaglev, f.maglevTableSize, f.maglevSeed)
 	if err != nil {
 		return err
 	}

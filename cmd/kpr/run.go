@@ -157,6 +157,11 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
+	if chosen.backend == backendEBPF {
+		if err := f.ebpf.resolveMaglevSeed(ctx, client.Core, log); err != nil {
+			return err
+		}
+	}
 
 	m := metrics.New()
 	exportChoice(m, chosen)

@@ -5,10 +5,13 @@
 // the backend set moves few slots besides those of the backends that left.
 //
 // kpr's tc programs pick the backend of a new flow from outside as
-// table[hash(flow) % M]. The table is a function of the backends'
-// identities alone (never of node-local ids or of the order they are
-// given in), so every node behind one ECMP router builds the same table
-// and sends a flow to the same backend whichever node the router picks.
+// table[hash(seed, flow) % M]. The table is a function of the cluster's
+// seed and the backends' identities alone (never of node-local ids or of
+// the order they are given in), so every node behind one ECMP router
+// builds the same table and sends a flow to the same backend whichever
+// node the router picks. The seed is a secret of the cluster: without it
+// an outsider could compute the table and the flow hash, and aim flows of
+// his choosing at one backend.
 package maglev
 
 import (
@@ -60,11 +63,11 @@ func isPrime(n uint32) bool {
 }
 
 // Build returns the table of size m for the given backend identities
-// (such as "10.0.0.1:8080", the same string on every node): entry i is
-// the index into ids of the backend slot i goes to. ids must be distinct
-// and m a valid table size with at least len(ids) slots; with no ids the
-// table is nil.
-func Build(ids []string, m uint32) ([]int, error) {
+// (such as "10.0.0.1:8080", the same string on every node) and the
+// cluster's seed: entry i is the index into ids of the backend slot i goes
+// to. ids must be distinct and m a valid table size with at least len(ids)
+// slots; with no ids the table is nil.
+func Build(ids []string, m uint32, seed uint64) ([]int, error) {
 	if err := ValidateTableSize(m); err != nil {
 		return nil, err
 	}
@@ -96,7 +99,7 @@ func Build(ids []string, m uint32) ([]int, error) {
 	skip := make([]uint64, n)
 	next := make([]uint64, n) // how far along its list each backend is
 	for i, idx := range order {
-		offset[i], skip[i] = permutation(ids[idx], uint64(m))
+		offset[i], skip[i] = permutation(seed, ids[idx], uint64(m))
 	}
 	table := make([]int, m)
 	for i := range table {
@@ -123,13 +126,27 @@ func Build(ids []string, m uint32) ([]int, error) {
 }
 
 // permutation derives a backend's offset and skip from two independent
-// hashes of its identity: the two halves of its SHA-256, which is the
-// same on every node and every kpr version.
-func permutation(id string, m uint64) (offset, skip uint64) {
-	sum := sha256.Sum256([]byte(id))
+// hashes of the seed and its identity: two parts of their SHA-256, which
+// is the same on every node and every kpr version.
+func permutation(seed uint64, id string, m uint64) (offset, skip uint64) {
+	h := sha256.New()
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], seed)
+	h.Write(b[:])
+	h.Write([]byte(id))
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
 	offset = binary.BigEndian.Uint64(sum[0:8]) % m
 	skip = binary.BigEndian.Uint64(sum[8:16])%(m-1) + 1
 	return offset, skip
+}
+
+// SeedOf turns the cluster's seed as text (kpr run's --maglev-hash-seed,
+// or the kube-system Namespace's UID) into the 64-bit seed of the tables
+// and of the tc programs' Maglev flow hash.
+func SeedOf(text string) uint64 {
+	sum := sha256.Sum256([]byte("kpr maglev hash seed\x00" + text))
+	return binary.BigEndian.Uint64(sum[:8])
 }
 
 // Shares counts the slots of each backend index in table.

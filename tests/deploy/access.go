@@ -12,28 +12,31 @@ import (
 )
 
 // Access is one request a ServiceAccount may or may not make.
-type Access struct{ Verb, Group, Resource, Subresource, Namespace string }
+type Access struct{ Verb, Group, Resource, Subresource, Namespace, Name string }
 
 // Needed is what kpr does with the API: read Services, EndpointSlices and
-// Nodes, and post Events about the Services it refuses.
+// Nodes, post Events about the Services it refuses, and read the
+// kube-system Namespace, whose UID is the cluster's Maglev hash seed.
 var Needed = []Access{
-	{"list", "", "services", "", ""}, {"watch", "", "services", "", ""}, {"get", "", "services", "", "default"},
-	{"list", "discovery.k8s.io", "endpointslices", "", ""}, {"watch", "discovery.k8s.io", "endpointslices", "", ""},
-	{"get", "", "nodes", "", ""}, {"list", "", "nodes", "", ""}, {"watch", "", "nodes", "", ""},
-	{"create", "", "events", "", "default"}, {"patch", "", "events", "", "default"},
+	{"list", "", "services", "", "", ""}, {"watch", "", "services", "", "", ""}, {"get", "", "services", "", "default", ""},
+	{"list", "discovery.k8s.io", "endpointslices", "", "", ""}, {"watch", "discovery.k8s.io", "endpointslices", "", "", ""},
+	{"get", "", "nodes", "", "", ""}, {"list", "", "nodes", "", "", ""}, {"watch", "", "nodes", "", "", ""},
+	{"create", "", "events", "", "default", ""}, {"patch", "", "events", "", "default", ""},
+	{"get", "", "namespaces", "", "", "kube-system"},
 }
 
 // NotNeeded is a sample of what kpr must not be able to do: read Secrets
 // (CheckLeastPrivilege adds those of kpr's own namespace) or Pods, exec
 // into Pods, write Services, EndpointSlices or Nodes.
 var NotNeeded = []Access{
-	{"get", "", "secrets", "", "kube-system"}, {"list", "", "secrets", "", ""},
-	{"create", "", "pods", "exec", "default"}, {"get", "", "pods", "", "default"},
-	{"create", "", "services", "", "default"}, {"update", "", "services", "", "default"},
-	{"patch", "", "services", "", "default"}, {"delete", "", "services", "", "default"},
-	{"create", "discovery.k8s.io", "endpointslices", "", "default"}, {"update", "discovery.k8s.io", "endpointslices", "", "default"},
-	{"delete", "discovery.k8s.io", "endpointslices", "", "default"},
-	{"update", "", "events", "", "default"}, {"update", "", "nodes", "", ""}, {"list", "", "configmaps", "", ""},
+	{"get", "", "secrets", "", "kube-system", ""}, {"list", "", "secrets", "", "", ""},
+	{"create", "", "pods", "exec", "default", ""}, {"get", "", "pods", "", "default", ""},
+	{"create", "", "services", "", "default", ""}, {"update", "", "services", "", "default", ""},
+	{"patch", "", "services", "", "default", ""}, {"delete", "", "services", "", "default", ""},
+	{"create", "discovery.k8s.io", "endpointslices", "", "default", ""}, {"update", "discovery.k8s.io", "endpointslices", "", "default", ""},
+	{"delete", "discovery.k8s.io", "endpointslices", "", "default", ""},
+	{"update", "", "events", "", "default", ""}, {"update", "", "nodes", "", "", ""}, {"list", "", "configmaps", "", "", ""},
+	{"get", "", "namespaces", "", "", "default"}, {"list", "", "namespaces", "", "", ""}, {"update", "", "namespaces", "", "", "kube-system"},
 }
 
 // CheckLeastPrivilege asks the API server, through SubjectAccessReviews,
@@ -47,7 +50,7 @@ func CheckLeastPrivilege(ctx context.Context, client kubernetes.Interface, names
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User: user, Groups: groups,
 			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Verb: ac.Verb, Group: ac.Group, Resource: ac.Resource, Subresource: ac.Subresource, Namespace: ac.Namespace},
+				Verb: ac.Verb, Group: ac.Group, Resource: ac.Resource, Subresource: ac.Subresource, Namespace: ac.Namespace, Name: ac.Name},
 		}}
 		out, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
 		if err != nil {
@@ -63,7 +66,7 @@ func CheckLeastPrivilege(ctx context.Context, client kubernetes.Interface, names
 			break
 		}
 	}
-	notNeeded := append([]Access{{"get", "", "secrets", "", namespace}}, NotNeeded...)
+	notNeeded := append([]Access{{"get", "", "secrets", "", namespace, ""}}, NotNeeded...)
 	var errs []error
 	for _, c := range []struct {
 		list []Access

@@ -169,7 +169,7 @@ func TestOddSYNsOpenNoFlow(t *testing.T) {
 // that backend answers.
 func TestMaglevMidstreamEntryHasTheHandshakeLifetime(t *testing.T) {
 	top := newTopology(t, 1, loader.TCAttachAuto)
-	mg, err := maps.NewMaglev(top.lb, top.loaded.Maps.KprMaglev, maglev.DefaultTableSize)
+	mg, err := maps.NewMaglev(top.lb, top.loaded.Maps.KprMaglev, maglev.DefaultTableSize, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

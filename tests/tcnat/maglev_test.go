@@ -26,12 +26,22 @@ type maglevNode struct {
 
 func newMaglevNode(t *testing.T, size uint32) *maglevNode {
 	t.Helper()
-	loaded := loadDataplane(t, newBPFRoot(t), &loader.TCOptions{MaglevTableSize: size})
+	return newSeededMaglevNode(t, size, testClusterSeed)
+}
+
+// testClusterSeed stands for the cluster's Maglev seed, which every node
+// shares.
+const testClusterSeed = 0x6b7072206d61676c
+
+// newSeededMaglevNode is a node of the cluster whose Maglev seed is seed.
+func newSeededMaglevNode(t *testing.T, size uint32, seed uint64) *maglevNode {
+	t.Helper()
+	loaded := loadDataplane(t, newBPFRoot(t), &loader.TCOptions{MaglevTableSize: size, MaglevSeed: seed})
 	lb, err := maps.New(loaded.Maps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mg, err := maps.NewMaglev(lb, loaded.Maps.KprMaglev, size)
+	mg, err := maps.NewMaglev(lb, loaded.Maps.KprMaglev, size, seed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +267,7 @@ func TestMaglevTablesSharedAndAdoptedAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mg, err := maps.NewMaglev(lb, n.loaded.Maps.KprMaglev, 1021)
+	mg, err := maps.NewMaglev(lb, n.loaded.Maps.KprMaglev, 1021, testClusterSeed)
 	if err != nil {
 		t.Fatal(err)
 	}
