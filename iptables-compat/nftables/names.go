@@ -108,9 +108,11 @@ func affinitySet(n dataplane.ServicePortName, b dataplane.Backend, timeout uint3
 	return objectName(prefixAffinity, portTail(n)+" "+b.String()+" "+strconv.FormatUint(uint64(timeout), 10), portTail(n)+"__"+addrTail(b))
 }
 
-// addrTail spells a backend in a name as kube-proxy does: 10.0.0.1/80.
+// addrTail spells a backend in a name: 10.0.0.1/80, and an IPv6 address
+// with dots for colons (fd00.10..1/80), which nft does not take in a
+// name.
 func addrTail(b dataplane.Backend) string {
-	return b.Addr.String() + "/" + strconv.Itoa(int(b.Port))
+	return strings.ReplaceAll(b.Addr.String(), ":", ".") + "/" + strconv.Itoa(int(b.Port))
 }
 
 // owned reports whether a chain or set of kpr's table belongs to a

@@ -267,7 +267,7 @@ func (s snapshot) rule(w []string, pr probe, depth int) (verdict string, matched
 		// numgen random mod N vmap { 0 : goto A , 1 : goto B }
 		for i, x := range w {
 			if x == "goto" && i+1 < len(w) {
-				sub, err := s.walk(w[i+1], pr, depth+1)
+				sub, err := s.walk(strings.TrimSuffix(w[i+1], ","), pr, depth+1)
 				if err != nil {
 					return "", false, nil, err
 				}
@@ -319,16 +319,16 @@ func (s snapshot) saddrRule(w []string, pr probe, depth int) (string, bool, []ou
 		if err != nil {
 			return "", false, nil, err
 		}
-		for i := range sub {
-			sub[i].affinity = max(sub[i].affinity, s.sets[strings.TrimPrefix(w[2], "@")])
-		}
+		// The affinity comes from the endpoint chain's update of the set:
+		// a lookup in a set nothing fills makes nobody stick.
 		// Both ways: the branch's outcomes, and on (the numgen after).
 		return "", true, sub, nil
-	case w[2] == "!=" && w[3] == "{" && w[len(w)-1] == "drop":
+	case w[2] == "!=" && w[len(w)-1] == "drop":
+		// nft lists a set of one without braces.
 		var ranges []netip.Prefix
-		for _, x := range w[4 : len(w)-2] {
+		for _, x := range w[3 : len(w)-1] {
 			x = strings.TrimSuffix(x, ",")
-			if x == "" {
+			if x == "" || x == "{" || x == "}" {
 				continue
 			}
 			p, err := netip.ParsePrefix(x)
