@@ -67,7 +67,9 @@ type probe struct {
 	srcLocal bool
 }
 
-func (pr probe) key() string { return pr.dst.String() + " . " + pr.proto + " . " + strconv.Itoa(int(pr.port)) }
+func (pr probe) key() string {
+	return pr.dst.String() + " . " + pr.proto + " . " + strconv.Itoa(int(pr.port))
+}
 
 // outcome is where one path through the chains ends.
 type outcome struct {
