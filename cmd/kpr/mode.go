@@ -19,6 +19,7 @@ const (
 	backendEBPF     backend = "ebpf"
 	backendIPTables backend = "iptables"
 	backendIPVS     backend = "ipvs"
+	backendNFTables backend = "nftables"
 )
 
 // modeAuto lets kpr pick the backend from what the kernel supports.
