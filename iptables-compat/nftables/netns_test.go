@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/kpr-io/kpr/dataplane/dataplanetest"
+	"github.com/kpr-io/kpr/dataplane/leftovers"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
 	"github.com/kpr-io/kpr/tests/namedns"
 )
 
@@ -183,4 +186,40 @@ func parseNFTDuration(s string) (time.Duration, error) {
 	}
 	d, err := time.ParseDuration(s)
 	return total + d, err
+}
+
+// A mode switch and `kpr cleanup` leave nothing of the nftables mode: the
+// table goes where the mode recorded writing it, and the record with it;
+// where it did not record, nothing is touched.
+func TestRemoveLeftoversInANetNS(t *testing.T) {
+	requireRoot(t)
+	ns, nft := newNetNS(t)
+	path := filepath.Join("/run/netns", ns)
+	bpfRoot := t.TempDir()
+	if err := Record(bpfRoot, path); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Options{NFT: nft, Families: bothFamilies})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reconcile(changes(goldenCases()["loadbalancer-source-ranges"]...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenInspector(bpfRoot, path, netfilter.Masquerade{}); err != nil {
+		t.Fatalf("OpenInspector over the recorded table: %v", err)
+	}
+	removed, err := RemoveLeftovers(bpfRoot, path)
+	if err != nil || !removed.Found || removed.Count == 0 {
+		t.Fatalf("RemoveLeftovers = %+v, %v; want the table's chains counted", removed, err)
+	}
+	if text, err := listTableIn(ns); err != nil || text != "" {
+		t.Fatalf("after RemoveLeftovers the namespace still lists kpr's table (%v):\n%s", err, text)
+	}
+	if removed, err := RemoveLeftovers(bpfRoot, path); err != nil || removed.Found {
+		t.Fatalf("second RemoveLeftovers = %+v, %v; want nothing found (the record went)", removed, err)
+	}
+	if _, err := OpenInspector(bpfRoot, path, netfilter.Masquerade{}); !errors.Is(err, leftovers.ErrNotRecorded) {
+		t.Fatalf("OpenInspector without a record = %v, want ErrNotRecorded", err)
+	}
 }
