@@ -115,17 +115,6 @@ func addrTail(b dataplane.Backend) string {
 	return strings.ReplaceAll(b.Addr.String(), ":", ".") + "/" + strconv.Itoa(int(b.Port))
 }
 
-// owned reports whether a chain or set of kpr's table belongs to a
-// ServicePort (it is deleted once no ServicePort renders it).
-func owned(name string) bool {
-	for _, p := range []string{prefixService, prefixLocal, prefixExternal, prefixFirewall, prefixEndpoint, prefixAffinity} {
-		if strings.HasPrefix(name, p) {
-			return true
-		}
-	}
-	return false
-}
-
 // Family is the family of kpr's table: inet, which holds the rules of
 // both IP families, so that one transaction writes them both.
 const Family = knftables.InetFamily
