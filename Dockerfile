@@ -28,11 +28,11 @@ RUN make build VERSION="${VERSION}" KPR_BIN=/out/kpr
 
 FROM debian:13.8-slim
 # The iptables fallback mode runs iptables-nft or iptables-legacy (kpr picks
-# the node's), ipset and conntrack; the slim image already has sh, mount and
-# mountpoint, which the DaemonSet's init container runs to mount bpffs.
+# the node's), ipset and conntrack, the nftables mode nft; the slim image
+# already has sh, mount and mountpoint, which the DaemonSet's init container runs to mount bpffs.
 # The package's postinst points iptables at iptables-nft, as in `make image`.
 RUN apt-get update \
-	&& apt-get install -y --no-install-recommends iptables ipset conntrack \
+	&& apt-get install -y --no-install-recommends iptables ipset conntrack nftables \
 	&& rm -rf /var/lib/apt/lists/* /usr/share/doc /usr/share/man
 COPY --from=build /out/kpr /usr/local/bin/kpr
 ARG VERSION=dev

@@ -21,7 +21,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
 
-packages=(iptables ipset conntrack dash mount util-linux)
+packages=(iptables ipset conntrack nftables dash mount util-linux)
 suite=${KPR_IMAGE_SUITE:-trixie}
 cache=${KPR_IMAGE_CACHE:-$HOME/.cache/kpr/image}/$suite
 

@@ -95,6 +95,9 @@ func initIPVSNode(_ *globalFlags, f *runFlags, log *zap.Logger) error {
 // own.
 func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
 	log = log.Named("dataplane")
+	// Said once, at start-up: the mode stays for those who ask for it.
+	log.Info("Upstream kube-proxy is retiring its IPVS mode (switched off in Kubernetes 1.40, where nftables is its default); " +
+		"kpr keeps --mode ipvs, and --mode nftables programs nftables as kube-proxy's nftables mode does")
 	k, err := ipvs.NewNetlinkKernel(f.hostNetNS)
 	if err != nil {
 		return builtDataplane{}, fmt.Errorf("--mode ipvs: %w", err)

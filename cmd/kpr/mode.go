@@ -19,14 +19,21 @@ const (
 	backendEBPF     backend = "ebpf"
 	backendIPTables backend = "iptables"
 	backendIPVS     backend = "ipvs"
+	backendNFTables backend = "nftables"
 )
 
 // modeAuto lets kpr pick the backend from what the kernel supports.
 const modeAuto = "auto"
 
-// defaultFallback is what --mode auto runs where eBPF cannot run, as
-// kube-proxy's own default mode is iptables.
-const defaultFallback = string(backendIPTables)
+// defaultFallback is --fallback-mode's default: where eBPF cannot run,
+// --mode auto runs nftables where the kernel runs it (kube-proxy's
+// nftables mode asks for 5.13), else iptables (lastFallback), which needs
+// nothing of the kernel the probe knows.
+const defaultFallback = modeAuto
+
+// lastFallback is what every node can run: --mode auto's last choice, and
+// what an error that refuses a --fallback-mode tells to run instead.
+const lastFallback = string(backendIPTables)
 
 // Why a backend was chosen: the reason label of kpr_proxy_mode. They are
 // few and fixed, so that the label stays a label; the log line has the
@@ -72,10 +79,13 @@ func chooseDataplane(mode, fallback string, report kernelReport) (choice, error)
 	if mode == modeAuto {
 		ebpf := modeOf(backendEBPF)
 		if err := ebpf.require(report); err != nil {
+			if fb == nil {
+				return autoFallback(report, err), nil
+			}
 			if fb.require != nil {
 				if fbErr := fb.require(report); fbErr != nil {
 					return choice{}, fmt.Errorf("--mode auto: the eBPF dataplane cannot run here (%v), and neither can --fallback-mode %s: %w; "+
-						"run kpr with --fallback-mode %s", err, fb.backend, fbErr, defaultFallback)
+						"run kpr with --fallback-mode %s", err, fb.backend, fbErr, lastFallback)
 				}
 			}
 			return choice{fb.backend, causeEBPFUnavailable, fmt.Sprintf("the eBPF dataplane cannot run here, so --mode auto runs --fallback-mode %s: %v", fb.backend, err)}, nil
@@ -97,11 +107,34 @@ func chooseDataplane(mode, fallback string, report kernelReport) (choice, error)
 // fallbackMode checks --fallback-mode. It is checked whatever --mode is,
 // so that a value that cannot work fails on every node alike, not only on
 // the nodes that happen to need it.
+//
+// The default, auto, is no one mode: it returns nil, and autoFallback
+// decides on the node.
 func fallbackMode(fallback string) (*mode, error) {
+	if fallback == modeAuto {
+		return nil, nil
+	}
 	if m := modeOf(backend(fallback)); m != nil && m.fallback {
 		return m, nil
 	}
-	return nil, fmt.Errorf("--fallback-mode %q: want %s", fallback, modeNames(true))
+	return nil, fmt.Errorf("--fallback-mode %q: want %s", fallback, modeNames(true, modeAuto))
+}
+
+// autoFallback is --mode auto's choice where eBPF cannot run (ebpfErr
+// says why) and --fallback-mode is auto: nftables where the kernel runs
+// it, as upstream kube-proxy moves to it, else iptables.
+func autoFallback(report kernelReport, ebpfErr error) choice {
+	nft := modeOf(backendNFTables)
+	if nft != nil {
+		nftErr := nft.require(report)
+		if nftErr == nil {
+			return choice{backendNFTables, causeEBPFUnavailable, fmt.Sprintf(
+				"the eBPF dataplane cannot run here, so --mode auto runs nftables, which the kernel supports: %v", ebpfErr)}
+		}
+		return choice{backend(lastFallback), causeEBPFUnavailable, fmt.Sprintf(
+			"the eBPF dataplane cannot run here (%v), nor the nftables one (%v), so --mode auto runs %s", ebpfErr, nftErr, lastFallback)}
+	}
+	return choice{backend(lastFallback), causeEBPFUnavailable, fmt.Sprintf("the eBPF dataplane cannot run here, so --mode auto runs %s: %v", lastFallback, ebpfErr)}
 }
 
 // builtDataplane is a constructed backend, ready for the watcher.

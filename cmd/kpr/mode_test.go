@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/nftables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/metrics"
 )
@@ -26,7 +27,7 @@ var optionalFeatures = []string{loader.FeatureGetpeername, loader.FeatureSockRel
 // lacking, whose probes failed with probeErr. IPVS is a feature too.
 func report(probeErr string, lacking ...string) loader.Report {
 	r := loader.Report{Kernel: "5.4.0-test"}
-	for _, name := range append(append([]string{netfilter.IPVSFeature}, socketLBFeatures...), optionalFeatures...) {
+	for _, name := range append(append([]string{netfilter.IPVSFeature, nftables.Feature}, socketLBFeatures...), optionalFeatures...) {
 		f := loader.Feature{Name: name, Supported: true}
 		if slices.Contains(lacking, name) {
 			f = loader.Feature{Name: name, Error: probeErr}
@@ -147,13 +148,24 @@ func TestChooseDataplane(t *testing.T) {
 			[]string{"--mode auto", loader.FeatureRecvmsg, "--fallback-mode ipvs", "no IPVS", "--fallback-mode iptables"}, true},
 		{"auto with an ipvs fallback needs no IPVS where eBPF runs", "auto", "ipvs", noIPVS, backendEBPF, causeEBPFSupported, nil, false},
 		{"an ipvs fallback is accepted under --mode iptables", "iptables", "ipvs", full, backendIPTables, causeRequested, nil, false},
-		{"fallback ebpf is no fallback", "auto", "ebpf", noRecvmsg, "", "", []string{`--fallback-mode "ebpf"`, "want iptables or ipvs"}, true},
+		{"fallback ebpf is no fallback", "auto", "ebpf", noRecvmsg, "", "", []string{`--fallback-mode "ebpf"`, "want auto, iptables, ipvs or nftables"}, true},
 		{"empty fallback", "auto", "", full, "", "", []string{`--fallback-mode ""`}, true},
-		{"unknown", "nftables", "iptables", full, "", "", []string{`"nftables"`, "auto, ebpf, iptables or ipvs"}, true},
-		{"empty", "", "iptables", full, "", "", []string{`--mode ""`, "auto, ebpf, iptables or ipvs"}, true},
-		{"case matters, as in kube-proxy", "eBPF", "iptables", full, "", "", []string{"auto, ebpf, iptables or ipvs"}, true},
-		{"case matters for iptables too", "IPTables", "iptables", full, "", "", []string{"auto, ebpf, iptables or ipvs"}, true},
-		{"case matters for ipvs too", "IPVS", "iptables", full, "", "", []string{"auto, ebpf, iptables or ipvs"}, true},
+		{"unknown", "userspace", "iptables", full, "", "", []string{`"userspace"`, "auto, ebpf, iptables, ipvs or nftables"}, true},
+		{"nftables on a kernel that runs it, without the eBPF hooks", "nftables", "iptables", noRecvmsg, backendNFTables, causeRequested, []string{"--mode nftables"}, false},
+		{"nftables on a kernel older than 5.13", "nftables", "iptables", report("kernel 5.4.0-test is older than 5.13", nftables.Feature), "", "",
+			[]string{"--mode nftables", "older than 5.13", "--mode iptables"}, true},
+		{"auto with the automatic fallback runs nftables where the kernel does", "auto", "auto", noRecvmsg, backendNFTables, causeEBPFUnavailable,
+			[]string{"runs nftables", loader.FeatureRecvmsg}, false},
+		{"auto with the automatic fallback runs iptables on a kernel older than 5.13", "auto", "auto",
+			report("kernel 5.4.0-test is older than 5.13", loader.FeatureRecvmsg, nftables.Feature), backendIPTables, causeEBPFUnavailable,
+			[]string{"runs iptables", "older than 5.13", loader.FeatureRecvmsg}, false},
+		{"auto with the automatic fallback runs eBPF where it can", "auto", "auto", full, backendEBPF, causeEBPFSupported, nil, false},
+		{"auto falls back to nftables", "auto", "nftables", noRecvmsg, backendNFTables, causeEBPFUnavailable,
+			[]string{"--fallback-mode nftables", loader.FeatureRecvmsg}, false},
+		{"empty", "", "iptables", full, "", "", []string{`--mode ""`, "auto, ebpf, iptables, ipvs or nftables"}, true},
+		{"case matters, as in kube-proxy", "eBPF", "iptables", full, "", "", []string{"auto, ebpf, iptables, ipvs or nftables"}, true},
+		{"case matters for iptables too", "IPTables", "iptables", full, "", "", []string{"auto, ebpf, iptables, ipvs or nftables"}, true},
+		{"case matters for ipvs too", "IPVS", "iptables", full, "", "", []string{"auto, ebpf, iptables, ipvs or nftables"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := chooseDataplane(tc.mode, tc.fallback, tc.report)

@@ -128,7 +128,7 @@ type modeLeftovers struct {
 // look for their state (the eBPF mode's pins first: a kpr that switched
 // to it has them before it removed the other modes' state). Each row is in
 // the backend's file.
-var modes = []mode{ebpfMode, iptablesMode, ipvsMode}
+var modes = []mode{ebpfMode, iptablesMode, ipvsMode, nftablesMode}
 
 // modeOf is the row of backend b; nil if this build has none.
 func modeOf(b backend) *mode {

@@ -22,7 +22,7 @@ import (
 // remove what it leaves and an inspector. A row missing one would fail
 // only on the node that needs it.
 func TestEveryModeHasAWholeRow(t *testing.T) {
-	for _, b := range []backend{backendEBPF, backendIPTables, backendIPVS} {
+	for _, b := range []backend{backendEBPF, backendIPTables, backendIPVS, backendNFTables} {
 		m := modeOf(b)
 		if m == nil {
 			t.Errorf("mode %s has no row", b)
@@ -36,10 +36,10 @@ func TestEveryModeHasAWholeRow(t *testing.T) {
 			t.Errorf("mode %s can be refused but does not say what to run instead", b)
 		}
 	}
-	if got := modeNames(false, modeAuto); got != "auto, ebpf, iptables or ipvs" {
+	if got := modeNames(false, modeAuto); got != "auto, ebpf, iptables, ipvs or nftables" {
 		t.Errorf("modeNames = %q", got)
 	}
-	if got := modeNames(true); got != "iptables or ipvs" {
+	if got := modeNames(true); got != "iptables, ipvs or nftables" {
 		t.Errorf("fallback modeNames = %q", got)
 	}
 }

@@ -84,8 +84,8 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.mode, "mode", modeAuto, "dataplane: auto (eBPF where the kernel runs it, else --fallback-mode), ebpf, iptables or ipvs")
-	fl.StringVar(&f.fallbackMode, "fallback-mode", defaultFallback, "dataplane --mode auto runs where the eBPF one cannot run (\"kpr probe\" says why): iptables or ipvs")
+	fl.StringVar(&f.mode, "mode", modeAuto, "dataplane: auto (eBPF where the kernel runs it, else --fallback-mode), ebpf, iptables, ipvs or nftables")
+	fl.StringVar(&f.fallbackMode, "fallback-mode", defaultFallback, "dataplane --mode auto runs where the eBPF one cannot run (kpr probe says why): auto (nftables where the kernel supports it, 5.13 or later, else iptables), iptables, ipvs or nftables")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster config")
 	fl.StringVar(&f.hostnameOverride, "hostname-override", "", "this node's name in the API; default: the hostname")
 	fl.DurationVar(&f.minSyncPeriod, "min-sync-period", 0, "least time between two syncs; changes arriving meanwhile are coalesced")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kpr-io/kpr/iptables-compat/ipvs"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/iptables-compat/nftables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/cluster"
 	"github.com/kpr-io/kpr/tests/harness"
@@ -33,6 +34,9 @@ type dataMode struct {
 	// ipvs says kpr serves Services through IPVS virtual servers, with
 	// iptables only around them.
 	ipvs bool
+	// nftables says kpr serves Services through its nftables table
+	// (inet kpr); variant is then only the node's other rules'.
+	nftables bool
 }
 
 // The modes. The eBPF one runs under the default --mode auto, which
@@ -42,14 +46,15 @@ var (
 	modeIPTablesNFT    = dataMode{name: "iptables-nft", args: []string{"--mode", "iptables"}, variant: "nft"}
 	modeIPTablesLegacy = dataMode{name: "iptables-legacy", args: []string{"--mode", "iptables"}, variant: "legacy"}
 	modeIPVS           = dataMode{name: "ipvs", args: []string{"--mode", "ipvs"}, variant: "nft", ipvs: true}
-	allModes           = []dataMode{modeEBPF, modeIPTablesNFT, modeIPTablesLegacy, modeIPVS}
+	modeNFTables       = dataMode{name: "nftables", args: []string{"--mode", "nftables"}, variant: "nft", nftables: true}
+	allModes           = []dataMode{modeEBPF, modeIPTablesNFT, modeIPTablesLegacy, modeIPVS, modeNFTables}
 )
 
 // ebpf says kpr translates in its BPF programs, with no netfilter rule.
 func (m dataMode) ebpf() bool { return m.variant == "" }
 
 // iptables says kpr serves Services through iptables DNAT rules.
-func (m dataMode) iptables() bool { return m.variant != "" && !m.ipvs }
+func (m dataMode) iptables() bool { return m.variant != "" && !m.ipvs && !m.nftables }
 
 // available says why this machine cannot run m, "" if it can.
 func (m dataMode) unavailable() string {
@@ -62,6 +67,11 @@ func (m dataMode) unavailable() string {
 	for _, bin := range []string{m.tool("iptables", "restore"), m.tool("iptables", "save"), m.tool("ip6tables", "restore")} {
 		if _, err := exec.LookPath(bin); err != nil {
 			return fmt.Sprintf("%s is not installed: %v", bin, err)
+		}
+	}
+	if m.nftables {
+		if err := nftables.Available(""); err != nil {
+			return "the nftables mode cannot run on this machine: " + err.Error()
 		}
 	}
 	if m.ipvs {
@@ -163,6 +173,16 @@ func (f *fixture) inNode(bin string, stdin []byte, args ...string) ([]byte, erro
 	return out.Bytes(), nil
 }
 
+// nftList is kpr's nftables table in the node, as nft lists it.
+func (f *fixture) nftList(t *testing.T) string {
+	t.Helper()
+	out, err := f.inNode("nft", nil, "list", "table", string(nftables.Family), nftables.TableName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
 // iptablesSave is the node's nat and filter tables of one family.
 func (f *fixture) iptablesSave(t *testing.T, v6 bool) string {
 	t.Helper()
@@ -192,6 +212,9 @@ func (f *fixture) hasFrontend(t *testing.T, addr netip.Addr) bool {
 			}
 		}
 		return false
+	case f.mode.nftables:
+		// A frontend is an element of a verdict map: "addr . tcp . 80 : ...".
+		return strings.Contains(f.nftList(t), " "+addr.Unmap().String()+" . ")
 	}
 	bits := 32
 	if !addr.Unmap().Is4() {

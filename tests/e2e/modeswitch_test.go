@@ -205,3 +205,62 @@ func hasModeChains(save string) bool {
 	}
 	return false
 }
+
+// TestModeSwitchNFTables moves one node through the nftables mode and
+// every other netfilter-free and netfilter mode it can run: eBPF to
+// nftables, to iptables, back to nftables and to eBPF. Each move leaves
+// nothing of the previous mode once the new one has synced (no pinned
+// maps, no inet kpr table, no KUBE-* chains), and the Service is served
+// throughout.
+func TestModeSwitchNFTables(t *testing.T) {
+	forEachMode(t, []dataMode{modeNFTables}, func(t *testing.T, nft dataMode) {
+		if why := modeEBPF.unavailable(); why != "" {
+			t.Skip(why)
+		}
+		start := nft
+		start.args = []string{"--mode", "ebpf"}
+		f := newModeFixture(t, start)
+		ns := f.namespace(t, "switch-nft")
+		svc := f.createService(t, kubeobj.Service(ns, "web", tcp80))
+		f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
+		vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+		waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+
+		hasTable := func() bool {
+			out, err := f.inNode("nft", nil, "list", "tables")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return strings.Contains(string(out), "table inet kpr\n")
+		}
+		serves := func() {
+			t.Helper()
+			waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+			requireServes(t, tcpWho, f.pod("pod-c").NetNS, vip, "pod-a", "pod-b")
+		}
+
+		f.switchMode(t, nft.args, "nftables")
+		f.waitGone(t, "pinned maps of the eBPF mode", func() bool {
+			_, err := os.Stat(filepath.Join(f.kpr.BPFRoot, "kpr_services"))
+			return err == nil
+		})
+		if !hasTable() {
+			t.Fatal("the nftables mode has no inet kpr table")
+		}
+		serves()
+
+		f.switchMode(t, modeIPTablesNFT.args, "iptables")
+		f.waitGone(t, "the inet kpr table of the nftables mode", hasTable)
+		serves()
+
+		f.switchMode(t, nft.args, "nftables")
+		f.waitGone(t, "KUBE-* chains of the iptables mode", func() bool {
+			return hasModeChains(f.iptablesSave(t, false)) || hasModeChains(f.iptablesSave(t, true))
+		})
+		serves()
+
+		f.switchMode(t, []string{"--mode", "ebpf"}, "ebpf")
+		f.waitGone(t, "the inet kpr table of the nftables mode", hasTable)
+		serves()
+	})
+}

@@ -56,8 +56,8 @@ func TestModesNotBuiltAreRefused(t *testing.T) {
 		flags []string
 		want  string
 	}{
-		{[]string{"--mode", "userspace"}, "want auto, ebpf, iptables or ipvs"},
-		{[]string{"--fallback-mode", "ebpf"}, "want iptables or ipvs"},
+		{[]string{"--mode", "userspace"}, "want auto, ebpf, iptables, ipvs or nftables"},
+		{[]string{"--fallback-mode", "ebpf"}, "want auto, iptables, ipvs or nftables"},
 	} {
 		// No kubeconfig and no API server: the mode is refused first.
 		args := append([]string{"run", "--hostname-override", "n",

@@ -272,6 +272,10 @@ func testAffinity(t *testing.T, f *fixture, ns string) {
 		if save := f.iptablesSave(t, false); !strings.Contains(save, "--seconds 600") {
 			t.Errorf("no rule of the iptables tables keeps affinity for 600 s:\n%s", save)
 		}
+	} else if f.mode.nftables {
+		if list := f.nftList(t); !strings.Contains(list, "timeout 10m") {
+			t.Errorf("no affinity set of kpr's nftables table keeps a client for 600 s:\n%s", list)
+		}
 	} else if f.mode.ipvs {
 		key := ipvs.ServiceKey{Addr: vip.Addr(), Proto: dataplane.TCP, Port: vip.Port()}
 		if vs := f.virtualServers(t)[key]; vs == nil || vs.Timeout != 600 {
@@ -398,6 +402,10 @@ func testIgnored(t *testing.T, f *fixture, ns string) {
 		if save := f.iptablesSave(t, false); strings.Contains(save, fmt.Sprintf(":%d", otherPort)) {
 			t.Errorf("the iptables tables have a backend of an ignored Service (port %d):\n%s", otherPort, save)
 		}
+	case f.mode.nftables:
+		if list := f.nftList(t); strings.Contains(list, fmt.Sprintf(":%d", otherPort)) {
+			t.Errorf("kpr's nftables table has a backend of an ignored Service (port %d):\n%s", otherPort, list)
+		}
 	case f.mode.ipvs:
 		for k, vs := range f.virtualServers(t) {
 			for b := range vs.Dests {
@@ -515,8 +523,8 @@ func testDualStack(t *testing.T, f *fixture, ns string) {
 	waitServes(t, tcpWho, f.node.NetNS, vip6, "pod-b", "pod-c")
 	requireServes(t, tcpWho, f.pod("pod-d").NetNS, vip6, "pod-b", "pod-c")
 
-	if f.mode.iptables() {
-		return // each family has tables of its own: no backend can be of the other
+	if f.mode.iptables() || f.mode.nftables {
+		return // each family has rules and maps of its own: no backend can be of the other
 	}
 	if f.mode.ipvs {
 		// IPVS can forward to a real server of the other family (a
@@ -561,12 +569,13 @@ func testNodePort(t *testing.T, f *fixture, ns string) {
 	onNodeIP := netip.AddrPortFrom(nodeIP.Addr(), nodePort)
 	onLoopback := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), nodePort)
 	waitServes(t, tcpWho, f.node.NetNS, onNodeIP, "pod-a", "pod-b")
-	if f.mode.ipvs {
+	if f.mode.ipvs || f.mode.nftables {
 		// IPVS does not forward packets from lo to other hosts, so the
 		// IPVS mode, as kube-proxy's, has no NodePort on 127.0.0.1
-		// (iptables-compat/ipvs, servable): nothing listens there.
+		// (iptables-compat/ipvs, servable), nor has the nftables mode, as
+		// kube-proxy's nftables mode has none: nothing listens there.
 		if err := dialErr(f.node.NetNS, onLoopback, false); !refused(err) {
-			t.Errorf("connect to %s from the node under the IPVS mode: %v, want ECONNREFUSED (no NodePort on loopback)", onLoopback, err)
+			t.Errorf("connect to %s from the node under the %s mode: %v, want ECONNREFUSED (no NodePort on loopback)", onLoopback, f.mode.name, err)
 		}
 	} else {
 		requireServes(t, tcpWho, f.node.NetNS, onLoopback, "pod-a", "pod-b")

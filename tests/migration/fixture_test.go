@@ -133,11 +133,11 @@ func (f *fixture) startKubeProxy(mode string) *kubeproxy.Process {
 }
 
 // startKPR starts `kpr run` for the node and waits for its first sync.
-func (f *fixture) startKPR() *kprproc.Process {
+func (f *fixture) startKPR(args ...string) *kprproc.Process {
 	f.t.Helper()
 	p, err := kprproc.Start(kprproc.Options{
 		Kubeconfig: f.infra.Cluster.KubeconfigPath, NodeName: f.nodeName,
-		CgroupRoot: f.cgroup.Path, HostNetNS: f.env.Node.NetNS.Path,
+		CgroupRoot: f.cgroup.Path, HostNetNS: f.env.Node.NetNS.Path, Args: args,
 	})
 	if err != nil {
 		f.t.Fatal(err)

@@ -140,3 +140,65 @@ func (f *fixture) waitKubeProxyRules(t *testing.T, mode string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestMigrationToNFTablesMode follows docs/migration.md from kube-proxy's
+// nftables mode to kpr's (as on a node where eBPF cannot run: forced
+// with --mode nftables) and back: flows opened through kube-proxy, and
+// then through kpr, pass every request while kube-proxy stops, kpr
+// starts, `kpr cleanup --kube-proxy` removes kube-proxy's table, and in
+// the rollback kube-proxy comes back and `kpr cleanup` removes kpr's.
+func TestMigrationToNFTablesMode(t *testing.T) {
+	f := newFixture(t)
+	kp := f.startKubeProxy("nftables")
+	viaKubeProxy := f.openFlows("kube-proxy nftables")
+	since := mark(viaKubeProxy)
+
+	if err := kp.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(settle)
+	kpr := f.startKPR("--mode", "nftables")
+	time.Sleep(settle)
+	t.Logf("kpr cleanup --kube-proxy:\n%s", f.cleanupKubeProxy())
+	time.Sleep(settle)
+	if left := f.kubeProxyState(); len(left) > 0 {
+		t.Fatalf("kube-proxy state left after the migration:\n%s", strings.Join(left, "\n"))
+	}
+	if out, err := f.inNode("nft", "list", "table", "inet", "kpr"); err != nil || !strings.Contains(out, "default/migrate") {
+		t.Fatalf("kpr's nftables table after the migration has no chain of the Service: %v\n%s", err, out)
+	}
+	if err := f.checkNewConnections(); err != nil {
+		t.Fatalf("new connections after the migration: %v\n%s", err, kpr.Log())
+	}
+	f.checkNoFailures(t, viaKubeProxy, since)
+	if t.Failed() {
+		return
+	}
+
+	viaKPR := f.openFlows("kpr nftables")
+	since = mark(viaKubeProxy, viaKPR)
+	kp = f.startKubeProxy("nftables")
+	f.waitKubeProxyRules(t, "nftables")
+	time.Sleep(settle)
+	if err := kpr.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(settle)
+	if out, err := f.inNode("nft", "list", "tables"); err != nil || strings.Contains(out, "table inet kpr\n") {
+		t.Errorf("kpr cleanup left kpr's nftables table behind: %v\n%s", err, out)
+	}
+	if err := f.checkNewConnections(); err != nil {
+		t.Fatalf("new connections after the rollback: %v\n%s", err, kp.LogTail())
+	}
+	f.checkNoFailures(t, viaKubeProxy, since)
+	f.checkNoFailures(t, viaKPR, since)
+	for _, fl := range append(viaKubeProxy, viaKPR...) {
+		ok, _, _ := fl.counts()
+		t.Logf("%s: %d requests", fl.name, ok)
+		_ = fl.finish()
+	}
+	if err := kp.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	f.cleanupKubeProxy()
+}

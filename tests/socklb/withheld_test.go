@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/kpr-io/kpr/iptables-compat/nftables"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/harness"
 )
@@ -193,8 +194,8 @@ func TestAutoModeFallsBackWhenAHookIsWithheld(t *testing.T) {
 	if err := loadsCgroupProgram(ebpf.AttachCGroupInet4Connect); !errors.Is(err, unix.EPERM) {
 		t.Errorf("after kpr probe, loading a connect4 program here: %v, want EPERM still", err)
 	}
-	if backend != "iptables" || cause != "ebpf-unavailable" {
-		t.Fatalf("with connect4 withheld, --mode auto picks %q (cause %q, %s), want the iptables fallback", backend, cause, reason)
+	if want := autoFallback(); backend != want || cause != "ebpf-unavailable" {
+		t.Fatalf("with connect4 withheld, --mode auto picks %q (cause %q, %s), want the %s fallback", backend, cause, reason, want)
 	}
 	if !strings.Contains(reason, loader.FeatureConnect) {
 		t.Fatalf("the fallback's reason does not name the withheld hook %q: %s", loader.FeatureConnect, reason)
@@ -202,6 +203,15 @@ func TestAutoModeFallsBackWhenAHookIsWithheld(t *testing.T) {
 	if strings.Contains(reason, loader.FeatureSendmsg) {
 		t.Fatalf("the reason names %q, which was not withheld: %s", loader.FeatureSendmsg, reason)
 	}
+}
+
+// autoFallback is what --mode auto runs here where eBPF cannot run:
+// nftables where the kernel (5.13 or later) and nft run it, else iptables.
+func autoFallback() string {
+	if nftables.Available("") == nil {
+		return "nftables"
+	}
+	return "iptables"
 }
 
 // kernelVersion is the running kernel's major and minor version.
@@ -227,8 +237,8 @@ func TestAutoModeFallsBackWhereBPFProgramsAreRefused(t *testing.T) {
 	backend, cause, reason := probeAutoWith(t, func(cmd *exec.Cmd) ([]byte, error) {
 		return outputUnderSeccomp(cmd, bpfProgLoad)
 	})
-	if backend != "iptables" || cause != "ebpf-unavailable" {
-		t.Fatalf("with BPF_PROG_LOAD refused, --mode auto picks %q (cause %q, %s), want the iptables fallback", backend, cause, reason)
+	if want := autoFallback(); backend != want || cause != "ebpf-unavailable" {
+		t.Fatalf("with BPF_PROG_LOAD refused, --mode auto picks %q (cause %q, %s), want the %s fallback", backend, cause, reason, want)
 	}
 	for _, want := range []string{loader.FeatureConnect, "did not permit"} {
 		if !strings.Contains(reason, want) {

@@ -1,0 +1,405 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"go.uber.org/zap"
+	"sigs.k8s.io/knftables"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+)
+
+// Options configure a Plane.
+type Options struct {
+	// NFT reaches kpr's table: knftables.New(Family, TableName) on a
+	// node, a knftables.Fake in tests; required.
+	NFT knftables.Interface
+	// Families are the IP families the Plane serves; a family left out
+	// gets no rules (its frontends are not served).
+	Families []netfilter.Family
+	// Conntrack removes the entries of UDP backends that left; nil
+	// skips it.
+	Conntrack netfilter.ConntrackCleaner
+	// Masquerade is kube-proxy's --masquerade-all and --cluster-cidr.
+	Masquerade netfilter.Masquerade
+	Log        *zap.Logger
+}
+
+// Plane is the nftables dataplane.Dataplane.
+type Plane struct {
+	nft       knftables.Interface
+	families  []netfilter.Family
+	conntrack netfilter.ConntrackCleaner
+	cfg       config
+	log       *zap.Logger
+
+	// programmed is what the table holds as far as this Plane wrote it.
+	programmed map[dataplane.ServicePortName]*dataplane.ServicePort
+	// rendered caches the rules of each programmed ServicePort; a
+	// ServicePort handed over never changes, so the pointer keys it.
+	rendered map[dataplane.ServicePortName]*renderedPort
+	// written is set once the Plane has written the whole table: until
+	// then a write rewrites it all, whatever an earlier process left.
+	written bool
+	// dirty is set by a failed call and cleared by a successful
+	// Reconcile: until then no drift check vouches for the table.
+	dirty bool
+}
+
+type renderedPort struct {
+	sp    *dataplane.ServicePort
+	rules map[netfilter.Family]*portRules
+}
+
+func (r *renderedPort) rulesOf(fam netfilter.Family) *portRules {
+	if r == nil {
+		return &portRules{}
+	}
+	return r.rules[fam]
+}
+
+var _ dataplane.Dataplane = (*Plane)(nil)
+
+// New returns a Plane; it reads and writes nothing until the first call.
+func New(o Options) (*Plane, error) {
+	if o.NFT == nil || len(o.Families) == 0 {
+		return nil, errors.New("nftables.New: Options need NFT and at least one family")
+	}
+	p := &Plane{
+		nft: o.NFT, families: slices.Clone(o.Families), conntrack: o.Conntrack, log: o.Log,
+		cfg:        config{masq: o.Masquerade},
+		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
+		rendered:   map[dataplane.ServicePortName]*renderedPort{},
+	}
+	slices.Sort(p.families)
+	p.families = slices.Compact(p.families)
+	if p.log == nil {
+		p.log = zap.NewNop()
+	}
+	return p, nil
+}
+
+// Apply writes the changed ServicePorts' chains, sets and map elements in
+// one transaction; everything else in the table is left as it is.
+func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
+	next := clone(p.programmed)
+	var changed []dataplane.ServicePortName
+	for n, sp := range changes {
+		if sp == nil {
+			if _, ok := next[n]; !ok {
+				continue // deleting what was never written
+			}
+			delete(next, n)
+		} else {
+			next[n] = sp
+		}
+		changed = append(changed, n)
+	}
+	if len(changed) == 0 {
+		return nil
+	}
+	return p.write(next, changed, false)
+}
+
+// Reconcile rewrites the whole table from all in one transaction and
+// deletes every chain, set and map of the table it does not render,
+// whoever left them.
+func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePort) error {
+	next := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+	for n, sp := range all {
+		if sp != nil {
+			next[n] = sp
+		}
+	}
+	var changed []dataplane.ServicePortName
+	for n := range next {
+		changed = append(changed, n)
+	}
+	for n := range p.programmed {
+		if _, ok := next[n]; !ok {
+			changed = append(changed, n)
+		}
+	}
+	return p.write(next, changed, true)
+}
+
+func clone(m map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane.ServicePortName]*dataplane.ServicePort {
+	out := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(m))
+	for n, sp := range m {
+		out[n] = sp
+	}
+	return out
+}
+
+// write brings the table from p.programmed to next in one transaction,
+// so that a packet meets either the old rules or the new, never a
+// ServicePort half-written, and a failed call leaves the table as it was.
+func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort, changed []dataplane.ServicePortName, full bool) error {
+	slices.SortFunc(changed, dataplane.ServicePortName.Compare)
+	nextRendered := make(map[dataplane.ServicePortName]*renderedPort, len(next))
+	for n, sp := range next {
+		if r := p.rendered[n]; r != nil && r.sp == sp {
+			nextRendered[n] = r
+		} else {
+			nextRendered[n] = render(sp, p.families, p.cfg)
+		}
+	}
+	ctx := context.Background()
+	tx := p.nft.NewTransaction()
+	if full || !p.written {
+		present, err := listTable(ctx, p.nft)
+		if err != nil {
+			p.dirty = true
+			return err
+		}
+		p.fullWrite(tx, nextRendered, present)
+	} else {
+		p.partialWrite(tx, p.rendered, nextRendered, changed)
+	}
+	if tx.NumOperations() > 0 {
+		if err := p.nft.Run(ctx, tx); err != nil {
+			p.dirty = true
+			return fmt.Errorf("write the nftables table %s %s: %w", Family, TableName, err)
+		}
+	}
+
+	var removed []dataplane.RemovedBackend
+	for _, n := range changed {
+		removed = append(removed, dataplane.RemovedUDPBackends(p.programmed[n], next[n])...)
+	}
+	p.programmed, p.rendered = next, nextRendered
+	if full {
+		p.dirty = false
+	}
+	p.written = true
+	netfilter.DeleteRemovedUDP(p.conntrack, removed, p.log)
+	return nil
+}
+
+func render(sp *dataplane.ServicePort, families []netfilter.Family, cfg config) *renderedPort {
+	r := &renderedPort{sp: sp, rules: map[netfilter.Family]*portRules{}}
+	for _, fam := range families {
+		r.rules[fam] = renderPort(sp, fam, cfg)
+	}
+	return r
+}
+
+// tableObjects are the names of the chains, sets and maps a table holds.
+type tableObjects struct {
+	chains, sets, maps []string
+}
+
+// listTable reads which objects kpr's table holds; none when it does not
+// exist yet.
+func listTable(ctx context.Context, nft knftables.Interface) (tableObjects, error) {
+	var out tableObjects
+	for _, l := range []struct {
+		typ string
+		to  *[]string
+	}{{"chain", &out.chains}, {"set", &out.sets}, {"map", &out.maps}} {
+		names, err := nft.List(ctx, l.typ)
+		if err != nil && !knftables.IsNotFound(err) {
+			return out, fmt.Errorf("list the %ss of the nftables table %s %s: %w", l.typ, Family, TableName, err)
+		}
+		*l.to = names
+	}
+	return out, nil
+}
+
+// ownedObjects are what the rendered ServicePorts own, in name order, so
+// that every full write is the same transaction.
+func (p *Plane) ownedObjects(rendered map[dataplane.ServicePortName]*renderedPort) (chains []chain, sets []famSet, elements []element) {
+	names := make([]dataplane.ServicePortName, 0, len(rendered))
+	for n := range rendered {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, dataplane.ServicePortName.Compare)
+	for _, n := range names {
+		for _, fam := range p.families {
+			r := rendered[n].rules[fam]
+			chains = append(chains, r.chains...)
+			for _, s := range r.sets {
+				sets = append(sets, famSet{s, fam})
+			}
+			elements = append(elements, r.elements...)
+		}
+	}
+	return chains, sets, elements
+}
+
+type famSet struct {
+	affinity
+	fam netfilter.Family
+}
+
+// fullWrite writes the whole table: every shared object flushed and
+// rewritten, every owned chain rewritten, and every object the table
+// holds (present) that the rendering does not have deleted.
+func (p *Plane) fullWrite(tx *knftables.Transaction, rendered map[dataplane.ServicePortName]*renderedPort, present tableObjects) {
+	base := baseChains(p.families)
+	maps := sharedMaps(p.families)
+	chains, sets, elements := p.ownedObjects(rendered)
+
+	tx.Add(&knftables.Table{})
+	want := map[string]bool{}
+	for _, m := range maps {
+		tx.Add(m)
+		tx.Flush(m)
+		want["map "+m.Name] = true
+	}
+	for _, s := range sets {
+		tx.Add(s.object(s.fam))
+		want["set "+s.name] = true
+	}
+	for _, c := range base {
+		tx.Add(c.object())
+		tx.Flush(&knftables.Chain{Name: c.name})
+		want["chain "+c.name] = true
+	}
+	for _, c := range chains {
+		tx.Add(&knftables.Chain{Name: c.name})
+		tx.Flush(&knftables.Chain{Name: c.name})
+		want["chain "+c.name] = true
+	}
+	var staleChains []string
+	for _, c := range present.chains {
+		if !want["chain "+c] {
+			staleChains = append(staleChains, c)
+			tx.Flush(&knftables.Chain{Name: c})
+		}
+	}
+	for _, c := range base {
+		addRules(tx, c.name, c.rules)
+	}
+	for _, c := range chains {
+		addRules(tx, c.name, c.rules)
+	}
+	for _, e := range elements {
+		tx.Add(e.object())
+	}
+	for _, c := range staleChains {
+		tx.Delete(&knftables.Chain{Name: c})
+	}
+	for _, s := range present.sets {
+		if !want["set "+s] {
+			tx.Delete(&knftables.Set{Name: s})
+		}
+	}
+	for _, m := range present.maps {
+		if !want["map "+m] {
+			tx.Delete(&knftables.Map{Name: m})
+		}
+	}
+}
+
+func addRules(tx *knftables.Transaction, chainName string, rules []string) {
+	for _, r := range rules {
+		tx.Add(&knftables.Rule{Chain: chainName, Rule: r})
+	}
+}
+
+func (e element) object() *knftables.Element {
+	return &knftables.Element{Map: e.m, Key: e.key, Value: []string{e.value}}
+}
+
+// partialWrite writes what differs between the renderings before and
+// now of the changed ServicePorts: their new sets and chains, their
+// changed chains rewritten, their map elements, and the chains and sets
+// they no longer own deleted. The shared chains are not touched.
+func (p *Plane) partialWrite(tx *knftables.Transaction, before, now map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName) {
+	var addSets []famSet
+	var newChains, rewrite []chain
+	var existing []string
+	var delElems, addElems []element
+	var goneChains, goneSets []string
+	for _, n := range changed {
+		for _, fam := range p.families {
+			old, cur := before[n].rulesOf(fam), now[n].rulesOf(fam)
+			oldChains := map[string][]string{}
+			for _, c := range old.chains {
+				oldChains[c.name] = c.rules
+			}
+			curChains := map[string]bool{}
+			for _, c := range cur.chains {
+				curChains[c.name] = true
+				rules, had := oldChains[c.name]
+				switch {
+				case !had:
+					newChains = append(newChains, c)
+					rewrite = append(rewrite, c)
+				case !slices.Equal(rules, c.rules):
+					existing = append(existing, c.name)
+					rewrite = append(rewrite, c)
+				}
+			}
+			for _, c := range old.chains {
+				if !curChains[c.name] {
+					goneChains = append(goneChains, c.name)
+				}
+			}
+			for _, s := range cur.sets {
+				if !slices.Contains(old.sets, s) {
+					addSets = append(addSets, famSet{s, fam})
+				}
+			}
+			for _, s := range old.sets {
+				if !slices.Contains(cur.sets, s) {
+					goneSets = append(goneSets, s.name)
+				}
+			}
+			oldElems := map[string]element{}
+			for _, e := range old.elements {
+				oldElems[e.id()] = e
+			}
+			curElems := map[string]bool{}
+			for _, e := range cur.elements {
+				curElems[e.id()] = true
+				if was, ok := oldElems[e.id()]; !ok || was.value != e.value {
+					if ok {
+						delElems = append(delElems, was)
+					}
+					addElems = append(addElems, e)
+				}
+			}
+			for _, e := range old.elements {
+				if !curElems[e.id()] {
+					delElems = append(delElems, e)
+				}
+			}
+		}
+	}
+	// Objects before what refers to them; elements deleted before the
+	// same key is added for another ServicePort; chains flushed before
+	// any is deleted, since one may jump to another.
+	for _, s := range addSets {
+		tx.Add(s.object(s.fam))
+	}
+	for _, c := range newChains {
+		tx.Add(&knftables.Chain{Name: c.name})
+	}
+	for _, c := range existing {
+		tx.Flush(&knftables.Chain{Name: c})
+	}
+	for _, c := range rewrite {
+		addRules(tx, c.name, c.rules)
+	}
+	for _, e := range delElems {
+		tx.Delete(e.object())
+	}
+	for _, e := range addElems {
+		tx.Add(e.object())
+	}
+	for _, c := range goneChains {
+		tx.Flush(&knftables.Chain{Name: c})
+	}
+	for _, c := range goneChains {
+		tx.Delete(&knftables.Chain{Name: c})
+	}
+	for _, s := range goneSets {
+		tx.Delete(&knftables.Set{Name: s})
+	}
+}
