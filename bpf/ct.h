@@ -58,7 +58,7 @@ volatile const enum ct_flags btf_ct_flags = CT_F_REPLIED;
 
 /* What the forward entry keeps of the flow's state, and a SNATed flow's
  * reply entry mirrors. */
-#define CT_F_STATE (CT_F_REPLIED | CT_F_FIN | CT_F_RST | CT_TCP_ESTABLISHED)
+#define CT_F_STATE (CT_F_REPLIED | CT_F_FIN | CT_F_RST | CT_TCP_ESTABLISHED | CT_F_FIN_FWD | CT_F_FIN_REPLY)
 
 /* ct_key_of fills key for the flow saddr:sport -> daddr:dport in one
  * direction; the caller's key is zeroed, so its padding hashes alike. */
@@ -84,6 +84,14 @@ static __always_inline int ct_assured(__u8 proto, __u8 flags)
 	if (proto == IPPROTO_TCP)
 		return (flags & CT_TCP_ESTABLISHED) == CT_TCP_ESTABLISHED;
 	return flags & CT_F_REPLIED;
+}
+
+/* Whether a TCP flow is over but for its closing time: reset, or closed by
+ * a FIN from each side (netfilter's CLOSE and TIME_WAIT, whose tuples a
+ * new connection may reuse). */
+static __always_inline int ct_closed(__u8 flags)
+{
+	return (flags & CT_F_RST) || (flags & (CT_F_FIN_FWD | CT_F_FIN_REPLY)) == (CT_F_FIN_FWD | CT_F_FIN_REPLY);
 }
 
 /* How long a flow lives after a packet, given what it has shown. A FIN
@@ -314,6 +322,8 @@ static __always_inline __u8 ct_seen(const struct pkt *p, __u8 dir)
 	if (p->proto != IPPROTO_TCP)
 		return 0;
 	f = (p->tcp_flags & TCP_FLAG_RST ? CT_F_RST : 0) | (p->tcp_flags & TCP_FLAG_FIN ? CT_F_FIN : 0);
+	if (p->tcp_flags & TCP_FLAG_FIN)
+		f |= dir == CT_DIR_FORWARD ? CT_F_FIN_FWD : CT_F_FIN_REPLY;
 	if (!(p->tcp_flags & TCP_FLAG_SYN))
 		f |= dir == CT_DIR_FORWARD ? CT_F_ACK_FWD : CT_F_ACK_REPLY;
 	return f;

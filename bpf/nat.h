@@ -93,13 +93,18 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
 /*
  * Whether a new flow may take the SNAT port of the flow whose reply entry
  * is held: one that never showed traffic both ways (a SYN answered by a
- * SYN-ACK and nothing more, spoofed or slow), or one that was reset.
+ * SYN-ACK and nothing more, spoofed or slow), or one that is over (reset,
+ * or closed by both sides) and only waits out its closing time.
  * netfilter's table drops such unassured entries first when it is full
- * (early drop); an established flow keeps its port.
+ * (early drop), and its NAT reuses the tuple of a connection in CLOSE or
+ * TIME_WAIT; an established, open flow keeps its port. Without the
+ * second, a client that opens a connection per request holds a port per
+ * request for ct_tcp_fin_s after each closes, and at a few hundred
+ * requests a second new flows find no port (the hostile benchmark).
  */
 static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 proto)
 {
-	return !ct_assured(proto, held->flags) || (held->flags & CT_F_RST);
+	return !ct_assured(proto, held->flags) || ct_closed(held->flags);
 }
 
 /*

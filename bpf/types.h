@@ -161,6 +161,8 @@ enum ct_flags {
 	CT_F_ACK_FWD = 16,	/* TCP: a segment without SYN came from the client
 				 * (its handshake ACK, or later) */
 	CT_F_ACK_REPLY = 32,	/* TCP: a segment without SYN came from the backend */
+	CT_F_FIN_FWD = 64,	/* TCP: the client sent a FIN */
+	CT_F_FIN_REPLY = 128,	/* TCP: the backend sent a FIN */
 };
 
 struct ct_key {

@@ -29,6 +29,8 @@ const (
 	ctFlagSNAT     = 8
 	ctFlagAckFwd   = 16
 	ctFlagAckReply = 32
+	ctFlagFinFwd   = 64
+	ctFlagFinReply = 128
 )
 
 // ConntrackFlow is one flow the tc programs translate, from its forward

@@ -18,7 +18,7 @@ func TestConntrackEnumsMatchTheObject(t *testing.T) {
 	want := map[string]map[string]uint64{
 		"ct_dir": {"CT_DIR_FORWARD": ctDirForward, "CT_DIR_REPLY": ctDirReply},
 		"ct_flags": {"CT_F_REPLIED": ctFlagReplied, "CT_F_FIN": ctFlagFin, "CT_F_RST": ctFlagRst, "CT_F_SNAT": ctFlagSNAT,
-			"CT_F_ACK_FWD": ctFlagAckFwd, "CT_F_ACK_REPLY": ctFlagAckReply},
+			"CT_F_ACK_FWD": ctFlagAckFwd, "CT_F_ACK_REPLY": ctFlagAckReply, "CT_F_FIN_FWD": ctFlagFinFwd, "CT_F_FIN_REPLY": ctFlagFinReply},
 	}
 	for name, values := range want {
 		var e *btf.Enum

@@ -258,6 +258,36 @@ func (l *lan) backendsOf(fe netip.Addr, port uint16) []netip.AddrPort {
 	return []netip.AddrPort{netip.AddrPortFrom(a, port)}
 }
 
+// A flow closed by both sides gives its SNAT port to the next new flow,
+// as netfilter's NAT reuses a tuple in TIME_WAIT: with two ports, a client
+// that opens and closes a connection per request goes on being served,
+// although each closed flow waits out its closing time (ct_tcp_fin_s).
+func TestClosedFlowsGiveUpTheirSNATPorts(t *testing.T) {
+	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61001}})
+	fe := netip.AddrPortFrom(nodeAddr(false), 30097)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
+	for i := 0; i < 6; i++ {
+		c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
+		if err != nil {
+			t.Fatalf("request %d: %v (counters %+v)", i, err, l.stats())
+		}
+		buf := make([]byte, 64)
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, err := c.Read(buf)
+		if err != nil || !strings.HasPrefix(string(buf[:n]), l.remote.Name) {
+			c.Close()
+			t.Fatalf("request %d: greeting %q, %v", i, buf[:n], err)
+		}
+		// The client closes; the echo server closes on its EOF: a FIN
+		// each way.
+		c.Close()
+		time.Sleep(200 * time.Millisecond)
+	}
+	if s := l.stats(); s.DropSnatPorts != 0 || s.SnatTakeover == 0 {
+		t.Errorf("counters %+v: want no drop for want of a port, and the closed flows' ports taken over", s)
+	}
+}
+
 // With two SNAT ports, two flows to the same backend get one each, a taken
 // port being skipped; a third flow finds none and is dropped, counted.
 func TestSNATPortsSurviveCollisions(t *testing.T) {
