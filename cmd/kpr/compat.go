@@ -37,6 +37,8 @@ type kubeProxyFlags struct {
 	// localhostNodePorts is --iptables-localhost-nodeports.
 	localhostNodePorts bool
 	showVersion        versionFlag
+	// modeNote says what kube-proxy's mode means to kpr, for the log.
+	modeNote string
 	// bindAddressHardFail makes a health or metrics server that cannot
 	// serve fatal; without it kpr tries again (serve.go).
 	bindAddressHardFail bool
@@ -163,18 +165,41 @@ func (f *exitFlag) Set(v string) error {
 	return fmt.Errorf("kube-proxy's --%s is a one-off job, not a daemon setting: %s", f.name, kubeProxyExitFlags[f.name])
 }
 
-// resolveProxyMode makes --proxy-mode the mode, unless --mode is given
-// too; it runs before the configuration file is applied, which it
-// overrides.
-func resolveProxyMode(k *kubeProxyFlags, f *runFlags, changed func(string) bool) error {
-	if !changed("proxy-mode") || k.proxyMode == "" {
-		return nil
+// resolveProxyMode settles what kube-proxy's mode (--proxy-mode, or the
+// file's mode, whichever applies; k.proxyMode holds it by now) means to
+// kpr. A kube-proxy mode names how kube-proxy programmed the node: for kpr
+// a netfilter mode (iptables, ipvs, nftables) names the fallback where
+// eBPF cannot run, so kpr runs --mode auto with that --fallback-mode
+// (kpr's own --mode and --fallback-mode, when given, win). Any other value
+// (ebpf, auto) is the mode. It returns the line to log about it, if any.
+func resolveProxyMode(k *kubeProxyFlags, f *runFlags, changed func(string) bool) (string, error) {
+	if k.proxyMode == "" {
+		return "", nil
+	}
+	if m := modeOf(backend(k.proxyMode)); m != nil && m.fallback {
+		if !changed("fallback-mode") {
+			f.fallbackMode = k.proxyMode
+		}
+		if changed("mode") {
+			return "", nil
+		}
+		return fmt.Sprintf("kube-proxy's mode %q names kpr's fallback: kpr runs the eBPF dataplane where the kernel has its hooks, "+
+			"and the %s mode where it does not (give --mode %s to run that everywhere)", k.proxyMode, k.proxyMode, k.proxyMode), nil
 	}
 	if changed("mode") && k.proxyMode != f.mode {
-		return fmt.Errorf("--mode %q and --proxy-mode %q disagree; give one of them", f.mode, k.proxyMode)
+		return "", fmt.Errorf("--mode %q and kube-proxy's mode %q disagree; give one of them", f.mode, k.proxyMode)
 	}
 	f.mode = k.proxyMode
-	return nil
+	return "", nil
+}
+
+// kubeProxyMode is the mode kube-proxy would run: the one whose section of
+// the file, and whose --*-sync-period flags, it reads.
+func (f *runFlags) kubeProxyMode() string {
+	if f.kubeProxy.proxyMode != "" {
+		return f.kubeProxy.proxyMode
+	}
+	return f.mode
 }
 
 // resolveKubeProxyFlags applies the other kube-proxy flags given (changed
@@ -192,7 +217,7 @@ func resolveKubeProxyFlags(k *kubeProxyFlags, f *runFlags, g *globalFlags, chang
 	sync, minSync := "iptables-sync-period", "iptables-min-sync-period"
 	syncVal, minSyncVal := k.iptablesSync, k.iptablesMinSync
 	otherSync, otherMinSync := "ipvs-sync-period", "ipvs-min-sync-period"
-	if f.mode == string(backendIPVS) {
+	if f.kubeProxyMode() == string(backendIPVS) {
 		sync, minSync, otherSync, otherMinSync = otherSync, otherMinSync, sync, minSync
 		syncVal, minSyncVal = k.ipvsSync, k.ipvsMinSync
 	}

@@ -75,9 +75,6 @@ func resolveSettings(f *runFlags, g *globalFlags, fs *pflag.FlagSet) (ignoredSet
 		}
 	}
 	changed := fs.Changed
-	if err := resolveProxyMode(k, f, changed); err != nil {
-		return ignored, err
-	}
 	if k.config != "" {
 		cfg, unknown, err := loadKubeProxyConfig(k.config)
 		if err != nil {
@@ -89,6 +86,9 @@ func resolveSettings(f *runFlags, g *globalFlags, fs *pflag.FlagSet) (ignoredSet
 		}
 	}
 	var err error
+	if k.modeNote, err = resolveProxyMode(k, f, changed); err != nil {
+		return ignored, err
+	}
 	ignored.flags, err = resolveKubeProxyFlags(k, f, g, changed)
 	return ignored, err
 }
@@ -230,17 +230,15 @@ func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFla
 	apply("ipvs-tcpfin-timeout", "ipvs.tcpFinTimeout", func() { f.ipvs.timeouts.TCPFin = cfg.IPVS.TCPFinTimeout.Duration })
 	apply("ipvs-udp-timeout", "ipvs.udpTimeout", func() { f.ipvs.timeouts.UDP = cfg.IPVS.UDPTimeout.Duration })
 	apply("nodeport-addresses", "nodePortAddresses", func() { f.nodePortAddresses = slices.Clone(cfg.NodePortAddresses) })
-	if !changed("mode") && !changed("proxy-mode") {
-		apply("mode", "mode", func() { f.mode = string(cfg.Mode) })
-	}
-	consume("mode")
+	// The file's mode is kube-proxy's, as --proxy-mode (resolveProxyMode).
+	apply("proxy-mode", "mode", func() { f.kubeProxy.proxyMode = string(cfg.Mode) })
 
 	// kube-proxy reads the sync periods of the section of its mode; kpr
 	// takes them from the same section. Those of the other sections are
 	// left, and named as unsupported if set.
 	section := "iptables" // kube-proxy's default mode, and the section kubeadm fills
 	syncPeriod, minSyncPeriod := cfg.IPTables.SyncPeriod, cfg.IPTables.MinSyncPeriod
-	switch f.mode {
+	switch f.kubeProxyMode() {
 	case string(backendIPVS):
 		section, syncPeriod, minSyncPeriod = "ipvs", cfg.IPVS.SyncPeriod, cfg.IPVS.MinSyncPeriod
 	case "nftables":

@@ -95,7 +95,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]any{
-		"mode": f.mode, "clusterCIDR": f.clusterCIDR, "nodePortAddresses": f.nodePortAddresses,
+		"mode": f.mode, "fallback": f.fallbackMode, "clusterCIDR": f.clusterCIDR, "nodePortAddresses": f.nodePortAddresses,
 		"syncPeriod": f.syncPeriod, "minSyncPeriod": f.minSyncPeriod,
 		"healthz": f.healthzAddr, "metrics": f.metricsAddr, "profiling": f.profiling,
 		"hostname": f.hostnameOverride, "kubeconfig": f.kubeconfig,
@@ -105,7 +105,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		"conntrackMaxPerCore": f.conntrack.maxPerCore, "conntrackEstablished": f.conntrack.tcpEstablished, "conntrackCloseWait": f.conntrack.tcpCloseWait,
 	}
 	want := map[string]any{
-		"mode": "iptables", "clusterCIDR": "10.244.0.0/16,fd00:244::/56", "nodePortAddresses": []string{"primary"},
+		"mode": "auto", "fallback": "iptables", "clusterCIDR": "10.244.0.0/16,fd00:244::/56", "nodePortAddresses": []string{"primary"},
 		"syncPeriod": 45 * time.Second, "minSyncPeriod": 2 * time.Second,
 		"healthz": "0.0.0.0:10266", "metrics": "127.0.0.1:10259", "profiling": true,
 		"hostname": "Node-7", "kubeconfig": "/var/lib/kube-proxy/kubeconfig.conf",
@@ -150,7 +150,7 @@ func TestConfigFileBeatsKubeProxyFlags(t *testing.T) {
 			f.hostnameOverride, f.kubeProxy.master, f.minSyncPeriod, g.logFormat)
 	}
 	// The file's values, where kube-proxy ignores the flags.
-	if f.mode != "iptables" || f.syncPeriod != 45*time.Second || f.healthzAddr != "0.0.0.0:10266" ||
+	if f.mode != "auto" || f.fallbackMode != "iptables" || f.syncPeriod != 45*time.Second || f.healthzAddr != "0.0.0.0:10266" ||
 		f.kubeconfig != "/var/lib/kube-proxy/kubeconfig.conf" || f.kubeProxy.qps != 20 ||
 		!reflect.DeepEqual(f.nodePortAddresses, []string{"primary"}) || f.metricsAddr != "127.0.0.1:10259" {
 		t.Errorf("a kube-proxy flag beat the file: mode %q sync %v healthz %q kubeconfig %q qps %v nodeports %q metrics %q",
@@ -174,9 +174,15 @@ func TestKubeProxyCommandLine(t *testing.T) {
 		flags   []string // the ignored flags' warning names these
 		wantErr string
 	}{
-		{name: "proxy-mode is the mode", args: []string{"--proxy-mode=iptables"},
-			check: func(f *runFlags, _ *globalFlags) bool { return f.mode == "iptables" }},
-		{name: "mode and proxy-mode disagree", args: []string{"run", "--mode=ebpf", "--proxy-mode=iptables"}, wantErr: "disagree"},
+		{name: "proxy-mode names the fallback", args: []string{"--proxy-mode=nftables"},
+			check: func(f *runFlags, _ *globalFlags) bool {
+				return f.mode == "auto" && f.fallbackMode == "nftables" && strings.Contains(f.kubeProxy.modeNote, "names kpr's fallback")
+			}},
+		{name: "kpr's mode and fallback win", args: []string{"run", "--mode=ebpf", "--fallback-mode=iptables", "--proxy-mode=ipvs"},
+			check: func(f *runFlags, _ *globalFlags) bool { return f.mode == "ebpf" && f.fallbackMode == "iptables" }},
+		{name: "proxy-mode ebpf is the mode", args: []string{"--proxy-mode=ebpf"},
+			check: func(f *runFlags, _ *globalFlags) bool { return f.mode == "ebpf" }},
+		{name: "mode and proxy-mode disagree", args: []string{"run", "--mode=iptables", "--proxy-mode=ebpf"}, wantErr: "disagree"},
 		{name: "-v 4 is debug", args: []string{"-v", "4"},
 			check: func(_ *runFlags, g *globalFlags) bool { return g.logLevel == "debug" }},
 		{name: "--v=2 stays info", args: []string{"--v=2"},
@@ -316,7 +322,7 @@ func TestVersionFlagAsKubeProxy(t *testing.T) {
 // TestUnderscoresSpellDashes: kube-proxy normalizes _ to - in flag names.
 func TestUnderscoresSpellDashes(t *testing.T) {
 	f, _, _, err := parseRun(t, "--proxy_mode=ipvs", "--ipvs_sync_period=5s", "--hostname_override=node-9")
-	if err != nil || f.mode != "ipvs" || f.syncPeriod != 5*time.Second || f.hostnameOverride != "node-9" {
+	if err != nil || f.mode != "auto" || f.fallbackMode != "ipvs" || f.syncPeriod != 5*time.Second || f.hostnameOverride != "node-9" {
 		t.Errorf("--proxy_mode, --ipvs_sync_period, --hostname_override: mode %q sync %v host %q (%v)", f.mode, f.syncPeriod, f.hostnameOverride, err)
 	}
 }

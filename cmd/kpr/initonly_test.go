@@ -23,7 +23,7 @@ func TestInitOnlySetsUpTheNodeAndExits(t *testing.T) {
 	}
 	ns := "/run/netns/" + namedns.ForTest(t, "kpr-init-")
 	root := newRootCommand()
-	args := []string{"--init-only", "--proxy-mode=iptables", "--host-netns", ns, "--bpf-root", t.TempDir(),
+	args := []string{"--init-only", "--mode=iptables", "--host-netns", ns, "--bpf-root", t.TempDir(),
 		"--conntrack-tcp-timeout-established=3h", "--conntrack-udp-timeout=47s",
 		"--kubeconfig=/nonexistent", "--hostname-override=node-init"}
 	root.SetArgs(kubeProxyArgs(args, root))

@@ -11,8 +11,8 @@ func TestIPVSSchedulerFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.mode != "ipvs" || f.ipvs.scheduler != "sh" {
-		t.Errorf("--proxy-mode=ipvs --ipvs-scheduler=sh gives mode %q scheduler %q, want ipvs and sh", f.mode, f.ipvs.scheduler)
+	if f.fallbackMode != "ipvs" || f.ipvs.scheduler != "sh" {
+		t.Errorf("--proxy-mode=ipvs --ipvs-scheduler=sh gives fallback %q scheduler %q, want ipvs and sh", f.fallbackMode, f.ipvs.scheduler)
 	}
 	if len(ignored.flags) != 0 {
 		t.Errorf("kpr says it ignores %q", ignored.flags)

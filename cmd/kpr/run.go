@@ -72,6 +72,9 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 			}
 			defer log.Sync()
 			log.Info("kpr starting", zap.String("version", versionString()))
+			if f.kubeProxy.modeNote != "" {
+				log.Info(f.kubeProxy.modeNote)
+			}
 			if !ignored.empty() {
 				log.Warn("kpr ignores these kube-proxy settings: it has no use for them", ignored.fields()...)
 			}
