@@ -95,6 +95,7 @@ type KprNatStats struct {
 	V4Mapped         uint64
 	SnatTakeover     uint64
 	DropInvalidSyn   uint64
+	IcmpTooBig       uint64
 }
 
 type KprRevNatValue struct {

@@ -23,6 +23,7 @@
 #include "pkt.h"
 #include "ct.h"
 #include "fib.h"
+#include "pmtu.h"
 
 /*
  * The source ports SNATed flows get, host byte order, set by the loader.
@@ -183,16 +184,29 @@ static __always_inline int snat_port(__u16 port)
  * is no such reply. */
 static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p)
 {
+	struct bpf_fib_lookup *fib = fib_room();
 	struct ct_key rkey = {};
 	struct ct_value *rev;
 	struct ct_value from;
+	long rc;
+	int ret;
 
+	if (!fib)
+		return -1; /* never: a per-CPU array's entry always exists */
 	ct_key_of(&rkey, p->saddr, p->sport, p->daddr, p->dport, p->proto, CT_DIR_REPLY);
 	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
 	if (!rev || !(rev->flags & CT_F_SNAT))
 		return -1;
 	from = *rev;
 	note_reply(rev, &from, p, from.nat_addr, from.nat_port);
+	/* A reply too big for the client's route is answered to the backend
+	 * (pmtu.h), as the backend sent it. */
+	rc = fib_route(skb, p, from.addr, from.nat_addr, fib);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		ret = pmtu_too_big(skb, p, fib);
+		if (ret != -1)
+			return ret;
+	}
 	/* To the client, from the frontend. */
 	if (rewrite(skb, p, 1, p->daddr, from.nat_addr, p->dport, from.nat_port) ||
 	    rewrite(skb, p, 0, p->saddr, from.addr, p->sport, from.port)) {
@@ -200,6 +214,6 @@ static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p
 		return TC_ACT_SHOT;
 	}
 	STAT_INC(reversed);
-	return fib_redirect(skb, p, from.addr, from.nat_addr);
+	return fib_send(skb, p, rc, fib);
 }
 

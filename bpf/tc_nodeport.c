@@ -33,7 +33,8 @@
  * of a new flow that ties the concerns together; each concern has a header:
  * lb.h the backend pick (the same code as the socket hooks'), ct.h the
  * conntrack, nat.h the rewrites and the SNAT, fib.h the routing and the
- * redirect, icmp.h the ICMP errors, pkt.h the parsed packet they all take.
+ * redirect, icmp.h the ICMP errors about flows, pmtu.h those kpr sends
+ * itself about a packet too big for its route, pkt.h the parsed packet they all take.
  * The maps are those of maps.h, shared with the other objects.
  */
 #include <linux/bpf.h>
@@ -54,6 +55,7 @@
 #include "fib.h"
 #include "nat.h"
 #include "icmp.h"
+#include "pmtu.h"
 
 /* The size of every Maglev table in kpr_maglev (a prime), set by the
  * loader from --maglev-table-size. */
@@ -292,6 +294,49 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 	return 0;
 }
 
+/* The DNAT of a packet to a frontend: to its flow's backend. Returns 0,
+ * or -1 (counted) when the packet must be dropped. */
+static __always_inline int dnat(struct __sk_buff *skb, const struct pkt *p, const struct ct_value *to)
+{
+	if (rewrite(skb, p, 1, p->daddr, to->addr, p->dport, to->port)) {
+		STAT_INC(drop_rewrite);
+		return -1;
+	}
+	STAT_INC(translated);
+	return 0;
+}
+
+/*
+ * A packet of a flow to a backend on another node, SNATed and sent on
+ * through kpr's redirect. A local backend is reached through the kernel's
+ * forwarding instead, which answers a packet too big for the pod's link
+ * itself (icmp_egress translates its error); here kpr answers that, and
+ * before the rewrite, so that the error quotes the packet as the client
+ * sent it (pmtu.h).
+ */
+static __always_inline int snat_forward(struct __sk_buff *skb, const struct pkt *p, const struct ct_value *to)
+{
+	struct bpf_fib_lookup *fib = fib_room();
+	long rc;
+	int ret;
+
+	if (!fib)
+		return TC_ACT_SHOT; /* never: a per-CPU array's entry always exists */
+	rc = fib_route(skb, p, to->nat_addr, to->addr, fib);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		ret = pmtu_too_big(skb, p, fib);
+		if (ret != -1)
+			return ret;
+	}
+	if (dnat(skb, p, to))
+		return TC_ACT_SHOT;
+	if (rewrite(skb, p, 0, p->saddr, to->nat_addr, p->sport, to->nat_port)) {
+		STAT_INC(drop_rewrite);
+		return TC_ACT_SHOT;
+	}
+	return fib_send(skb, p, rc, fib);
+}
+
 SEC("tc")
 int kpr_tc_ingress(struct __sk_buff *skb)
 {
@@ -365,18 +410,11 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 		if (ct_create(skb, &p, &fkey, &skey, master, &to, now))
 			return TC_ACT_SHOT;
 	}
-	if (rewrite(skb, &p, 1, p.daddr, to.addr, p.dport, to.port)) {
-		STAT_INC(drop_rewrite);
+	if (to.flags & CT_F_SNAT)
+		return snat_forward(skb, &p, &to);
+	if (dnat(skb, &p, &to))
 		return TC_ACT_SHOT;
-	}
-	STAT_INC(translated);
-	if (!(to.flags & CT_F_SNAT))
-		return TC_PASS; /* a local backend: the kernel routes it there */
-	if (rewrite(skb, &p, 0, p.saddr, to.nat_addr, p.sport, to.nat_port)) {
-		STAT_INC(drop_rewrite);
-		return TC_ACT_SHOT;
-	}
-	return fib_redirect(skb, &p, to.nat_addr, to.addr);
+	return TC_PASS; /* a local backend: the kernel routes it there */
 }
 
 /* Egress: a reply of a flow to a local backend (backend -> client) leaves

@@ -27,6 +27,8 @@ const (
 	TcNodeportMapKprSrcRanges      = "kpr_src_ranges"
 	TcNodeportMapKprTcAffinity     = "kpr_tc_affinity"
 	TcNodeportMapKprTcDevices      = "kpr_tc_devices"
+	TcNodeportMapKprTcFib          = "kpr_tc_fib"
+	TcNodeportMapKprTcPmtuScratch  = "kpr_tc_pmtu_scratch"
 	TcNodeportMapKprTcStats        = "kpr_tc_stats"
 	TcNodeportProgKprTcEgress      = "kpr_tc_egress"
 	TcNodeportProgKprTcIngress     = "kpr_tc_ingress"
@@ -105,6 +107,8 @@ type TcNodeportMapSpecs struct {
 	KprSrcRanges     *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
 	KprTcDevices     *ebpf.MapSpec `ebpf:"kpr_tc_devices"`
+	KprTcFib         *ebpf.MapSpec `ebpf:"kpr_tc_fib"`
+	KprTcPmtuScratch *ebpf.MapSpec `ebpf:"kpr_tc_pmtu_scratch"`
 	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
 
@@ -157,6 +161,8 @@ type TcNodeportMaps struct {
 	KprSrcRanges     *ebpf.Map `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
 	KprTcDevices     *ebpf.Map `ebpf:"kpr_tc_devices"`
+	KprTcFib         *ebpf.Map `ebpf:"kpr_tc_fib"`
+	KprTcPmtuScratch *ebpf.Map `ebpf:"kpr_tc_pmtu_scratch"`
 	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
 
@@ -173,6 +179,8 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprSrcRanges,
 		m.KprTcAffinity,
 		m.KprTcDevices,
+		m.KprTcFib,
+		m.KprTcPmtuScratch,
 		m.KprTcStats,
 	)
 }

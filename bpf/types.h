@@ -248,6 +248,9 @@ struct nat_stats {
 				 * had not shown traffic both ways */
 	__u64 drop_invalid_syn;	/* SYN with ACK, RST or FIN to a frontend, of
 				 * no flow kpr knows: opens none, dropped */
+	__u64 icmp_too_big;	/* ICMP errors kpr sent to a sender whose packet
+				 * did not fit the route kpr sends it on:
+				 * fragmentation needed, or packet too big */
 };
 
 /*

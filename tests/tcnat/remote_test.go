@@ -38,6 +38,15 @@ var node2Addrs = []netip.Prefix{netip.MustParsePrefix("192.168.100.11/24"), neti
 
 func newLAN(t *testing.T, tcOpts loader.TCOptions) *lan {
 	t.Helper()
+	l := buildLAN(t)
+	l.load(t, tcOpts, extDev)
+	return l
+}
+
+// buildLAN makes the namespaces, links, routes and the remote pod, without
+// kpr.
+func buildLAN(t *testing.T) *lan {
+	t.Helper()
 	harness.RequireRoot(t)
 	l := &lan{}
 	var err error
@@ -93,9 +102,14 @@ func newLAN(t *testing.T, tcOpts loader.TCOptions) *lan {
 		waitReachable(t, l.client.NetNS, a.Addr())
 	}
 
-	// The devices are found in the namespace TCOptions.NetNS names, as
-	// `kpr run --host-netns` has it.
-	tcOpts.Devices, tcOpts.NetNS = []string{extDev}, l.node1.NetNS.Path
+	return l
+}
+
+// load attaches kpr's programs to node1's devices. The devices are found
+// in the namespace TCOptions.NetNS names, as `kpr run --host-netns` has it.
+func (l *lan) load(t *testing.T, tcOpts loader.TCOptions, devices ...string) {
+	t.Helper()
+	tcOpts.Devices, tcOpts.NetNS = devices, l.node1.NetNS.Path
 	loaded := loadDataplane(t, newBPFRoot(t), &tcOpts)
 	tc := loaded.TC
 	lb, err := maps.New(loaded.Maps)
@@ -103,7 +117,6 @@ func newLAN(t *testing.T, tcOpts loader.TCOptions) *lan {
 		t.Fatal(err)
 	}
 	l.progs = &progs{t: t, loaded: loaded, lb: lb, ingress: tc.Ingress, egress: tc.Egress}
-	return l
 }
 
 // plugInto moves node's uplink peer into the client namespace, named name,
