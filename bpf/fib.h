@@ -9,6 +9,7 @@
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
+#include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
 #include <linux/pkt_cls.h>
@@ -130,11 +131,34 @@ static __always_inline int dec_ttl(struct __sk_buff *skb, const struct pkt *p)
 }
 
 /*
+ * The L3 length of the segments of a GSO packet (TCP or UDP), which is
+ * what must fit a route, or 0 for a packet that is not GSO. The kernel's
+ * own check of a redirected skb (is_skb_forwardable) lets every GSO packet
+ * pass, whatever its segments: a device that segments it then sends them
+ * too big. Linux 5.7 gave __sk_buff gso_size.
+ */
+static __always_inline __u32 fib_gso_seglen(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 gso_size = skb->gso_size;
+	__u8 doff = 0;
+
+	if (!gso_size)
+		return 0;
+	if (p->proto != IPPROTO_TCP)
+		return p->l4_off - p->l3_off + 8 + gso_size;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 12, &doff, 1))
+		return 0;
+	return p->l4_off - p->l3_off + (doff >> 4) * 4 + gso_size;
+}
+
+/*
  * The route of a packet once it is translated to src -> dst, looked up
  * before it is rewritten: a packet that does not fit the route is answered
- * about as its sender sent it (pmtu.h). tot_len 0: the helper checks the skb
- * against the egress device's MTU, GSO-aware (a GSO packet fits when its
- * segments do), and from Linux 5.12 returns that MTU in mtu_result.
+ * about as its sender sent it (pmtu.h). A packet that is not GSO is looked
+ * up with tot_len 0: the helper checks the skb against the egress device's
+ * MTU, and from Linux 5.12 returns that MTU in mtu_result. A GSO packet is
+ * looked up with the length of its segments, checked against the route's
+ * MTU.
  */
 static __always_inline long fib_route(struct __sk_buff *skb, const struct pkt *p,
 				      const __u32 src[4], const __u32 dst[4], struct bpf_fib_lookup *fib)
@@ -142,6 +166,7 @@ static __always_inline long fib_route(struct __sk_buff *skb, const struct pkt *p
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib_addrs(fib, p, src, dst);
 	fib->ifindex = skb->ingress_ifindex;
+	fib->tot_len = fib_gso_seglen(skb, p);
 	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 }
 

@@ -70,6 +70,11 @@ func newNarrowLAN(t *testing.T) *lan {
 			t.Fatal(err)
 		}
 	}
+	// A veth passes a GSO packet on whole, whatever its MTU, where a NIC
+	// would send its segments: without segmentation offload, node1's end
+	// segments what leaves through it, and the peer drops the segments
+	// that do not fit, as the next hop of a real link would.
+	setSegmentationOffload(t, l.node1.NetNS, narrowDev, false)
 	// node2's pods are reached over the narrow link now.
 	for i, dst := range []string{"10.244.1.0/24", "fd00:244:1::/64"} {
 		p := netip.MustParsePrefix(dst)
