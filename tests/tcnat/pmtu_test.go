@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -143,6 +144,67 @@ func TestPathMTUToBackendOnAnotherNode(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A GSO packet whose segments do not fit the route is answered like a
+// packet that does not fit: the kernel's own check of a redirected packet
+// lets every GSO packet pass, whatever its segments. The client sends UDP
+// GSO trains (UDP_SEGMENT, one skb of ten 1400-byte datagrams, with DF),
+// so every packet the programs see is GSO: only the check of its segments'
+// length makes the error that teaches the client the path MTU.
+func TestPathMTUForGSOPacketsToBackendOnAnotherNode(t *testing.T) {
+	l := newNarrowLAN(t)
+	for _, fe := range []netip.AddrPort{netip.MustParseAddrPort("203.0.113.22:53"), netip.MustParseAddrPort("[2001:db8::22]:53")} {
+		t.Run(fe.Addr().String(), func(t *testing.T) {
+			l.upsert(dataplane.ExternalIP, maps.ScopeInternal, fe, dataplane.UDP, l.backendsOf(fe.Addr(), udpPort)...)
+			c := dialGSO(t, l.client.NetNS, fe)
+			train := make([]byte, 10*1400)
+			learnt := eventually(5*time.Second, func() bool {
+				// EMSGSIZE once the path MTU is learnt: the socket's
+				// segments no longer fit.
+				_, _ = c.Write(train)
+				return cachedPathMTU(t, l.client.NetNS, fe.Addr()) == narrowMTU
+			})
+			if !learnt {
+				t.Errorf("the client's route to %s has path MTU %d, want the narrow link's %d (counters %+v)",
+					fe.Addr(), cachedPathMTU(t, l.client.NetNS, fe.Addr()), narrowMTU, l.stats())
+			}
+		})
+	}
+}
+
+// dialGSO is a UDP socket in ns connected to fe that sends 1400-byte
+// segments, with DF (path MTU discovery on).
+func dialGSO(t *testing.T, ns *harness.NetNS, fe netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	err := harness.Do(ns, func() (err error) {
+		c, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(fe))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		if fe.Addr().Is6() {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
+		} else {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+		}
+		if serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT, 1400)
+		}
+	})
+	if err != nil || serr != nil {
+		t.Fatalf("UDP GSO socket to %s: %v, %v", fe, err, serr)
+	}
+	return c
 }
 
 // cachedPathMTU is the MTU the kernel in ns holds for its route to dst: a
