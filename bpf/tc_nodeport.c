@@ -34,7 +34,8 @@
  * lb.h the backend pick (the same code as the socket hooks'), ct.h the
  * conntrack, nat.h the rewrites and the SNAT, fib.h the routing and the
  * redirect, icmp.h the ICMP errors about flows, pmtu.h those kpr sends
- * itself about a packet too big for its route, pkt.h the parsed packet they all take.
+ * itself about a packet too big for its route, pkt.h the parsed packet
+ * they all take.
  * The maps are those of maps.h, shared with the other objects.
  */
 #include <linux/bpf.h>
