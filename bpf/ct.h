@@ -162,7 +162,8 @@ static __always_inline int tcp_plain_syn(__u8 tcp_flags)
 struct tcp_seg {
 	__u32 seq;
 	__u32 ack;
-	__u32 win;	/* the window field, unscaled */
+	__u16 win;	/* the window field, unscaled (16 bits: keeps the
+			 * struct at 12 bytes, as the ingress stack is tight) */
 	__u8 wscale;	/* a SYN's window scale option, or one of: */
 	__u8 ok;	/* the segment was read */
 };
@@ -285,7 +286,7 @@ static __always_inline void ct_win_note(struct ct_value *e, const struct pkt *p,
 	if (!seg->ok || !(e->win_flags & CT_W_KNOWN) || (p->tcp_flags & (TCP_FLAG_ACK | TCP_FLAG_RST)) != TCP_FLAG_ACK)
 		return;
 	/* A SYN's window is never scaled. */
-	win = seg->win << (p->tcp_flags & TCP_FLAG_SYN ? 0 : (e->wscale & 0xf));
+	win = (__u32)seg->win << (p->tcp_flags & TCP_FLAG_SYN ? 0 : (e->wscale & 0xf));
 	if (!(e->win_flags & CT_W_ACK)) {
 		e->ack = seg->ack;
 		e->max_win = win;
@@ -468,13 +469,16 @@ static __always_inline int ct_forward_seen(struct __sk_buff *skb, struct ct_valu
  * A reply passed: the forward entry learns what it shows that the reply
  * entry has not passed on yet (the first reply, the backend's first segment
  * without SYN, which completes the handshake), and of every FIN or RST,
- * which shorten its lifetime. rev is the reply entry, from its copy;
- * client the flow's client. Returns -1 for a RST or FIN outside the
- * client's window (counted), which changes nothing and is dropped.
+ * which shorten its lifetime. rev is the reply entry, from its copy; the
+ * flow's client is the address and port the reply goes to, or those the
+ * flow was SNATed from. Returns -1 for a RST or FIN outside the client's
+ * window (counted), which changes nothing and is dropped.
  */
 static __always_inline int note_reply(struct __sk_buff *skb, struct ct_value *rev, const struct ct_value *from,
-				      const struct pkt *p, const __u32 client[4], __u16 client_port)
+				      const struct pkt *p)
 {
+	const __u32 *client = from->flags & CT_F_SNAT ? from->nat_addr : p->daddr;
+	__u16 client_port = from->flags & CT_F_SNAT ? from->nat_port : p->dport;
 	struct ct_key fkey = {};
 	struct ct_value *fwd;
 	struct tcp_seg seg = {};

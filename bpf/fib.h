@@ -9,6 +9,7 @@
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
+#include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
 #include <linux/pkt_cls.h>
@@ -37,6 +38,22 @@ static __always_inline int is_kpr_device(__u32 ifindex)
 	return bpf_map_lookup_elem(&kpr_tc_devices, &ifindex) != NULL;
 }
 
+/* Room for a route lookup, which the programs' stack has none left for
+ * (pmtu.h says why). One per CPU; not pinned: the programs hold it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct bpf_fib_lookup);
+	__uint(max_entries, 1);
+} kpr_tc_fib SEC(".maps");
+
+static __always_inline struct bpf_fib_lookup *fib_room(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&kpr_tc_fib, &zero);
+}
+
 static __always_inline void fib_addrs(struct bpf_fib_lookup *fib, const struct pkt *p,
 				      const __u32 src[4], const __u32 dst[4])
 {
@@ -60,32 +77,35 @@ static __always_inline void fib_addrs(struct bpf_fib_lookup *fib, const struct p
 static __always_inline int backend_remote(struct __sk_buff *skb, const struct pkt *p,
 					  const struct backend *be, __u32 snat[4])
 {
-	struct bpf_fib_lookup fib = {};
+	struct bpf_fib_lookup *fib = fib_room();
 	struct tc_device *dev;
 	long rc;
 
-	fib_addrs(&fib, p, p->saddr, be->addr);
-	fib.ifindex = skb->ingress_ifindex;
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
+	if (!fib)
+		return 0; /* never: a per-CPU array's entry always exists */
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib_addrs(fib, p, p->saddr, be->addr);
+	fib->ifindex = skb->ingress_ifindex;
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
 	if (rc >= 0) {
-		if (rc != BPF_FIB_LKUP_RET_SUCCESS || !is_kpr_device(fib.ifindex))
+		if (rc != BPF_FIB_LKUP_RET_SUCCESS || !is_kpr_device(fib->ifindex))
 			return 0; /* the kernel decides, after the DNAT */
 		if (p->v6)
-			__builtin_memcpy(snat, fib.ipv6_src, 16);
+			__builtin_memcpy(snat, fib->ipv6_src, 16);
 		else
-			addr_from_v4(snat, fib.ipv4_src);
+			addr_from_v4(snat, fib->ipv4_src);
 		return 1;
 	}
 	/* Before Linux 6.7 the kernel refuses those flags (-EINVAL): look the
 	 * route up plainly, and SNAT to the node's address on the device it
 	 * leaves through, as the loader recorded it. */
-	__builtin_memset(&fib, 0, sizeof(fib));
-	fib_addrs(&fib, p, p->saddr, be->addr);
-	fib.ifindex = skb->ingress_ifindex;
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib_addrs(fib, p, p->saddr, be->addr);
+	fib->ifindex = skb->ingress_ifindex;
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return 0;
-	dev = bpf_map_lookup_elem(&kpr_tc_devices, &fib.ifindex);
+	dev = bpf_map_lookup_elem(&kpr_tc_devices, &fib->ifindex);
 	if (!dev)
 		return 0;
 	addr_copy(snat, p->v6 ? dev->addr6 : dev->addr4);
@@ -111,32 +131,87 @@ static __always_inline int dec_ttl(struct __sk_buff *skb, const struct pkt *p)
 }
 
 /*
- * Send a translated packet (now src -> dst) on its way through a FIB lookup
- * and a redirect to the device it routes to. Whatever the lookup cannot
- * settle (fragmentation needed, no route, TTL expiring) goes to the
- * kernel's own forwarding, which sends the ICMP errors.
+ * The L3 length of the segments of a GSO packet (TCP or UDP), which is
+ * what must fit a route, or 0 for a packet that is not GSO. The kernel's
+ * own check of a redirected skb (is_skb_forwardable) lets every GSO packet
+ * pass, whatever its segments: a device that segments it then sends them
+ * too big. Linux 5.7 gave __sk_buff gso_size.
  */
-static __always_inline int fib_redirect(struct __sk_buff *skb, const struct pkt *p,
-					const __u32 src[4], const __u32 dst[4])
+static __always_inline __u32 fib_gso_seglen(struct __sk_buff *skb, const struct pkt *p)
 {
-	struct bpf_fib_lookup fib = {};
-	long rc;
+	__u32 gso_size = skb->gso_size;
+	__u8 doff = 0;
 
-	fib_addrs(&fib, p, src, dst);
-	fib.ifindex = skb->ingress_ifindex;
-	/* tot_len 0: the helper checks the skb against the egress MTU,
-	 * GSO-aware. */
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (!gso_size)
+		return 0;
+	if (p->proto != IPPROTO_TCP)
+		return p->l4_off - p->l3_off + 8 + gso_size;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 12, &doff, 1))
+		return 0;
+	return p->l4_off - p->l3_off + (doff >> 4) * 4 + gso_size;
+}
+
+/*
+ * The route of a packet once it is translated to src -> dst, looked up
+ * before it is rewritten: a packet that does not fit the route is answered
+ * about as its sender sent it (pmtu.h). A packet that is not GSO is looked
+ * up with tot_len 0: the helper checks the skb against the egress device's
+ * MTU, and from Linux 5.12 returns that MTU in mtu_result. A GSO packet is
+ * looked up with the length of its segments, checked against the route's
+ * MTU.
+ */
+static __always_inline long fib_route(struct __sk_buff *skb, const struct pkt *p,
+				      const __u32 src[4], const __u32 dst[4], struct bpf_fib_lookup *fib)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib_addrs(fib, p, src, dst);
+	fib->ifindex = skb->ingress_ifindex;
+	fib->tot_len = fib_gso_seglen(skb, p);
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+}
+
+/*
+ * The MTU of the route fib_route found (fib, which it overwrites), for a
+ * kernel whose lookup does not return it (before 5.12): the largest L3
+ * length the lookup, given it as tot_len, does not call too big, found bit
+ * by bit into *mtu. The lookup's inputs but the device are still in fib.
+ * Only a packet that does not fit pays for it; *mtu stays 0 when no length
+ * fits. *mtu must be map memory: there the verifier tracks no value, so
+ * that the 16 lookups verify as one path each rather than 2^16 of them.
+ */
+static __always_inline void fib_mtu(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u32 *mtu)
+{
+	__u32 bit;
+	int i;
+
+	*mtu = 0;
+	for (i = 15; i >= 0; i--) {
+		bit = 1U << i;
+		fib->ifindex = skb->ingress_ifindex;
+		fib->tot_len = *mtu | bit;
+		if (bpf_fib_lookup(skb, fib, sizeof(*fib), 0) != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+			*mtu |= bit;
+	}
+}
+
+/*
+ * Send a translated packet on its way, to where fib_route (verdict rc)
+ * said, through a redirect. Whatever the lookup cannot settle (no route,
+ * TTL expiring, and a packet too big that pmtu.h did not answer) goes to
+ * the kernel's own forwarding, which sends the ICMP errors it can.
+ */
+static __always_inline int fib_send(struct __sk_buff *skb, const struct pkt *p, long rc,
+				    const struct bpf_fib_lookup *fib)
+{
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return TC_PASS;
 	if (dec_ttl(skb, p))
 		return TC_PASS;
 	STAT_INC(redirected);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
-		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
-	if (bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0) ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0))
+		return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
+	if (bpf_skb_store_bytes(skb, 0, fib->dmac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, fib->smac, ETH_ALEN, 0))
 		return TC_ACT_SHOT;
-	return bpf_redirect(fib.ifindex, 0);
+	return bpf_redirect(fib->ifindex, 0);
 }
-

@@ -101,6 +101,7 @@ type KprNatStats struct {
 	DropInvalidSyn   uint64
 	DropOutOfWindow  uint64
 	DropReplyTaken   uint64
+	IcmpTooBig       uint64
 }
 
 type KprRevNatValue struct {

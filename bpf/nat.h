@@ -23,6 +23,7 @@
 #include "pkt.h"
 #include "ct.h"
 #include "fib.h"
+#include "pmtu.h"
 
 /*
  * The source ports SNATed flows get, host byte order, set by the loader.
@@ -117,18 +118,18 @@ static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 pr
 static __always_inline int snat_take_over(struct ct_key *rkey, const struct ct_value *rev)
 {
 	struct ct_key fkey = {};
-	struct ct_value held;
 	const struct ct_value *old;
 	const struct ct_value *fwd;
 
-	/* Looked up again: the holder may have been established meanwhile. */
+	/* Looked up again: the holder may have been established meanwhile.
+	 * Its forward key is read before the update overwrites it (no copy
+	 * of the entry: the ingress program's stack is near its limit). */
 	old = bpf_map_lookup_elem(&kpr_conntrack, rkey);
 	if (!old || !snat_reclaimable(old, rkey->proto))
 		return -1;
-	held = *old;
+	ct_key_of(&fkey, old->nat_addr, old->nat_port, old->addr, old->port, rkey->proto, CT_DIR_FORWARD);
 	if (bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
 		return -1;
-	ct_key_of(&fkey, held.nat_addr, held.nat_port, held.addr, held.port, rkey->proto, CT_DIR_FORWARD);
 	fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
 	if (fwd && (fwd->flags & CT_F_SNAT) && fwd->nat_port == rkey->dport &&
 	    addr_eq(fwd->nat_addr, rkey->daddr))
@@ -188,17 +189,30 @@ static __always_inline int snat_port(__u16 port)
  * is no such reply. */
 static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p)
 {
+	struct bpf_fib_lookup *fib = fib_room();
 	struct ct_key rkey = {};
 	struct ct_value *rev;
 	struct ct_value from;
+	long rc;
+	int ret;
 
+	if (!fib)
+		return -1; /* never: a per-CPU array's entry always exists */
 	ct_key_of(&rkey, p->saddr, p->sport, p->daddr, p->dport, p->proto, CT_DIR_REPLY);
 	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
 	if (!rev || !(rev->flags & CT_F_SNAT))
 		return -1;
 	from = *rev;
-	if (note_reply(skb, rev, &from, p, from.nat_addr, from.nat_port))
+	if (note_reply(skb, rev, &from, p))
 		return TC_ACT_SHOT; /* a RST or FIN outside the window */
+	/* A reply too big for the client's route is answered to the backend
+	 * (pmtu.h), as the backend sent it. */
+	rc = fib_route(skb, p, from.addr, from.nat_addr, fib);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		ret = pmtu_too_big(skb, p, fib);
+		if (ret != -1)
+			return ret;
+	}
 	/* To the client, from the frontend. */
 	if (rewrite(skb, p, 1, p->daddr, from.nat_addr, p->dport, from.nat_port) ||
 	    rewrite(skb, p, 0, p->saddr, from.addr, p->sport, from.port)) {
@@ -206,6 +220,6 @@ static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p
 		return TC_ACT_SHOT;
 	}
 	STAT_INC(reversed);
-	return fib_redirect(skb, p, from.addr, from.nat_addr);
+	return fib_send(skb, p, rc, fib);
 }
 

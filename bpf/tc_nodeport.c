@@ -33,7 +33,9 @@
  * of a new flow that ties the concerns together; each concern has a header:
  * lb.h the backend pick (the same code as the socket hooks'), ct.h the
  * conntrack, nat.h the rewrites and the SNAT, fib.h the routing and the
- * redirect, icmp.h the ICMP errors, pkt.h the parsed packet they all take.
+ * redirect, icmp.h the ICMP errors about flows, pmtu.h those kpr sends
+ * itself about a packet too big for its route, pkt.h the parsed packet
+ * they all take.
  * The maps are those of maps.h, shared with the other objects.
  */
 #include <linux/bpf.h>
@@ -54,6 +56,7 @@
 #include "fib.h"
 #include "nat.h"
 #include "icmp.h"
+#include "pmtu.h"
 
 /* The size of every Maglev table in kpr_maglev (a prime), set by the
  * loader from --maglev-table-size. */
@@ -201,6 +204,18 @@ static __always_inline int source_allowed(const struct pkt *p, const struct svc_
 	return bpf_map_lookup_elem(&kpr_src_ranges, &rkey) != NULL;
 }
 
+/* Room for the conntrack entries a packet works on: the flow's forward
+ * entry (a copy, or a new flow's) and a new flow's reply entry, which the
+ * ingress program's stack has none left for (pmtu.h says why). One set per
+ * CPU; not pinned: the programs hold it. */
+enum { CT_ROOM_REPLY, CT_ROOM_FORWARD, CT_ROOM_N };
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_value);
+	__uint(max_entries, CT_ROOM_N);
+} kpr_tc_ct_room SEC(".maps");
+
 /*
  * A new flow to a frontend: pick a backend and store both conntrack
  * entries, the reply one first so that no forward entry exists without it.
@@ -215,12 +230,16 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 				     const struct svc_value *master, struct ct_value *fwd, __u64 now)
 {
 	struct ct_key rkey = {};
-	struct ct_value rev = {};
+	struct ct_value *rev;
 	struct tc_affinity_key client = {};
 	const struct backend *be;
-	__u32 backend_id;
+	__u32 backend_id, room = CT_ROOM_REPLY;
 	int err;
 
+	rev = bpf_map_lookup_elem(&kpr_tc_ct_room, &room);
+	if (!rev)
+		return -1; /* never: a per-CPU array's entry always exists */
+	__builtin_memset(rev, 0, sizeof(*rev));
 	if (master->count == 0) {
 		STAT_INC(drop_no_backend);
 		return -1;
@@ -271,17 +290,17 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 		fwd->flags |= CT_F_SNAT;
 	fwd->expires_ns = now + ct_lifetime_ns(p->proto, fwd->flags);
 
-	addr_copy(rev.addr, p->daddr);
-	rev.port = p->dport;
-	rev.backend_id = backend_id;
-	rev.rev_nat_id = master->rev_nat_id;
-	rev.expires_ns = fwd->expires_ns;
-	rev.flags = fwd->flags & CT_F_SNAT;
+	addr_copy(rev->addr, p->daddr);
+	rev->port = p->dport;
+	rev->backend_id = backend_id;
+	rev->rev_nat_id = master->rev_nat_id;
+	rev->expires_ns = fwd->expires_ns;
+	rev->flags = fwd->flags & CT_F_SNAT;
 	if (fwd->flags & CT_F_SNAT) {
-		addr_copy(rev.nat_addr, p->saddr);
-		rev.nat_port = p->sport;
+		addr_copy(rev->nat_addr, p->saddr);
+		rev->nat_port = p->sport;
 		ct_reply_key(&rkey, fwd, p->saddr, p->sport, p->proto);
-		if (snat_store(p, &rkey, &rev, now)) {
+		if (snat_store(p, &rkey, rev, now)) {
 			STAT_INC(drop_snat_ports);
 			return -1;
 		}
@@ -294,14 +313,14 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 		 * and then this flow is refused. The backend could not tell
 		 * the two apart either: they are one connection to it. */
 		ct_reply_key(&rkey, fwd, p->saddr, p->sport, p->proto);
-		if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_NOEXIST)) {
+		if (bpf_map_update_elem(&kpr_conntrack, &rkey, rev, BPF_NOEXIST)) {
 			const struct ct_value *old = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
 
 			if (old && !ct_reply_free(old, &rkey, p, now)) {
 				STAT_INC(drop_reply_taken);
 				return -1;
 			}
-			if (bpf_map_update_elem(&kpr_conntrack, &rkey, &rev, BPF_ANY)) {
+			if (bpf_map_update_elem(&kpr_conntrack, &rkey, rev, BPF_ANY)) {
 				STAT_INC(drop_ct_insert);
 				return -1;
 			}
@@ -317,15 +336,59 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 	return 0;
 }
 
+/* The DNAT of a packet to a frontend: to its flow's backend. Returns 0,
+ * or -1 (counted) when the packet must be dropped. */
+static __always_inline int dnat(struct __sk_buff *skb, const struct pkt *p, const struct ct_value *to)
+{
+	if (rewrite(skb, p, 1, p->daddr, to->addr, p->dport, to->port)) {
+		STAT_INC(drop_rewrite);
+		return -1;
+	}
+	STAT_INC(translated);
+	return 0;
+}
+
+/*
+ * A packet of a flow to a backend on another node, SNATed and sent on
+ * through kpr's redirect. A local backend is reached through the kernel's
+ * forwarding instead, which answers a packet too big for the pod's link
+ * itself (icmp_egress translates its error); here kpr answers that, and
+ * before the rewrite, so that the error quotes the packet as the client
+ * sent it (pmtu.h).
+ */
+static __always_inline int snat_forward(struct __sk_buff *skb, const struct pkt *p, const struct ct_value *to)
+{
+	struct bpf_fib_lookup *fib = fib_room();
+	long rc;
+	int ret;
+
+	if (!fib)
+		return TC_ACT_SHOT; /* never: a per-CPU array's entry always exists */
+	rc = fib_route(skb, p, to->nat_addr, to->addr, fib);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		ret = pmtu_too_big(skb, p, fib);
+		if (ret != -1)
+			return ret;
+	}
+	if (dnat(skb, p, to))
+		return TC_ACT_SHOT;
+	if (rewrite(skb, p, 0, p->saddr, to->nat_addr, p->sport, to->nat_port)) {
+		STAT_INC(drop_rewrite);
+		return TC_ACT_SHOT;
+	}
+	return fib_send(skb, p, rc, fib);
+}
+
 SEC("tc")
 int kpr_tc_ingress(struct __sk_buff *skb)
 {
 	struct ct_key fkey = {};
 	struct svc_key skey = {};
-	struct ct_value to = {};
+	struct ct_value *to;
 	const struct svc_value *master;
 	struct ct_value *ct;
 	struct pkt p = {};
+	__u32 room = CT_ROOM_FORWARD;
 	__u64 now;
 	int ret;
 
@@ -350,6 +413,9 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 
 	ct_key_of(&fkey, p.saddr, p.sport, p.daddr, p.dport, p.proto, CT_DIR_FORWARD);
 
+	to = bpf_map_lookup_elem(&kpr_tc_ct_room, &room);
+	if (!to)
+		return TC_PASS; /* never: a per-CPU array's entries always exist */
 	now = bpf_ktime_get_ns();
 	ct = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
 	if (ct && ct_usable(ct, &p, now)) {
@@ -357,7 +423,7 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 		if (ret < 0)
 			return TC_ACT_SHOT; /* a RST or FIN outside the window */
 		ct_touch(ct, p.saddr, p.sport, p.proto, ret, now);
-		to = *ct;
+		*to = *ct;
 	} else {
 		/* Not a flow kpr knows (or one that is over): only traffic to
 		 * a frontend goes further, so nothing else ever depends on
@@ -390,21 +456,15 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 			STAT_INC(midstream);
 			return TC_PASS;
 		}
-		if (ct_create(skb, &p, &fkey, &skey, master, &to, now))
+		__builtin_memset(to, 0, sizeof(*to));
+		if (ct_create(skb, &p, &fkey, &skey, master, to, now))
 			return TC_ACT_SHOT;
 	}
-	if (rewrite(skb, &p, 1, p.daddr, to.addr, p.dport, to.port)) {
-		STAT_INC(drop_rewrite);
+	if (to->flags & CT_F_SNAT)
+		return snat_forward(skb, &p, to);
+	if (dnat(skb, &p, to))
 		return TC_ACT_SHOT;
-	}
-	STAT_INC(translated);
-	if (!(to.flags & CT_F_SNAT))
-		return TC_PASS; /* a local backend: the kernel routes it there */
-	if (rewrite(skb, &p, 0, p.saddr, to.nat_addr, p.sport, to.nat_port)) {
-		STAT_INC(drop_rewrite);
-		return TC_ACT_SHOT;
-	}
-	return fib_redirect(skb, &p, to.nat_addr, to.addr);
+	return TC_PASS; /* a local backend: the kernel routes it there */
 }
 
 /* Egress: a reply of a flow to a local backend (backend -> client) leaves
@@ -430,7 +490,7 @@ int kpr_tc_egress(struct __sk_buff *skb)
 		return TC_PASS;
 	/* A copy: the forward lookup below may evict the entry rev points to. */
 	from = *rev;
-	if (note_reply(skb, rev, &from, &p, p.daddr, p.dport))
+	if (note_reply(skb, rev, &from, &p))
 		return TC_ACT_SHOT; /* a RST or FIN outside the window */
 
 	if (rewrite(skb, &p, 0, p.saddr, from.addr, p.sport, from.port)) {

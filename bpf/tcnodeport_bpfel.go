@@ -27,7 +27,10 @@ const (
 	TcNodeportMapKprSockRev        = "kpr_sock_rev"
 	TcNodeportMapKprSrcRanges      = "kpr_src_ranges"
 	TcNodeportMapKprTcAffinity     = "kpr_tc_affinity"
+	TcNodeportMapKprTcCtRoom       = "kpr_tc_ct_room"
 	TcNodeportMapKprTcDevices      = "kpr_tc_devices"
+	TcNodeportMapKprTcFib          = "kpr_tc_fib"
+	TcNodeportMapKprTcPmtuScratch  = "kpr_tc_pmtu_scratch"
 	TcNodeportMapKprTcStats        = "kpr_tc_stats"
 	TcNodeportProgKprTcEgress      = "kpr_tc_egress"
 	TcNodeportProgKprTcIngress     = "kpr_tc_ingress"
@@ -107,7 +110,10 @@ type TcNodeportMapSpecs struct {
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
 	KprSrcRanges     *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
+	KprTcCtRoom      *ebpf.MapSpec `ebpf:"kpr_tc_ct_room"`
 	KprTcDevices     *ebpf.MapSpec `ebpf:"kpr_tc_devices"`
+	KprTcFib         *ebpf.MapSpec `ebpf:"kpr_tc_fib"`
+	KprTcPmtuScratch *ebpf.MapSpec `ebpf:"kpr_tc_pmtu_scratch"`
 	KprTcStats       *ebpf.MapSpec `ebpf:"kpr_tc_stats"`
 }
 
@@ -161,7 +167,10 @@ type TcNodeportMaps struct {
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
 	KprSrcRanges     *ebpf.Map `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
+	KprTcCtRoom      *ebpf.Map `ebpf:"kpr_tc_ct_room"`
 	KprTcDevices     *ebpf.Map `ebpf:"kpr_tc_devices"`
+	KprTcFib         *ebpf.Map `ebpf:"kpr_tc_fib"`
+	KprTcPmtuScratch *ebpf.Map `ebpf:"kpr_tc_pmtu_scratch"`
 	KprTcStats       *ebpf.Map `ebpf:"kpr_tc_stats"`
 }
 
@@ -178,7 +187,10 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprSockRev,
 		m.KprSrcRanges,
 		m.KprTcAffinity,
+		m.KprTcCtRoom,
 		m.KprTcDevices,
+		m.KprTcFib,
+		m.KprTcPmtuScratch,
 		m.KprTcStats,
 	)
 }

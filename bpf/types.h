@@ -268,6 +268,9 @@ struct nat_stats {
 				 * would replace a live flow's, which another
 				 * frontend's flow from the same client address
 				 * and port to the same backend holds */
+	__u64 icmp_too_big;	/* ICMP errors kpr sent to a sender whose packet
+				 * did not fit the route kpr sends it on:
+				 * fragmentation needed, or packet too big */
 };
 
 /*

@@ -58,6 +58,9 @@ var (
 	tcPassedDesc = prometheus.NewDesc("kpr_tc_passed_total",
 		"Packets the tc programs passed untranslated that look like Service traffic: cluster_ip_outside (a ClusterIP from outside), fragment (IP fragments), tcp_midstream (a TCP segment other than a SYN of no known flow), v4_mapped (IPv6 with a ::ffff:a.b.c.d address, never taken for IPv4)",
 		[]string{"reason"}, nil)
+	tcICMPSentDesc = prometheus.NewDesc("kpr_tc_icmp_errors_sent_total",
+		"ICMP errors the tc programs sent themselves, by type: too_big (fragmentation needed, or IPv6 packet too big, to the sender of a packet that did not fit the route to a backend on another node, or back to the client)",
+		[]string{"type"}, nil)
 	tcRedirectedDesc = prometheus.NewDesc("kpr_tc_redirected_packets_total",
 		"Packets the tc programs sent out through a FIB lookup and redirect", nil, nil)
 	tcInsertFailuresDesc = prometheus.NewDesc("kpr_tc_conntrack_insert_failures_total",
@@ -95,6 +98,7 @@ var tcCounters = []tcCounter{
 	{"Midstream", tcPassedDesc, "tcp_midstream"},
 	{"V4Mapped", tcPassedDesc, "v4_mapped"},
 	{"Redirected", tcRedirectedDesc, ""},
+	{"IcmpTooBig", tcICMPSentDesc, "too_big"},
 	{"DropCtInsert", tcInsertFailuresDesc, ""},
 }
 
@@ -122,7 +126,7 @@ func newTCCollector(r TCReader, now func() time.Time) *TCCollector {
 
 // Describe implements prometheus.Collector.
 func (c *TCCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{tcDropsDesc, tcTranslationsDesc, tcFlowsDesc, tcPassedDesc, tcRedirectedDesc,
+	for _, d := range []*prometheus.Desc{tcDropsDesc, tcTranslationsDesc, tcFlowsDesc, tcPassedDesc, tcRedirectedDesc, tcICMPSentDesc,
 		tcInsertFailuresDesc, tcConntrackEntriesDesc, tcConntrackMaxDesc, tcReadErrorsDesc} {
 		ch <- d
 	}

@@ -29,7 +29,7 @@ func (f *fakeTC) Counters(emit func(string, uint64)) error {
 }
 
 func TestTCCollectorExportsCountersAndCachesTheCount(t *testing.T) {
-	fake := &fakeTC{entries: 6, counters: map[string]uint64{"Translated": 10, "Reversed": 9, "DropNoBackend": 3, "DropCtInsert": 2}}
+	fake := &fakeTC{entries: 6, counters: map[string]uint64{"Translated": 10, "Reversed": 9, "DropNoBackend": 3, "DropCtInsert": 2, "IcmpTooBig": 4}}
 	now := time.Unix(1000, 0)
 	c := newTCCollector(fake, func() time.Time { return now })
 	reg := prometheus.NewPedanticRegistry()
@@ -45,6 +45,7 @@ func TestTCCollectorExportsCountersAndCachesTheCount(t *testing.T) {
 		"kpr_tc_drops_total/snat_ports":          0,
 		"kpr_tc_passed_total/cluster_ip_outside": 0,
 		"kpr_tc_redirected_packets_total":        0,
+		"kpr_tc_icmp_errors_sent_total/too_big":  4,
 		"kpr_tc_map_read_errors_total":           0,
 	} {
 		if got, ok := gatherValues(t, reg)[name]; !ok || got != v {

@@ -111,13 +111,16 @@ func buildLAN(t testing.TB, remotePods int) *lan {
 }
 
 // loadKpr loads kpr's maps, sized as given, and its tc programs on node1's
-// external device.
-func (l *lan) loadKpr(t testing.TB, tcOpts loader.TCOptions, sizes loader.MapSizes) {
+// devices (its external device unless given).
+func (l *lan) loadKpr(t testing.TB, tcOpts loader.TCOptions, sizes loader.MapSizes, devices ...string) {
 	t.Helper()
 
 	// The devices are found in the namespace TCOptions.NetNS names, as
-	// `kpr run --host-netns` has it.
-	tcOpts.Devices, tcOpts.NetNS = []string{extDev}, l.node1.NetNS.Path
+	// `kpr run --host-netns` has it: node1's external device unless given.
+	if len(devices) == 0 {
+		devices = []string{extDev}
+	}
+	tcOpts.Devices, tcOpts.NetNS = devices, l.node1.NetNS.Path
 	loaded := loadDataplaneSized(t, newBPFRoot(t), &tcOpts, sizes)
 	tc := loaded.TC
 	lb, err := maps.New(loaded.Maps)
