@@ -67,6 +67,24 @@ type KprCtValue struct {
 	RevNatId  uint32
 }
 
+type KprFragKey struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type KprFragValue struct {
+	_        structs.HostLayout
+	Sport    uint16
+	Dport    uint16
+	Proto    uint8
+	TcpFlags uint8
+	Pad      uint16
+}
+
 type KprMaglevKey struct {
 	_        structs.HostLayout
 	RevNatId uint32
@@ -95,6 +113,8 @@ type KprNatStats struct {
 	V4Mapped         uint64
 	SnatTakeover     uint64
 	DropInvalidSyn   uint64
+	DropFragment     uint64
+	Ipv6ExtUnparsed  uint64
 }
 
 type KprRevNatValue struct {
@@ -244,6 +264,7 @@ const (
 	KprMapKprAffinityMatch  = "kpr_affinity_match"
 	KprMapKprBackends       = "kpr_backends"
 	KprMapKprConntrack      = "kpr_conntrack"
+	KprMapKprFrags          = "kpr_frags"
 	KprMapKprMaglev         = "kpr_maglev"
 	KprMapKprRevNat         = "kpr_rev_nat"
 	KprMapKprServices       = "kpr_services"
@@ -333,6 +354,7 @@ type KprMapSpecs struct {
 	KprAffinityMatch  *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends       *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack      *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprFrags          *ebpf.MapSpec `ebpf:"kpr_frags"`
 	KprMaglev         *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprRevNat         *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices       *ebpf.MapSpec `ebpf:"kpr_services"`
@@ -382,6 +404,7 @@ type KprMaps struct {
 	KprAffinityMatch  *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends       *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack      *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprFrags          *ebpf.Map `ebpf:"kpr_frags"`
 	KprMaglev         *ebpf.Map `ebpf:"kpr_maglev"`
 	KprRevNat         *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices       *ebpf.Map `ebpf:"kpr_services"`
@@ -401,6 +424,7 @@ func (m *KprMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprFrags,
 		m.KprMaglev,
 		m.KprRevNat,
 		m.KprServices,

@@ -20,6 +20,7 @@ const (
 	SockTermMapKprAffinityMatch = "kpr_affinity_match"
 	SockTermMapKprBackends      = "kpr_backends"
 	SockTermMapKprConntrack     = "kpr_conntrack"
+	SockTermMapKprFrags         = "kpr_frags"
 	SockTermMapKprMaglev        = "kpr_maglev"
 	SockTermMapKprRevNat        = "kpr_rev_nat"
 	SockTermMapKprServices      = "kpr_services"
@@ -84,6 +85,7 @@ type SockTermMapSpecs struct {
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprFrags         *ebpf.MapSpec `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
@@ -124,6 +126,7 @@ type SockTermMaps struct {
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprFrags         *ebpf.Map `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
@@ -140,6 +143,7 @@ func (m *SockTermMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprFrags,
 		m.KprMaglev,
 		m.KprRevNat,
 		m.KprServices,

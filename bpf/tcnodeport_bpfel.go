@@ -20,6 +20,7 @@ const (
 	TcNodeportMapKprAffinityMatch  = "kpr_affinity_match"
 	TcNodeportMapKprBackends       = "kpr_backends"
 	TcNodeportMapKprConntrack      = "kpr_conntrack"
+	TcNodeportMapKprFrags          = "kpr_frags"
 	TcNodeportMapKprMaglev         = "kpr_maglev"
 	TcNodeportMapKprRevNat         = "kpr_rev_nat"
 	TcNodeportMapKprServices       = "kpr_services"
@@ -98,6 +99,7 @@ type TcNodeportMapSpecs struct {
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprFrags         *ebpf.MapSpec `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
@@ -150,6 +152,7 @@ type TcNodeportMaps struct {
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprFrags         *ebpf.Map `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
@@ -166,6 +169,7 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprFrags,
 		m.KprMaglev,
 		m.KprRevNat,
 		m.KprServices,
