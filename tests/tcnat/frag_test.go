@@ -1,13 +1,17 @@
 package tcnat
 
 import (
+	"bytes"
 	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
 	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/bpf"
@@ -166,5 +170,131 @@ func checkFragsSeen(t *testing.T, p *progs, frontend, backend netip.Addr) {
 	if !toFrontend || !fromBackend {
 		t.Errorf("kpr_frags has a first fragment to %s: %v, from %s: %v; want both (the datagrams were not fragmented?)",
 			frontend, toFrontend, backend, fromBackend)
+	}
+}
+
+// fragV4 is an IPv4 fragment from src to dst carrying body at offset
+// (in 8-byte units), with the more-fragments flag as given.
+func fragV4(t *testing.T, src, dst netip.Addr, id, offset uint16, more bool, body []byte) []byte {
+	t.Helper()
+	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 2},
+		EthernetType: layers.EthernetTypeIPv4}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Id: id, FragOffset: offset, Protocol: layers.IPProtocolUDP,
+		SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+	if more {
+		ip.Flags = layers.IPv4MoreFragments
+	}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		eth, ip, gopacket.Payload(body)); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// fragAddrs decodes an IPv4 fragment's addresses and checks its header
+// checksum and that its body came through unchanged.
+func fragAddrs(t *testing.T, frame, body []byte) (src, dst netip.Addr) {
+	t.Helper()
+	pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+	ip, ok := pkt.NetworkLayer().(*layers.IPv4)
+	if !ok {
+		t.Fatalf("not an IPv4 fragment: %v", pkt)
+	}
+	if sum := onesSum(ip.Contents, 0); sum != 0xffff {
+		t.Errorf("IPv4 header checksum does not validate (sum %#04x)", sum)
+	}
+	if !bytes.Equal(ip.Payload, body) {
+		t.Errorf("fragment body changed")
+	}
+	src, _ = netip.AddrFromSlice(ip.SrcIP)
+	dst, _ = netip.AddrFromSlice(ip.DstIP)
+	return src, dst
+}
+
+// A later fragment that comes before its first one is passed as it is and
+// counted; once the first fragment has passed (and been translated), the
+// later one is translated too, its addresses only, with a valid header
+// checksum and its body unchanged; and the backend's fragmented reply is
+// restored at egress the same way. A later fragment to the frontend whose
+// flow is gone is dropped, counted, rather than opening a new one.
+func TestLaterFragmentFollowsItsFirst(t *testing.T) {
+	p := newProgs(t, loader.ConntrackTimeouts{})
+	fam := families[0]
+	fe, be, client := ap(fam.node, 30103), ap(fam.pod1, 8080), ap(fam.client, 40103)
+	p.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.UDP, be)
+	udp := func(src, dst netip.AddrPort) []byte {
+		h := binary.BigEndian.AppendUint16(nil, src.Port())
+		h = binary.BigEndian.AppendUint16(h, dst.Port())
+		h = binary.BigEndian.AppendUint16(h, 8+16+16)
+		return append(append(h, 0, 0), "first fragment!!"...) // checksum 0: none
+	}
+	later := []byte("the later one!!!")
+
+	ret, out := run(t, p.ingress, fragV4(t, client.Addr(), fe.Addr(), 7, 3, false, later))
+	if _, dst := fragAddrs(t, out, later); ret != actUnspec || dst != fe.Addr() {
+		t.Errorf("a later fragment before its first: verdict %d to %s, want passed untranslated", int32(ret), dst)
+	}
+	if s := p.stats(); s.Fragment != 1 {
+		t.Errorf("counters %+v, want the early fragment counted", s)
+	}
+
+	first := udp(client, fe)
+	ret, out = run(t, p.ingress, fragV4(t, client.Addr(), fe.Addr(), 7, 0, true, first))
+	// gopacket does not decode a fragment's UDP header: the port is read
+	// where it is.
+	if _, dst := fragAddrs(t, out, udp(client, be)); ret != actUnspec || dst != be.Addr() {
+		t.Fatalf("first fragment: verdict %d to %s; want passed to %s", int32(ret), dst, be)
+	}
+	ret, out = run(t, p.ingress, fragV4(t, client.Addr(), fe.Addr(), 7, 3, false, later))
+	if src, dst := fragAddrs(t, out, later); ret != actUnspec || src != client.Addr() || dst != be.Addr() {
+		t.Errorf("later fragment: verdict %d, %s->%s; want passed %s->%s", int32(ret), src, dst, client.Addr(), be.Addr())
+	}
+
+	// The reply, fragmented by the backend.
+	run(t, p.egress, fragV4(t, be.Addr(), client.Addr(), 9, 0, true, udp(be, client)))
+	ret, out = run(t, p.egress, fragV4(t, be.Addr(), client.Addr(), 9, 3, false, later))
+	if src, dst := fragAddrs(t, out, later); ret != actUnspec || src != fe.Addr() || dst != client.Addr() {
+		t.Errorf("later fragment of the reply: verdict %d, %s->%s; want passed %s->%s", int32(ret), src, dst, fe.Addr(), client.Addr())
+	}
+
+	// The flow ends; the next later fragment of the datagram opens none.
+	p.flushConntrack()
+	ret, _ = run(t, p.ingress, fragV4(t, client.Addr(), fe.Addr(), 7, 3, false, later))
+	if s := p.stats(); ret != actShot || s.DropFragment != 1 || s.NewFlows != 1 {
+		t.Errorf("later fragment without its flow: verdict %d, counters %+v; want dropped, counted, no new flow", int32(ret), s)
+	}
+}
+
+// An IPv6 packet whose UDP header lies behind a routing header with
+// segments left (its destination is a waypoint, not where the flow goes)
+// is passed untranslated and counted.
+func TestIPv6RoutingHeaderWithSegmentsLeftPassed(t *testing.T) {
+	p := newProgs(t, loader.ConntrackTimeouts{})
+	fam := families[1]
+	fe, be, client := ap(fam.node, 30104), ap(fam.pod1, 8080), ap(fam.client, 40104)
+	p.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.UDP, be)
+	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 2},
+		EthernetType: layers.EthernetTypeIPv6}
+	ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolIPv6Routing,
+		SrcIP: client.Addr().AsSlice(), DstIP: fe.Addr().AsSlice()}
+	// Next header UDP, 16 bytes after the first 8, type 4 (segment
+	// routing), one segment left, and the final destination.
+	rh := append([]byte{byte(layers.IPProtocolUDP), 2, 4, 1, 0, 0, 0, 0}, be.Addr().AsSlice()...)
+	u := binary.BigEndian.AppendUint16(nil, client.Port())
+	u = binary.BigEndian.AppendUint16(u, fe.Port())
+	u = append(binary.BigEndian.AppendUint16(u, 8), 0, 0)
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true},
+		eth, ip, gopacket.Payload(append(rh, u...))); err != nil {
+		t.Fatal(err)
+	}
+	frame := buf.Bytes()
+	ret, out := run(t, p.ingress, frame)
+	if ret != actUnspec || !bytes.Equal(out, frame) {
+		t.Errorf("verdict %d, packet changed: %v; want passed untouched", int32(ret), !bytes.Equal(out, frame))
+	}
+	if s := p.stats(); s.Ipv6ExtUnparsed != 1 || s.NewFlows != 0 {
+		t.Errorf("counters %+v, want the packet counted as passed for its extension header", s)
 	}
 }
