@@ -71,6 +71,24 @@ type KprCtValue struct {
 	MaxWin    uint32
 }
 
+type KprFragKey struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type KprFragValue struct {
+	_        structs.HostLayout
+	Sport    uint16
+	Dport    uint16
+	Proto    uint8
+	TcpFlags uint8
+	Pad      uint16
+}
+
 type KprMaglevKey struct {
 	_        structs.HostLayout
 	RevNatId uint32
@@ -102,6 +120,8 @@ type KprNatStats struct {
 	DropOutOfWindow  uint64
 	DropReplyTaken   uint64
 	IcmpTooBig       uint64
+	DropFragment     uint64
+	Ipv6ExtUnparsed  uint64
 }
 
 type KprRevNatValue struct {
@@ -251,6 +271,7 @@ const (
 	KprMapKprAffinityMatch  = "kpr_affinity_match"
 	KprMapKprBackends       = "kpr_backends"
 	KprMapKprConntrack      = "kpr_conntrack"
+	KprMapKprFrags          = "kpr_frags"
 	KprMapKprMaglev         = "kpr_maglev"
 	KprMapKprNodeSeed       = "kpr_node_seed"
 	KprMapKprRevNat         = "kpr_rev_nat"
@@ -341,6 +362,7 @@ type KprMapSpecs struct {
 	KprAffinityMatch  *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends       *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack      *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprFrags          *ebpf.MapSpec `ebpf:"kpr_frags"`
 	KprMaglev         *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprNodeSeed       *ebpf.MapSpec `ebpf:"kpr_node_seed"`
 	KprRevNat         *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
@@ -391,6 +413,7 @@ type KprMaps struct {
 	KprAffinityMatch  *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends       *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack      *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprFrags          *ebpf.Map `ebpf:"kpr_frags"`
 	KprMaglev         *ebpf.Map `ebpf:"kpr_maglev"`
 	KprNodeSeed       *ebpf.Map `ebpf:"kpr_node_seed"`
 	KprRevNat         *ebpf.Map `ebpf:"kpr_rev_nat"`
@@ -411,6 +434,7 @@ func (m *KprMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprFrags,
 		m.KprMaglev,
 		m.KprNodeSeed,
 		m.KprRevNat,

@@ -81,6 +81,20 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_conntrack SEC(".maps");
 
+/* IP fragments of the tc programs (struct frag_key in types.h): the ports
+ * of each fragmented datagram's first fragment, for its later ones. An
+ * entry is needed only while its datagram's fragments pass (well under the
+ * kernel's 30s reassembly time), so the LRU map evicts the oldest; a
+ * datagram whose entry is gone before its last fragment is counted
+ * (nat_stats.fragment). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_key);
+	__type(value, struct frag_value);
+	__uint(max_entries, 16384);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_frags SEC(".maps");
+
 /* The tc programs' counters (struct nat_stats), one per CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

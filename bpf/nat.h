@@ -47,7 +47,10 @@ volatile const __u16 snat_port_max = 32767;
  * Rewrite one address and port of the packet: the destination (dst != 0)
  * or the source. The IPv4 header checksum and the TCP or UDP checksum
  * (whose pseudo-header holds the address) are fixed incrementally; a UDP
- * checksum of 0 (none, IPv4 only) stays 0. Returns 0 on success.
+ * checksum of 0 (none, IPv4 only) stays 0. A later fragment (frag.h) has
+ * its address rewritten only: its ports and the checksum, which covers
+ * the whole datagram, are in the first fragment, whose rewrite fixes them.
+ * Returns 0 on success.
  */
 static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, int dst,
 				   const __u32 old_addr[4], const __u32 new_addr[4],
@@ -57,17 +60,20 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
 							      : offsetof(struct udphdr, check));
 	__u32 port_off = p->l4_off + (dst ? 2 : 0);
 	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	int l4 = !p->frag_later;
 	__u32 addr_off;
 	__s64 diff;
 
 	if (p->v6) {
 		addr_off = p->l3_off + (dst ? offsetof(struct ipv6hdr, daddr)
 					    : offsetof(struct ipv6hdr, saddr));
-		diff = bpf_csum_diff((__be32 *)old_addr, 16, (__be32 *)new_addr, 16, 0);
-		if (diff < 0)
-			return -1;
-		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | l4_flags))
-			return -1;
+		if (l4) {
+			diff = bpf_csum_diff((__be32 *)old_addr, 16, (__be32 *)new_addr, 16, 0);
+			if (diff < 0)
+				return -1;
+			if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | l4_flags))
+				return -1;
+		}
 		if (bpf_skb_store_bytes(skb, addr_off, new_addr, 16, 0))
 			return -1;
 	} else {
@@ -76,13 +82,13 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
 		if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check),
 					old_addr[3], new_addr[3], 4))
 			return -1;
-		if (bpf_l4_csum_replace(skb, csum_off, old_addr[3], new_addr[3],
-					BPF_F_PSEUDO_HDR | l4_flags | 4))
+		if (l4 && bpf_l4_csum_replace(skb, csum_off, old_addr[3], new_addr[3],
+					      BPF_F_PSEUDO_HDR | l4_flags | 4))
 			return -1;
 		if (bpf_skb_store_bytes(skb, addr_off, &new_addr[3], 4, 0))
 			return -1;
 	}
-	if (old_port != new_port) {
+	if (l4 && old_port != new_port) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port, l4_flags | 2))
 			return -1;
 		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0))

@@ -43,6 +43,9 @@ struct pkt {
 	__u8 proto;
 	__u8 tcp_flags;
 	__u8 v6;
+	__u8 frag_later;	/* a later IP fragment: no L4 header at l4_off;
+				 * ports and tcp_flags are its first fragment's
+				 * (frag.h) */
 };
 
 /* Count an event in kpr_tc_stats (struct nat_stats), per CPU. */

@@ -20,6 +20,7 @@ const (
 	SockTermMapKprAffinityMatch = "kpr_affinity_match"
 	SockTermMapKprBackends      = "kpr_backends"
 	SockTermMapKprConntrack     = "kpr_conntrack"
+	SockTermMapKprFrags         = "kpr_frags"
 	SockTermMapKprMaglev        = "kpr_maglev"
 	SockTermMapKprNodeSeed      = "kpr_node_seed"
 	SockTermMapKprRevNat        = "kpr_rev_nat"
@@ -85,6 +86,7 @@ type SockTermMapSpecs struct {
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprFrags         *ebpf.MapSpec `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprNodeSeed      *ebpf.MapSpec `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
@@ -126,6 +128,7 @@ type SockTermMaps struct {
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprFrags         *ebpf.Map `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
 	KprNodeSeed      *ebpf.Map `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
@@ -143,6 +146,7 @@ func (m *SockTermMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprFrags,
 		m.KprMaglev,
 		m.KprNodeSeed,
 		m.KprRevNat,

@@ -57,6 +57,7 @@
 #include "nat.h"
 #include "icmp.h"
 #include "pmtu.h"
+#include "frag.h"
 
 /* The size of every Maglev table in kpr_maglev (a prime), set by the
  * loader from --maglev-table-size. */
@@ -73,22 +74,30 @@ volatile const __u64 maglev_seed = 0;
  * object. Nothing reads it. */
 volatile const enum svc_flags btf_svc_flags = SVC_F_SOURCE_RANGES;
 
-/* The headers parse reads: Ethernet, IPv4 with the longest options (or
- * IPv6), and TCP up to its flags. */
+/* The headers parse reads in place: Ethernet, IPv4 with the longest
+ * options (or IPv6), and TCP up to its flags. Extension headers and L4
+ * headers further on are read with bpf_skb_load_bytes. */
 #define PARSE_LEN (ETH_HLEN + 60 + 14)
 
 #define PARSED_L4 1
 #define PARSED_ICMP 2
 
-/* Parse an Ethernet frame carrying IPv4 or IPv6 with TCP or UDP
- * (PARSED_L4), reading the headers in place, or ICMP (PARSED_ICMP: only the
- * IP header is parsed). Returns 0 for anything else, and for IPv4 fragments
- * (counted): a non-first fragment has no ports to look up. */
+/*
+ * Parse an Ethernet frame carrying IPv4 or IPv6 with TCP or UDP
+ * (PARSED_L4), or ICMP (PARSED_ICMP: only the IP header is parsed).
+ * Returns 0 for anything else. IPv6 extension headers are followed
+ * (frag.h); a fragment of a TCP or UDP datagram is parsed with its
+ * datagram's ports, a later one with pkt.frag_later set; fragments of ICMP
+ * are left alone, as an ICMP error is never fragmented.
+ */
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	__u8 *l4;
+	struct frag_key fk = {};
+	__u8 frag = FRAG_NONE;
+	__u16 ports[2];
+	int proto;
 
 	/* Headers outside the linear part (rare at tc) are pulled in once. */
 	if (data + PARSE_LEN > data_end && skb->len > data_end - data) {
@@ -104,30 +113,30 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			return 0;
 		if (ip->version != 4 || ip->ihl < 5)
 			return 0;
-		if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP &&
-		    ip->protocol != IPPROTO_ICMP)
+		proto = ip->protocol;
+		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_ICMP)
 			return 0;
-		if (ip->frag_off & bpf_htons(0x3fff)) { /* MF or an offset */
-			STAT_INC(fragment);
-			return 0;
+		if (ip->frag_off & bpf_htons(IPV4_MF | IPV4_OFFSET)) {
+			frag = ip->frag_off & bpf_htons(IPV4_OFFSET) ? FRAG_LATER : FRAG_FIRST;
+			fk.id = ip->id;
+			fk.proto = proto;
 		}
-		p->proto = ip->protocol;
 		addr_from_v4(p->saddr, ip->saddr);
 		addr_from_v4(p->daddr, ip->daddr);
 		p->l4_off = ETH_HLEN + ip->ihl * 4;
 		p->v6 = 0;
-		l4 = (__u8 *)ip + ip->ihl * 4;
 	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = data + ETH_HLEN;
 
 		if ((void *)(ip6 + 1) > data_end)
 			return 0;
-		/* Extension headers are not followed: no Service traffic
-		 * carries them in practice, and kpr leaves such packets be. */
-		if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP &&
-		    ip6->nexthdr != IPPROTO_ICMPV6)
+		proto = parse_ipv6_ext(skb, p, ip6->nexthdr, ETH_HLEN + sizeof(*ip6), &fk, &frag);
+		if (proto == IPV6_EXT_UNPARSED) {
+			STAT_INC(ipv6_ext_unparsed);
 			return 0;
-		p->proto = ip6->nexthdr;
+		}
+		if (proto == IPV6_EXT_OTHER)
+			return 0;
 		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
 		/* The maps hold IPv4 as ::ffff:a.b.c.d, so an IPv6 packet
@@ -138,25 +147,44 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			STAT_INC(v4_mapped);
 			return 0;
 		}
-		p->l4_off = ETH_HLEN + sizeof(*ip6);
 		p->v6 = 1;
-		l4 = (__u8 *)(ip6 + 1);
 	} else {
 		return 0;
 	}
-	if (p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6)
-		return PARSED_ICMP;
-	if (l4 + 4 > (__u8 *)data_end)
+	switch (proto) {
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		p->proto = proto;
+		return frag == FRAG_NONE ? PARSED_ICMP : 0;
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+		break;
+	case IPPROTO_DSTOPTS:
+		/* A later IPv6 fragment whose first fragment has destination
+		 * options before its L4 header. */
+		if (frag == FRAG_LATER)
+			break;
 		return 0;
-	__builtin_memcpy(&p->sport, l4, 2);
-	__builtin_memcpy(&p->dport, l4 + 2, 2);
-	p->tcp_flags = 0;
-	if (p->proto == IPPROTO_TCP) {
-		if (l4 + 14 > (__u8 *)data_end)
-			return 0;
-		p->tcp_flags = l4[13];
+	default:
+		return 0;
 	}
-	return 1;
+	if (frag != FRAG_NONE) {
+		addr_copy(fk.saddr, p->saddr);
+		addr_copy(fk.daddr, p->daddr);
+	}
+	if (frag == FRAG_LATER)
+		return frag_follow(&fk, p) ? PARSED_L4 : 0;
+	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)))
+		return 0;
+	p->proto = proto;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	p->tcp_flags = 0;
+	if (proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1))
+		return 0;
+	if (frag == FRAG_FIRST)
+		frag_record(&fk, p);
+	return PARSED_L4;
 }
 
 /* The Service frontend a packet from outside is addressed to, if kpr serves
@@ -433,6 +461,14 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 			return TC_PASS;
 		if (!source_allowed(&p, &skey, master)) {
 			STAT_INC(drop_source_range);
+			return TC_ACT_SHOT;
+		}
+		/* A later fragment follows the flow its first fragment
+		 * opened, and opens none: that one was dropped, or its flow
+		 * is already over, and a flow picked now could differ from
+		 * the first fragment's (another SNAT port). */
+		if (p.frag_later) {
+			STAT_INC(drop_fragment);
 			return TC_ACT_SHOT;
 		}
 		/* Only a plain SYN opens a TCP flow. A SYN with ACK, RST or

@@ -20,6 +20,7 @@ const (
 	TcNodeportMapKprAffinityMatch  = "kpr_affinity_match"
 	TcNodeportMapKprBackends       = "kpr_backends"
 	TcNodeportMapKprConntrack      = "kpr_conntrack"
+	TcNodeportMapKprFrags          = "kpr_frags"
 	TcNodeportMapKprMaglev         = "kpr_maglev"
 	TcNodeportMapKprNodeSeed       = "kpr_node_seed"
 	TcNodeportMapKprRevNat         = "kpr_rev_nat"
@@ -103,6 +104,7 @@ type TcNodeportMapSpecs struct {
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprFrags         *ebpf.MapSpec `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprNodeSeed      *ebpf.MapSpec `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
@@ -160,6 +162,7 @@ type TcNodeportMaps struct {
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprFrags         *ebpf.Map `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
 	KprNodeSeed      *ebpf.Map `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
@@ -180,6 +183,7 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprFrags,
 		m.KprMaglev,
 		m.KprNodeSeed,
 		m.KprRevNat,

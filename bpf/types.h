@@ -242,7 +242,9 @@ struct nat_stats {
 				 * not be stored */
 	__u64 drop_rewrite;	/* a header rewrite failed */
 	__u64 cluster_ip_outside; /* a ClusterIP from outside, passed untouched */
-	__u64 fragment;		/* IP fragments, passed untranslated */
+	__u64 fragment;		/* later IP fragments whose first fragment kpr
+				 * has not seen (reordered, or its entry left
+				 * kpr_frags), passed untranslated */
 	__u64 snat;		/* new flows SNATed to a backend on another node */
 	__u64 drop_snat_ports;	/* new flow dropped: no free SNAT port */
 	__u64 redirected;	/* packets sent out through a FIB lookup */
@@ -271,6 +273,37 @@ struct nat_stats {
 	__u64 icmp_too_big;	/* ICMP errors kpr sent to a sender whose packet
 				 * did not fit the route kpr sends it on:
 				 * fragmentation needed, or packet too big */
+	__u64 drop_fragment;	/* a later fragment to a frontend whose first
+				 * fragment left no flow: it opens none, dropped */
+	__u64 ipv6_ext_unparsed; /* IPv6 packets whose TCP or UDP header lies
+				  * behind an extension header kpr does not
+				  * follow, passed untranslated */
+};
+
+/*
+ * IP fragments of the tc programs (kpr_frags). Only the first fragment of
+ * a datagram carries its TCP or UDP header, so the programs record the
+ * ports they find there under the datagram's identity, and translate each
+ * later fragment, which carries no ports, as its first fragment was. IPv4
+ * and IPv6 share the map: addresses in the 16-byte form, the 16-bit IPv4
+ * id or the 32-bit IPv6 one.
+ */
+struct frag_key {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u32 id;	/* network byte order */
+	__u8 proto;	/* IPv4: the protocol field; IPv6: the fragment
+			 * header's next header, the same in every fragment */
+	__u8 pad[3];
+};
+
+struct frag_value {
+	__u16 sport;	/* network byte order */
+	__u16 dport;	/* network byte order */
+	__u8 proto;	/* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 tcp_flags;	/* the first fragment's, so that conntrack sees every
+			 * fragment as it saw the first */
+	__u16 pad;
 };
 
 /*

@@ -72,6 +72,7 @@ var lostWithout = map[string]string{
 	bpf.KprMapKprAffinityMatch: "session affinity restarts until the first sync rewrites it",
 	bpf.KprMapKprSockRev:       "UDP sockets connected before now see replies from the backend's address, not the Service's",
 	bpf.KprMapKprAffinity:      "clients with session affinity may be sent to another backend once",
+	bpf.KprMapKprFrags:         "fragmented datagrams in flight lose their later fragments once",
 }
 
 // prepareCarryOver finds every pinned map under bpfRoot that spec no longer

@@ -56,7 +56,7 @@ var (
 			"snat_takeover (given the SNAT port of a flow that had not shown traffic both ways, as under a SYN flood)",
 		[]string{"kind"}, nil)
 	tcPassedDesc = prometheus.NewDesc("kpr_tc_passed_total",
-		"Packets the tc programs passed untranslated that look like Service traffic: cluster_ip_outside (a ClusterIP from outside), fragment (IP fragments), tcp_midstream (a TCP segment other than a SYN of no known flow), v4_mapped (IPv6 with a ::ffff:a.b.c.d address, never taken for IPv4)",
+		"Packets the tc programs passed untranslated that look like Service traffic: cluster_ip_outside (a ClusterIP from outside), fragment (a later IP fragment whose first fragment had not passed), ipv6_ext_header (IPv6 whose TCP or UDP header lies behind an extension header kpr does not follow), tcp_midstream (a TCP segment other than a SYN of no known flow), v4_mapped (IPv6 with a ::ffff:a.b.c.d address, never taken for IPv4)",
 		[]string{"reason"}, nil)
 	tcICMPSentDesc = prometheus.NewDesc("kpr_tc_icmp_errors_sent_total",
 		"ICMP errors the tc programs sent themselves, by type: too_big (fragmentation needed, or IPv6 packet too big, to the sender of a packet that did not fit the route to a backend on another node, or back to the client)",
@@ -93,10 +93,12 @@ var tcCounters = []tcCounter{
 	{"DropInvalidSyn", tcDropsDesc, "invalid_syn"},
 	{"DropOutOfWindow", tcDropsDesc, "tcp_out_of_window"},
 	{"DropReplyTaken", tcDropsDesc, "reply_taken"},
+	{"DropFragment", tcDropsDesc, "fragment"},
 	{"ClusterIpOutside", tcPassedDesc, "cluster_ip_outside"},
 	{"Fragment", tcPassedDesc, "fragment"},
 	{"Midstream", tcPassedDesc, "tcp_midstream"},
 	{"V4Mapped", tcPassedDesc, "v4_mapped"},
+	{"Ipv6ExtUnparsed", tcPassedDesc, "ipv6_ext_header"},
 	{"Redirected", tcRedirectedDesc, ""},
 	{"IcmpTooBig", tcICMPSentDesc, "too_big"},
 	{"DropCtInsert", tcInsertFailuresDesc, ""},
