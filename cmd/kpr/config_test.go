@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"github.com/kpr-io/kpr/iptables-compat/ipvs"
 	"os"
 	"reflect"
 	"strings"
@@ -10,6 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kpr-io/kpr/iptables-compat/ipvs"
 )
 
 // parseRun parses args as kpr's command line, as main does (kube-proxy's
