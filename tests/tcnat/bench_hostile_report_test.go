@@ -11,6 +11,7 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 )
 
@@ -362,5 +363,16 @@ func TestSynPacket(t *testing.T) {
 	tcp, _ := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default).TransportLayer().(*layers.TCP)
 	if tcp == nil || !tcp.SYN || tcp.ACK || tcp.RST || tcp.FIN || tcp.Seq != 123456 || len(tcp.Options) == 0 || tcp.Options[0].OptionType != layers.TCPOptionKindMSS {
 		t.Errorf("synPacket's TCP header: %+v", tcp)
+	}
+}
+
+func TestMovedDropsNamesEveryDropCounterThatMoved(t *testing.T) {
+	before := bpf.KprNatStats{DropSnatPorts: 3, DropOutOfWindow: 1, Translated: 5}
+	after := bpf.KprNatStats{DropSnatPorts: 3, DropOutOfWindow: 4, DropReplyTaken: 2, Translated: 9}
+	if got, want := movedDrops(before, after), "OutOfWindow 3, ReplyTaken 2"; got != want {
+		t.Errorf("movedDrops = %q, want %q", got, want)
+	}
+	if got := movedDrops(after, after); got != "none" {
+		t.Errorf("movedDrops of no change = %q, want none", got)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -289,8 +290,8 @@ func (r *hostileRig) run(tb testing.TB, rates []int, flood, after time.Duration,
 			}
 			if s.kpr() {
 				a := s.lan.stats()
-				w.Note = strings.TrimPrefix(fmt.Sprintf("%s; kpr: %d SNAT ports taken over, drops: no SNAT port %d, conntrack insert %d",
-					w.Note, a.SnatTakeover-before.SnatTakeover, a.DropSnatPorts-before.DropSnatPorts, a.DropCtInsert-before.DropCtInsert), "; ")
+				w.Note = strings.TrimPrefix(fmt.Sprintf("%s; kpr: %d SNAT ports taken over, drops: %s",
+					w.Note, a.SnatTakeover-before.SnatTakeover, movedDrops(before, a)), "; ")
 			}
 			fmt.Printf("%-16s %5d SYN/s (sent %.0f/s): legitimate %6.0f req/s, %d served, %d failed; flood holds %d entries, %d SNAT ports  %s\n",
 				s.name, rate, w.SentRate, w.reqRate(), w.Served, w.Failed, during.Entries, during.SNATPorts, w.Note)
@@ -518,4 +519,25 @@ func replaceDocSection(path, section string) error {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return os.WriteFile(path, []byte(out), 0o644)
+}
+
+// movedDrops names every drop counter of the tc programs that moved
+// between before and after, "none" if none did: where a legitimate
+// client's lost packets went.
+func movedDrops(before, after bpf.KprNatStats) string {
+	var moved []string
+	b, a := reflect.ValueOf(before), reflect.ValueOf(after)
+	for i := 0; i < a.NumField(); i++ {
+		name := a.Type().Field(i).Name
+		if !strings.HasPrefix(name, "Drop") || a.Field(i).Kind() != reflect.Uint64 {
+			continue
+		}
+		if d := a.Field(i).Uint() - b.Field(i).Uint(); d > 0 {
+			moved = append(moved, fmt.Sprintf("%s %d", strings.TrimPrefix(name, "Drop"), d))
+		}
+	}
+	if len(moved) == 0 {
+		return "none"
+	}
+	return strings.Join(moved, ", ")
 }
