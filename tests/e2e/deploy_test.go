@@ -127,7 +127,7 @@ func TestDeployBase(t *testing.T) {
 			// --master reaches the API server directly. kube-proxy
 			// flags kpr has no use for are accepted, with a warning.
 			{"--master bypasses the Service", "127.0.0.1", unreachable,
-				[]string{"--master=" + api.Host, "--masquerade-all", "--conntrack-max-per-core=0"}},
+				[]string{"--master=" + api.Host, "--masquerade-all", "--oom-score-adj=-999"}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				cg, err := harness.NewCgroup(t)
@@ -162,8 +162,8 @@ func TestDeployBase(t *testing.T) {
 				if n := strings.Count(p.Log(), warning); len(tc.args) > 1 && n != 1 {
 					t.Errorf("%d start-up warnings about kube-proxy settings, want one", n)
 				}
-				if len(tc.args) > 1 && !strings.Contains(p.Log(), "--conntrack-max-per-core=0") {
-					t.Error("the start-up warning does not name --conntrack-max-per-core")
+				if len(tc.args) > 1 && !strings.Contains(p.Log(), "--oom-score-adj=-999") {
+					t.Error("the start-up warning does not name --oom-score-adj")
 				}
 			})
 		}

@@ -186,11 +186,16 @@ func (f *fixture) checkNewConnections() error {
 }
 
 // cleanupKubeProxy runs `kpr cleanup --kube-proxy` for the node.
+// cleanupKubeProxy runs kpr with args (`cleanup --kube-proxy` if none)
+// on the node, and returns its output.
 func (f *fixture) cleanupKubeProxy(args ...string) string {
 	f.t.Helper()
 	bin, err := kprproc.Binary()
 	if err != nil {
 		f.t.Fatal(err)
+	}
+	if len(args) == 0 {
+		args = []string{"cleanup", "--kube-proxy"}
 	}
 	args = append(args, "--host-netns", f.env.Node.NetNS.Path, "--bpf-root", f.t.TempDir())
 	out, err := exec.Command(bin, args...).CombinedOutput()
