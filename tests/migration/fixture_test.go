@@ -185,7 +185,6 @@ func (f *fixture) checkNewConnections() error {
 	return nil
 }
 
-// cleanupKubeProxy runs `kpr cleanup --kube-proxy` for the node.
 // cleanupKubeProxy runs kpr with args (`cleanup --kube-proxy` if none)
 // on the node, and returns its output.
 func (f *fixture) cleanupKubeProxy(args ...string) string {
