@@ -315,6 +315,13 @@ func (p *policies) render(sp *dataplane.ServicePort, word, proto string, out *po
 			}
 		}
 		c.rules = append(c.rules, "numgen random mod "+strconv.Itoa(len(s.backends))+" vmap { "+strings.Join(vmap, " , ")+" }")
+		// A packet that starts down this chain just before a commit
+		// replaces it keeps the old rules but looks the old rule's
+		// anonymous map up with the new generation, where its elements
+		// are already gone: the vmap misses and, without this rule, the
+		// packet would leave untranslated. It goes to the first endpoint
+		// of the rules it started with instead.
+		c.rules = append(c.rules, "goto "+endpointChain(sp.Name, s.backends[0]))
 		out.chains = append(out.chains, c)
 	}
 	for _, b := range eps {
