@@ -57,11 +57,10 @@ type kubeProxyFlags struct {
 // with whether each is a boolean (which may be given without a value).
 // Each is a setting of a mechanism kpr does not have: iptables marks and
 // conntrack sysctls (the conntrack timeouts kube-proxy also has are kpr
-// flags of its own: they set the tc programs' conntrack lifetimes), IPVS, local-traffic detection, the OOM score (the
+// flags of its own: they set the tc programs' conntrack lifetimes), IPVS, the OOM score (the
 // kubelet's job for a Pod), the config watcher, component-base logging.
 var kubeProxyOnlyFlags = map[string]bool{
 	"config-sync-period":              false,
-	"detect-local-mode":               false,
 	"feature-gates":                   false,
 	"iptables-masquerade-bit":         false,
 	"ipvs-exclude-cidrs":              false,
@@ -72,8 +71,6 @@ var kubeProxyOnlyFlags = map[string]bool{
 	"log-text-split-stream":           true,
 	"logging-format":                  false,
 	"oom-score-adj":                   false,
-	"pod-bridge-interface":            false,
-	"pod-interface-name-prefix":       false,
 	"show-hidden-metrics-for-version": false,
 	"vmodule":                         false,
 }

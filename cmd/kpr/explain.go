@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
@@ -51,6 +52,12 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 			}
 			// The modes' rows read what they need of the daemon's
 			// settings from the flags explain shares with kpr run.
+			waitCtx, cancel := context.WithTimeout(cmd.Context(), explainNodeWait)
+			err = f.run.waitForNodePodCIDRs(waitCtx, client.Core, cfg.NodeName, zap.NewNop())
+			cancel()
+			if err != nil {
+				return err
+			}
 			at := dataplaneAt{bpfRoot: g.bpfRoot, run: f.run}
 			res, err := explain(cmd.Context(), client, at, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
 			if err != nil {
@@ -73,8 +80,15 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 	fl.BoolVar(&f.run.kubeProxy.masqueradeAll, "masquerade-all", false, "as given to kpr run (the iptables mode's ClusterIP rules depend on it)")
 	fl.StringVar(&f.run.clusterCIDR, "cluster-cidr", "", "as given to kpr run (the iptables mode's ClusterIP rules depend on it)")
 	fl.BoolVar(&f.run.kubeProxy.localhostNodePorts, "iptables-localhost-nodeports", true, "as given to kpr run (the iptables mode's NodePorts on 127.0.0.1 depend on it)")
+	// As given to kpr run: the netfilter modes' rules depend on them.
+	addDetectLocalFlags(fl, &f.run.detectLocal)
 	return cmd
 }
+
+// explainNodeWait bounds explain's wait for the Node's podCIDRs under
+// --detect-local-mode NodeCIDR: the daemon waits for them, explain only
+// compares.
+const explainNodeWait = 10 * time.Second
 
 // explainOutput is `kpr explain -o json`.
 type explainOutput struct {

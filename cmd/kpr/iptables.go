@@ -35,14 +35,14 @@ var iptablesMode = mode{
 	inspect: inspectIPTables,
 }
 
-// masquerade is what the iptables and IPVS modes masquerade, from
-// --masquerade-all and --cluster-cidr.
+// masquerade is what the netfilter modes masquerade, from
+// --masquerade-all and the local-traffic detection (detectlocal.go).
 func (f *runFlags) masquerade() (netfilter.Masquerade, error) {
-	cidrs, err := f.clusterCIDRs()
+	local, err := f.localTraffic()
 	if err != nil {
 		return netfilter.Masquerade{}, err
 	}
-	return netfilter.Masquerade{All: f.kubeProxy.masqueradeAll, ClusterCIDRs: cidrs}, nil
+	return netfilter.Masquerade{All: f.kubeProxy.masqueradeAll, Local: local}, nil
 }
 
 // inspectIPTables reads the rules in the node's tables. Its ClusterIP

@@ -40,8 +40,9 @@ type runFlags struct {
 	healthCheckIP     string
 	metricsAddr       string
 	profiling         bool
-	kubeProxy         kubeProxyFlags // compat.go
-	conntrack         conntrackFlags // conntrack.go
+	kubeProxy         kubeProxyFlags   // compat.go
+	conntrack         conntrackFlags   // conntrack.go
+	detectLocal       detectLocalFlags // detectlocal.go
 	// Each mode's own settings, registered by its file.
 	ebpf ebpfFlags // ebpf.go
 	ipvs ipvsFlags // ipvs.go
@@ -107,6 +108,7 @@ func newRunCommand(g *globalFlags, f *runFlags) *cobra.Command {
 	fl.BoolVar(&f.profiling, "profiling", false, "serve Go's profiler on the metrics address under /debug/pprof/, as kube-proxy's --profiling does")
 	addKubeProxyFlags(fl, &f.kubeProxy)
 	addConntrackFlags(fl, &f.conntrack)
+	addDetectLocalFlags(fl, &f.detectLocal)
 	for _, m := range modes {
 		if m.addFlags != nil {
 			m.addFlags(fl, f)
@@ -164,6 +166,8 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		if err := f.ebpf.resolveMaglevSeed(ctx, client.Core, log); err != nil {
 			return err
 		}
+	} else if err := f.waitForNodePodCIDRs(ctx, client.Core, cfg.NodeName, log); err != nil {
+		return err
 	}
 
 	m := metrics.New()
@@ -258,6 +262,9 @@ func (f *runFlags) watcherConfig() (watcher.Config, error) {
 		return watcher.Config{}, fmt.Errorf("--external-ips: %w", err)
 	}
 	if _, err := f.clusterCIDRs(); err != nil {
+		return watcher.Config{}, err
+	}
+	if err := f.detectLocal.validate(); err != nil {
 		return watcher.Config{}, err
 	}
 	if f.syncPeriod <= 0 {

@@ -230,7 +230,7 @@ func fingerprint(r []string) string {
 		switch w {
 		case "-d", "-s":
 			parts = append(parts, prefix+w+"="+normalAddr(arg))
-		case "-p", "--dport", "--src-type", "--dst-type", "--ctstate", "--mark", "-j", "--to-destination",
+		case "-i", "-p", "--dport", "--src-type", "--dst-type", "--ctstate", "--mark", "-j", "--to-destination",
 			"--seconds", "--name":
 			parts = append(parts, prefix+w+"="+arg)
 		case "--set", "--rcheck":

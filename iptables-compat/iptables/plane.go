@@ -21,7 +21,7 @@ type Options struct {
 	// Conntrack removes the entries of UDP backends that left; nil
 	// skips it.
 	Conntrack netfilter.ConntrackCleaner
-	// Masquerade is kube-proxy's --masquerade-all and --cluster-cidr.
+	// Masquerade is kube-proxy's --masquerade-all and --detect-local-mode.
 	Masquerade netfilter.Masquerade
 	// LocalhostNodePorts serves NodePorts on 127.0.0.0/8, as kube-proxy's
 	// --iptables-localhost-nodeports does where --nodeport-addresses

@@ -148,7 +148,7 @@ func renderPort(sp *dataplane.ServicePort, fam netfilter.Family, cfg config) por
 		out.chains = append(out.chains, f.render(name))
 	}
 	for _, e := range pol.exts {
-		out.chains = append(out.chains, e.render(name))
+		out.chains = append(out.chains, e.render(name, cfg.masq.Local.IPTablesLocal(fam)))
 	}
 	out.chains = append(out.chains, pol.chains(sp, name, proto)...)
 	return out
@@ -209,8 +209,8 @@ func clusterIPMasquerade(masq netfilter.Masquerade, fam netfilter.Family, name s
 	if masq.All {
 		return append(words, "-j", chainMarkMasq)
 	}
-	if cidr, ok := masq.ClusterCIDR(fam); ok {
-		return append(words, "!", "-s", cidr.String(), "-j", chainMarkMasq)
+	if notLocal := masq.Local.IPTablesNotLocal(fam); notLocal != nil {
+		return append(append(words, notLocal...), "-j", chainMarkMasq)
 	}
 	return nil
 }
@@ -342,8 +342,9 @@ func (p *policies) chainName(rank int) string {
 	return prefixLocalPolicy + hash16(portName(p.name)+netfilter.ProtoName(p.name.Protocol)+"#"+strconv.Itoa(rank))
 }
 
-// render renders the KUBE-EXT-* chain.
-func (e *extChain) render(name string) chain {
+// render renders the KUBE-EXT-* chain; podLocal matches the traffic of
+// this node's pods (nil when it is not told apart).
+func (e *extChain) render(name string, podLocal []string) chain {
 	c := chain{name: e.name}
 	add := func(words ...string) { c.rules = append(c.rules, line(append([]string{"-A", c.name}, words...)...)) }
 	if !e.local {
@@ -354,9 +355,13 @@ func (e *extChain) render(name string) chain {
 		return c
 	}
 	// Local policy: traffic from outside keeps its source address and
-	// stays on this node. Traffic of the node itself still goes to its
-	// own set (every endpoint), masqueraded because its source is a node
-	// address.
+	// stays on this node. A pod's traffic goes to every endpoint, as if it
+	// had gone out to the load balancer and come back in, as kube-proxy
+	// does. Traffic of the node itself goes there too, masqueraded because
+	// its source is a node address.
+	if podLocal != nil && !e.internal.empty() {
+		add(netfilter.Comment("pod traffic for "+name+" external destinations"), line(podLocal...), "-j", e.internal.chain)
+	}
 	add(netfilter.Comment("masquerade LOCAL traffic for "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq)
 	if e.internal.empty() {
 		add(netfilter.Comment("no endpoints for LOCAL traffic to "+name+" external destinations"), "-m", "addrtype", "--src-type", "LOCAL", "-j", "RETURN")

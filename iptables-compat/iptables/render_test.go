@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -129,14 +130,17 @@ func fullSyncInput(sps []*dataplane.ServicePort, cfg config) []byte {
 func masqueradeCases() map[string]netfilter.Masquerade {
 	return map[string]netfilter.Masquerade{
 		"masquerade-all": {All: true},
-		"cluster-cidr":   {ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}},
+		"cluster-cidr":   {Local: netfilter.LocalTraffic{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}}},
+		// --detect-local-mode BridgeInterface and InterfaceNamePrefix.
+		"bridge-interface":      {Local: netfilter.LocalTraffic{Bridge: "cbr0"}},
+		"interface-name-prefix": {Local: netfilter.LocalTraffic{InterfacePrefix: "veth"}},
 	}
 }
 
 func masqueradeServices() []*dataplane.ServicePort {
 	cases := goldenCases()
 	internalLocal := spn("shop", "node-local", "", dataplane.TCP)
-	return append(append(cases["nodeport-cluster-policy"], cases["dual-stack"]...),
+	return append(slices.Concat(cases["nodeport-cluster-policy"], cases["dual-stack"], cases["loadbalancer-local-policy"]),
 		&dataplane.ServicePort{Name: internalLocal, Frontends: []dataplane.Frontend{
 			// internalTrafficPolicy: Local: the ClusterIP's own set is the
 			// node's endpoints, and its chain KUBE-SVL-*.

@@ -83,7 +83,7 @@ func goldenCases() map[string]*dataplane.ServicePort {
 // goldenMasquerade is the --masquerade-all and --cluster-cidr the golden
 // case name is rendered and programmed under.
 func goldenMasquerade(name string) netfilter.Masquerade {
-	m := netfilter.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	m := netfilter.Masquerade{Local: netfilter.LocalTraffic{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}}
 	m.All = name == "masquerade-all"
 	return m
 }

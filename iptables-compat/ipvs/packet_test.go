@@ -239,7 +239,7 @@ func TestMasqueradeAllThroughIPVS(t *testing.T) {
 			client := peerNetNS(t, node, "10.244.1.254/24", "10.244.1.2/24", "10.244.1.254")
 
 			p := ipv4Plane(t, Options{Kernel: k, Runner: run,
-				Masquerade: netfilter.Masquerade{All: c.masqAll, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}})
+				Masquerade: netfilter.Masquerade{All: c.masqAll, Local: netfilter.LocalTraffic{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}}})
 			web := dataplane.ServicePortName{Namespace: "default", Name: "web", Protocol: dataplane.TCP}
 			sp := &dataplane.ServicePort{Name: web, Frontends: []dataplane.Frontend{
 				fe(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backends("10.244.0.1:8080"), nil)}}

@@ -29,9 +29,9 @@ type Options struct {
 	// Scheduler is the IPVS scheduler of every virtual server; empty is
 	// DefaultScheduler.
 	Scheduler string
-	// Masquerade is kube-proxy's --masquerade-all and --cluster-cidr: with
-	// All every connection to a ClusterIP is masqueraded, else those from
-	// outside the ClusterCIDRs, as kube-proxy's IPVS mode does. The node's
+	// Masquerade is kube-proxy's --masquerade-all and --detect-local-mode:
+	// with All every connection to a ClusterIP is masqueraded, else those
+	// not from this node's pods, as kube-proxy's IPVS mode does. The node's
 	// own connections are masqueraded either way.
 	Masquerade netfilter.Masquerade
 	// Conntrack removes the conntrack entries of UDP backends that left;

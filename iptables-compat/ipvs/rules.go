@@ -65,9 +65,10 @@ type ruleSet struct {
 	// masqAll is --masquerade-all: every connection to a ClusterIP is
 	// masqueraded, and clusterCIDRs do not matter.
 	masqAll bool
-	// clusterCIDRs of the family: traffic to ClusterIPs from outside them
-	// is masqueraded too, as kube-proxy does with --cluster-cidr.
-	clusterCIDRs []netip.Prefix
+	// notLocal matches the family's traffic from anything but this
+	// node's pods (--detect-local-mode): its traffic to ClusterIPs is
+	// masqueraded too, as kube-proxy does. nil when not told apart.
+	notLocal []string
 	// internal maps frontends to the marks of their node-traffic virtual
 	// servers.
 	internal map[ServiceKey]uint32
@@ -75,13 +76,7 @@ type ruleSet struct {
 
 // newRuleSet is the ruleSet of fam under masq.
 func newRuleSet(fam netfilter.Family, masq netfilter.Masquerade, internal map[ServiceKey]uint32) ruleSet {
-	rs := ruleSet{fam: fam, masqAll: masq.All, internal: internal}
-	for _, c := range masq.ClusterCIDRs {
-		if c.Addr().Is4() == (fam == netfilter.IPv4) {
-			rs.clusterCIDRs = append(rs.clusterCIDRs, c)
-		}
-	}
-	return rs
+	return ruleSet{fam: fam, masqAll: masq.All, notLocal: masq.Local.IPTablesNotLocal(fam), internal: internal}
 }
 
 // render is the iptables-restore --noflush input that writes table,
@@ -142,8 +137,8 @@ func (rs ruleSet) rules(table string) []string {
 		out = append(out, "-A "+chainServices+" "+clusterIPs)
 	} else {
 		out = append(out, "-A "+chainServices+" -m addrtype --src-type LOCAL "+clusterIPs)
-		for _, c := range rs.clusterCIDRs {
-			out = append(out, "-A "+chainServices+" ! -s "+c.String()+" "+clusterIPs)
+		if rs.notLocal != nil {
+			out = append(out, "-A "+chainServices+" "+strings.Join(rs.notLocal, " ")+" "+clusterIPs)
 		}
 	}
 	out = append(out,

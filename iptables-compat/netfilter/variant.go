@@ -155,22 +155,14 @@ func NodeFamilies(r Runner, log *zap.Logger) (map[Family]Tools, error) {
 
 // Masquerade says which ClusterIP traffic a backend marks for
 // masquerading: all of it (kube-proxy's --masquerade-all), or what does not
-// come from the pods (--cluster-cidr), so that a node reached through a
-// static route to the Service range answers through itself. Neither marks
-// none, as kube-proxy without a local-traffic detector.
+// come from this node's pods (--detect-local-mode, by default the
+// --cluster-cidr), so that a node reached through a static route to the
+// Service range answers through itself. Neither marks none, as kube-proxy
+// without a local-traffic detector.
 type Masquerade struct {
 	All bool
-	// ClusterCIDRs are the pod ranges, at most one per family (kube-proxy's
-	// limit); traffic from outside them is masqueraded.
-	ClusterCIDRs []netip.Prefix
-}
-
-// ClusterCIDR is the pod range of fam, if one was given.
-func (m Masquerade) ClusterCIDR(fam Family) (netip.Prefix, bool) {
-	for _, c := range m.ClusterCIDRs {
-		if FamilyOf(c.Addr()) == fam {
-			return c, true
-		}
-	}
-	return netip.Prefix{}, false
+	// Local tells the pods' traffic from the rest; it also lets the pods'
+	// traffic to a Local-policy external address go to every endpoint, as
+	// kube-proxy's does.
+	Local LocalTraffic
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -273,5 +274,62 @@ func TestEndpointChangesLeaveNoConnectUntranslated(t *testing.T) {
 	}
 	for err, count := range failed {
 		t.Errorf("%d of %d connects failed: %s", count, connects, err)
+	}
+}
+
+// --detect-local-mode, each way of telling a pod's traffic apart: a pod's
+// connection to a ClusterIP reaches the backend from the pod's own
+// address when its traffic is told apart, and masqueraded (from the
+// bridge's address) when not; and under a Local policy without local
+// endpoints, the pod's connection to the load-balancer IP goes to every
+// endpoint when told apart, and is dropped when not, as in kube-proxy.
+func TestLocalTrafficDetection(t *testing.T) {
+	n := newPacketNode(t)
+	if _, err := n.b.ServeHTTP(8081); err != nil {
+		t.Fatal(err)
+	}
+	backend := []dataplane.Backend{{Addr: n.b.IPv4, Port: 8081}}
+	web := &dataplane.ServicePort{Name: spn("shop", "web", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.1:80", dataplane.TCP, backend, nil),
+		// Local policy, and no endpoint on this node for outside traffic.
+		front(dataplane.LoadBalancer, "198.51.100.20:80", dataplane.TCP, backend, []dataplane.Backend{})}}
+	bridge := n.node.Bridge
+	podRange := netip.PrefixFrom(n.client.IPv4, 16).Masked()
+	for _, c := range []struct {
+		name  string
+		local netfilter.LocalTraffic
+		pod   bool // the client pod's traffic is told apart as a pod's
+	}{
+		{"BridgeInterface", netfilter.LocalTraffic{Bridge: bridge}, true},
+		{"BridgeInterface other bridge", netfilter.LocalTraffic{Bridge: "kpr-other0"}, false},
+		{"InterfaceNamePrefix", netfilter.LocalTraffic{InterfacePrefix: bridge[:4]}, true},
+		{"InterfaceNamePrefix other prefix", netfilter.LocalTraffic{InterfacePrefix: "zz"}, false},
+		{"ClusterCIDR", netfilter.LocalTraffic{CIDRs: []netip.Prefix{podRange}}, true},
+		{"ClusterCIDR other range", netfilter.LocalTraffic{CIDRs: []netip.Prefix{netip.MustParsePrefix("172.31.0.0/16")}}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			plane, err := New(Options{NFT: n.plane.nft, Families: bothFamilies, Masquerade: netfilter.Masquerade{Local: c.local}, Log: zaptest.NewLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := plane.Reconcile(changes(web)); err != nil {
+				t.Fatal(err)
+			}
+			wantSource := n.node.GatewayV4.Addr().String()
+			if c.pod {
+				wantSource = n.client.IPv4.String()
+			}
+			got, err := harness.HTTPGet(n.client.NetNS, netip.MustParseAddrPort("10.96.0.1:80"), "/source", packetTimeout)
+			if err != nil || strings.TrimSpace(got) != wantSource {
+				t.Errorf("pod -> ClusterIP: the backend saw %q (%v), want %s", strings.TrimSpace(got), err, wantSource)
+			}
+			got, err = harness.HTTPGet(n.client.NetNS, netip.MustParseAddrPort("198.51.100.20:80"), "/source", packetTimeout)
+			switch {
+			case c.pod && err != nil:
+				t.Errorf("pod -> Local-policy load-balancer IP without local endpoints: %v, want it sent to every endpoint", err)
+			case !c.pod && err == nil:
+				t.Errorf("pod -> Local-policy load-balancer IP without local endpoints reached the backend (%q); want it dropped, as outside traffic", got)
+			}
+		})
 	}
 }

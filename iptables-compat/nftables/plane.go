@@ -24,7 +24,7 @@ type Options struct {
 	// Conntrack removes the entries of UDP backends that left; nil
 	// skips it.
 	Conntrack netfilter.ConntrackCleaner
-	// Masquerade is kube-proxy's --masquerade-all and --cluster-cidr.
+	// Masquerade is kube-proxy's --masquerade-all and --detect-local-mode.
 	Masquerade netfilter.Masquerade
 	Log        *zap.Logger
 }

@@ -125,7 +125,7 @@ func renderPort(sp *dataplane.ServicePort, fam netfilter.Family, cfg config) *po
 		out.chains = append(out.chains, f.render(word))
 	}
 	for _, e := range pol.exts {
-		out.chains = append(out.chains, e.render())
+		out.chains = append(out.chains, e.render(cfg.masq.Local.NFTLocal(fam)))
 	}
 	pol.render(sp, word, proto, out)
 	return out
@@ -144,8 +144,8 @@ func clusterIPMasquerade(masq netfilter.Masquerade, fam netfilter.Family, dest s
 	if masq.All {
 		return dest + " jump " + chainMarkMasq
 	}
-	if cidr, ok := masq.ClusterCIDR(fam); ok {
-		return dest + " " + addrWord(fam) + " saddr != " + cidr.String() + " jump " + chainMarkMasq
+	if notLocal := masq.Local.NFTNotLocal(fam); notLocal != "" {
+		return dest + " " + notLocal + " jump " + chainMarkMasq
 	}
 	return ""
 }
@@ -240,7 +240,9 @@ func (p *policies) external(internal, external *backendSet, local bool) *extChai
 	return e
 }
 
-func (e *extChain) render() chain {
+// render renders the external chain; podLocal matches the traffic of
+// this node's pods ("" when it is not told apart).
+func (e *extChain) render(podLocal string) chain {
 	c := chain{name: e.name}
 	if !e.local {
 		// Cluster policy: masquerade, since the endpoint may be on
@@ -249,8 +251,13 @@ func (e *extChain) render() chain {
 		return c
 	}
 	// Local policy: traffic from outside keeps its source address and
-	// stays on this node; traffic of the node itself goes to every
-	// endpoint, masqueraded because its source is a node address.
+	// stays on this node. A pod's traffic goes to every endpoint, as if it
+	// had gone out to the load balancer and come back in, as kube-proxy
+	// does; traffic of the node itself goes there too, masqueraded because
+	// its source is a node address.
+	if podLocal != "" && !e.internal.empty() {
+		c.rules = append(c.rules, podLocal+" goto "+e.internal.chain)
+	}
 	c.rules = append(c.rules, "fib saddr type local jump "+chainMarkMasq)
 	if e.internal.empty() {
 		c.rules = append(c.rules, "fib saddr type local return")

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,13 +107,16 @@ func goldenCases() map[string][]*dataplane.ServicePort {
 func masqueradeCases() map[string]netfilter.Masquerade {
 	return map[string]netfilter.Masquerade{
 		"masquerade-all": {All: true},
-		"cluster-cidr":   {ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}},
+		"cluster-cidr":   {Local: netfilter.LocalTraffic{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}}},
+		// --detect-local-mode BridgeInterface and InterfaceNamePrefix.
+		"bridge-interface":      {Local: netfilter.LocalTraffic{Bridge: "cbr0"}},
+		"interface-name-prefix": {Local: netfilter.LocalTraffic{InterfacePrefix: "veth"}},
 	}
 }
 
 func masqueradeServices() []*dataplane.ServicePort {
 	cases := goldenCases()
-	return append(cases["nodeport-cluster-policy"], cases["dual-stack"]...)
+	return slices.Concat(cases["nodeport-cluster-policy"], cases["dual-stack"], cases["loadbalancer-local-policy"])
 }
 
 // fullSync is the table a Reconcile of sps writes into an empty one, as

@@ -48,8 +48,9 @@ func (p *Pod) ServeUDP(port uint16) (*Server, error) {
 }
 
 // ServeHTTP starts an HTTP server on port (IPv4 and IPv6) inside the pod.
-// GET / answers "hello from <pod name>\n"; other paths answer 404. Hits
-// counts requests.
+// GET / answers "hello from <pod name>\n", GET /source the client's
+// address as the pod sees it; other paths answer 404. Hits counts
+// requests.
 func (p *Pod) ServeHTTP(port uint16) (*Server, error) {
 	return p.startServer(HTTP, port)
 }

@@ -261,6 +261,13 @@ func (s *Server) serveUDPEcho(pcs []*net.UDPConn) {
 
 func (s *Server) serveHTTP(ls []net.Listener) {
 	mux := http.NewServeMux()
+	// /source answers the address the connection came from, to tell
+	// whether it was masqueraded on the way.
+	mux.HandleFunc("/source", func(w http.ResponseWriter, r *http.Request) {
+		s.hits.Add(1)
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		_, _ = io.WriteString(w, host+"\n")
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.hits.Add(1)
 		if r.URL.Path != "/" {
