@@ -63,7 +63,6 @@ var kubeProxyOnlyFlags = map[string]bool{
 	"config-sync-period":              false,
 	"feature-gates":                   false,
 	"iptables-masquerade-bit":         false,
-	"ipvs-exclude-cidrs":              false,
 	"log-flush-frequency":             false,
 	"log-json-info-buffer-size":       false,
 	"log-json-split-stream":           true,

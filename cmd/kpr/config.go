@@ -232,6 +232,7 @@ func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFla
 	apply("ipvs-tcp-timeout", "ipvs.tcpTimeout", func() { f.ipvs.timeouts.TCP = cfg.IPVS.TCPTimeout.Duration })
 	apply("ipvs-tcpfin-timeout", "ipvs.tcpFinTimeout", func() { f.ipvs.timeouts.TCPFin = cfg.IPVS.TCPFinTimeout.Duration })
 	apply("ipvs-udp-timeout", "ipvs.udpTimeout", func() { f.ipvs.timeouts.UDP = cfg.IPVS.UDPTimeout.Duration })
+	apply("ipvs-exclude-cidrs", "ipvs.excludeCIDRs", func() { f.ipvs.excludeCIDRs = slices.Clone(cfg.IPVS.ExcludeCIDRs) })
 	apply("nodeport-addresses", "nodePortAddresses", func() { f.nodePortAddresses = slices.Clone(cfg.NodePortAddresses) })
 	// The file's mode is kube-proxy's, as --proxy-mode (resolveProxyMode).
 	apply("proxy-mode", "mode", func() { f.kubeProxy.proxyMode = string(cfg.Mode) })

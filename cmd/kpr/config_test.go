@@ -102,7 +102,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		"hostname": f.hostnameOverride, "kubeconfig": f.kubeconfig,
 		"qps": f.kubeProxy.qps, "burst": f.kubeProxy.burst, "contentType": f.kubeProxy.contentType,
 		"logLevel": g.logLevel, "logFormat": g.logFormat, "masqueradeAll": f.kubeProxy.masqueradeAll,
-		"ipvsScheduler":       f.ipvs.scheduler,
+		"ipvsScheduler": f.ipvs.scheduler, "ipvsExclude": f.ipvs.excludeCIDRs,
 		"conntrackMaxPerCore": f.conntrack.maxPerCore, "conntrackEstablished": f.conntrack.tcpEstablished, "conntrackCloseWait": f.conntrack.tcpCloseWait,
 	}
 	want := map[string]any{
@@ -112,7 +112,7 @@ func TestTunedKubeProxyConfigMapsEveryFieldAndWarnsOnce(t *testing.T) {
 		"hostname": "Node-7", "kubeconfig": "/var/lib/kube-proxy/kubeconfig.conf",
 		"qps": float32(20), "burst": int32(40), "contentType": "application/json",
 		"logLevel": "debug", "logFormat": "console", "masqueradeAll": true,
-		"ipvsScheduler":       "rr",
+		"ipvsScheduler": "rr", "ipvsExclude": []string{"10.96.100.0/24"},
 		"conntrackMaxPerCore": int32(65536), "conntrackEstablished": 24 * time.Hour, "conntrackCloseWait": time.Hour,
 	}
 	for k, w := range want {

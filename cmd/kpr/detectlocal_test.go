@@ -125,3 +125,24 @@ func TestNodeCIDRWaitsForThePodCIDRs(t *testing.T) {
 		t.Errorf("local traffic = %+v, %v; want the Node's podCIDRs %v", masq.Local, err, want)
 	}
 }
+
+// --ipvs-exclude-cidrs is parsed, and a range that is not one is refused
+// at start, naming the flag.
+func TestIPVSExcludeCIDRsFlag(t *testing.T) {
+	f, _, ignored, err := parseRun(t, "--ipvs-exclude-cidrs=10.96.100.0/24,fd00:96::/64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.ipvs.excluded()
+	want := []netip.Prefix{netip.MustParsePrefix("10.96.100.0/24"), netip.MustParsePrefix("fd00:96::/64")}
+	if err != nil || !reflect.DeepEqual(got, want) || !ignored.empty() {
+		t.Errorf("--ipvs-exclude-cidrs = %v, %v (ignored %+v); want %v", got, err, ignored, want)
+	}
+	f, _, _, err = parseRun(t, "--ipvs-exclude-cidrs=10.96.100.0")
+	if err == nil {
+		_, err = f.watcherConfig()
+	}
+	if err == nil || !strings.Contains(err.Error(), "--ipvs-exclude-cidrs") {
+		t.Errorf("a bad range: err %v, want one naming --ipvs-exclude-cidrs", err)
+	}
+}

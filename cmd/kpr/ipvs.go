@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"strings"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -65,9 +67,23 @@ func requireIPVS(report kernelReport) error {
 
 // ipvsFlags are the settings of --mode ipvs.
 type ipvsFlags struct {
-	scheduler string
-	strictARP bool
-	timeouts  ipvs.Timeouts
+	scheduler    string
+	strictARP    bool
+	timeouts     ipvs.Timeouts
+	excludeCIDRs []string
+}
+
+// excluded parses --ipvs-exclude-cidrs.
+func (f *ipvsFlags) excluded() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range f.excludeCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("--ipvs-exclude-cidrs %q: %w", s, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 func addIPVSFlags(fl *pflag.FlagSet, f *ipvsFlags) {
@@ -78,6 +94,8 @@ func addIPVSFlags(fl *pflag.FlagSet, f *ipvsFlags) {
 	fl.DurationVar(&f.timeouts.TCP, "ipvs-tcp-timeout", 0, "with --mode ipvs, IPVS's timeout of idle TCP connections (ipvsadm --set), as kube-proxy's; 0 leaves the kernel's")
 	fl.DurationVar(&f.timeouts.TCPFin, "ipvs-tcpfin-timeout", 0, "with --mode ipvs, IPVS's timeout of TCP connections after a FIN, as kube-proxy's; 0 leaves the kernel's")
 	fl.DurationVar(&f.timeouts.UDP, "ipvs-udp-timeout", 0, "with --mode ipvs, IPVS's timeout of UDP flows, as kube-proxy's; 0 leaves the kernel's")
+	fl.StringSliceVar(&f.excludeCIDRs, "ipvs-exclude-cidrs", nil, "with --mode ipvs, CIDRs (comma separated) whose virtual servers and addresses kpr never deletes, "+
+		"though no Service wants them any more, as kube-proxy's flag: what another program keeps there survives kpr's clean-up")
 }
 
 // initIPVSNode is the IPVS mode's node setup (also --init-only): the
@@ -114,6 +132,11 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 		k.Close()
 		return builtDataplane{}, err
 	}
+	exclude, err := f.ipvs.excluded()
+	if err != nil {
+		k.Close()
+		return builtDataplane{}, err
+	}
 	conntrack := netfilter.ConntrackIn(f.hostNetNS)
 	if err := f.inHostNetNS(func() error { return ipvs.SetSysctls(f.ipvs.strictARP) }); err != nil {
 		log.Warn("IPVS may not masquerade or move drained UDP flows on, or (with --ipvs-strict-arp) the node may answer ARP for Service addresses", zap.Error(err))
@@ -127,7 +150,7 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 		log.Warn("Switching this node to another mode later will leave kpr's IPVS state", zap.Error(err))
 	}
 	plane, err := ipvs.New(ipvs.Options{Kernel: k, Runner: run, Families: fams, Scheduler: f.ipvs.scheduler,
-		Masquerade: masq, Conntrack: conntrack, Log: log})
+		Masquerade: masq, Conntrack: conntrack, ExcludeCIDRs: exclude, Log: log})
 	if err != nil {
 		k.Close()
 		return builtDataplane{}, err

@@ -267,6 +267,9 @@ func (f *runFlags) watcherConfig() (watcher.Config, error) {
 	if err := f.detectLocal.validate(); err != nil {
 		return watcher.Config{}, err
 	}
+	if _, err := f.ipvs.excluded(); err != nil {
+		return watcher.Config{}, err
+	}
 	if f.syncPeriod <= 0 {
 		return watcher.Config{}, fmt.Errorf("--sync-period must be positive, got %s", f.syncPeriod)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 
@@ -40,7 +41,12 @@ type Options struct {
 	// Limits are the ipsets' sizes and the firewall marks; the zero
 	// value is what the kernel and kube-proxy have (refusals.go).
 	Limits Limits
-	Log    *zap.Logger
+	// ExcludeCIDRs are kube-proxy's --ipvs-exclude-cidrs: a virtual
+	// server or an address on the dummy interface inside one is never
+	// deleted, even when no Service wants it any more, so that what
+	// another program put there survives kpr's clean-up of its own.
+	ExcludeCIDRs []netip.Prefix
+	Log          *zap.Logger
 }
 
 // Plane is the IPVS dataplane.Dataplane.
@@ -52,6 +58,7 @@ type Plane struct {
 	scheduler string
 	masq      netfilter.Masquerade
 	conntrack netfilter.ConntrackCleaner
+	exclude   []netip.Prefix
 	log       *zap.Logger
 
 	// mu keeps the reaper out of a call in progress.
@@ -87,7 +94,7 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("ipvs.New: Options need the IPv4 iptables Tools")
 	}
 	p := &Plane{k: o.Kernel, run: o.Runner, tools: o.Families, scheduler: o.Scheduler, masq: o.Masquerade,
-		conntrack: o.Conntrack, log: o.Log, limits: o.Limits,
+		conntrack: o.Conntrack, exclude: o.ExcludeCIDRs, log: o.Log, limits: o.Limits,
 		sps: map[dataplane.ServicePortName]*dataplane.ServicePort{}, contrib: map[dataplane.ServicePortName]*contribution{},
 		marks: newMarks(o.Limits.marks()), refused: map[dataplane.ServicePortName]refusal{}}
 	if p.scheduler == "" {
@@ -98,6 +105,20 @@ func New(o Options) (*Plane, error) {
 	}
 	p.families = netfilter.FamiliesOf(o.Families)
 	return p, nil
+}
+
+// excluded reports whether a is in one of the ExcludeCIDRs (a firewall
+// mark's virtual server has no address, and is never excluded).
+func (p *Plane) excluded(a netip.Addr) bool {
+	if !a.IsValid() {
+		return false
+	}
+	for _, c := range p.exclude {
+		if c.Contains(a.Unmap()) {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *Plane) ipv6() bool { _, ok := p.tools[netfilter.IPv6]; return ok }
@@ -361,6 +382,8 @@ func (p *Plane) plan(w *kstate, tc *touched) *plan {
 		have, want := p.cur.services[k], w.services[k]
 		switch {
 		case want == nil && have == nil:
+		case want == nil && p.excluded(k.Addr):
+			// Left in place, and in after, as kube-proxy leaves it.
 		case want == nil:
 			deletes = append(deletes, k)
 		case have == nil:
@@ -388,7 +411,7 @@ func (p *Plane) plan(w *kstate, tc *touched) *plan {
 	}
 	pl.finish = func() {
 		for _, a := range addrs {
-			if !w.bound[a] && p.cur.bound[a] {
+			if !w.bound[a] && p.cur.bound[a] && !p.excluded(a) {
 				pl.add(func() error { return wrap(p.k.DelAddr(a), "unbind %s from %s", a, DeviceName) },
 					func() error { return p.k.AddAddr(a) })
 				delete(after.bound, a)
