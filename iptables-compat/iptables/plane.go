@@ -3,6 +3,7 @@ package iptables
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"go.uber.org/zap"
@@ -286,9 +287,9 @@ func writeSteps(prev, kept, next map[dataplane.ServicePortName]*renderedPort, wh
 	}
 }
 
-// keptFilterRules is the filter rules between prev and next: for each
-// changed ServicePort, its filter lines in either (see unionLines); the
-// others as they are in next. The result renders the filter table only.
+// keptFilterRules is the filter rules between prev and next: each
+// changed ServicePort's filter lines in either; the others as they are in
+// next. Only the filter table is written from it.
 func keptFilterRules(prev, next map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName) map[dataplane.ServicePortName]*renderedPort {
 	kept := make(map[dataplane.ServicePortName]*renderedPort, len(next))
 	for n, r := range next {
@@ -298,30 +299,39 @@ func keptFilterRules(prev, next map[dataplane.ServicePortName]*renderedPort, cha
 		before, after := prev[n], next[n]
 		switch {
 		case before == nil:
-			continue // new, or neither: next's rules, if any
+			// New, or neither: next's rules, if any.
 		case after == nil:
-			kept[n] = before // deleted: its rules go after its nat rules
-			continue
-		}
-		k := &renderedPort{rules: map[netfilter.Family]*portRules{}}
-		for fam, b := range before.rules {
-			k.rules[fam] = b
-		}
-		for fam, a := range after.rules {
-			b := k.rules[fam]
-			if b == nil {
-				k.rules[fam] = a
-				continue
-			}
-			k.rules[fam] = &portRules{
-				filterServices: unionLines(b.filterServices, a.filterServices),
-				filterExternal: unionLines(b.filterExternal, a.filterExternal),
-				filterFirewall: unionLines(b.filterFirewall, a.filterFirewall),
+			kept[n] = before // deleted: its filter rules go after its nat rules
+		default:
+			if k := keptPort(before, after); k != nil {
+				kept[n] = k
 			}
 		}
-		kept[n] = k
 	}
 	return kept
+}
+
+// keptPort is after with the filter lines of before that it lacks (see
+// unionLines), nil when it lacks none, as after an endpoint change that
+// leaves the Service with endpoints.
+func keptPort(before, after *renderedPort) *renderedPort {
+	var k *renderedPort
+	for fam, a := range after.rules {
+		b := before.rules[fam]
+		if b == nil || (containsAll(a.filterServices, b.filterServices) &&
+			containsAll(a.filterExternal, b.filterExternal) && containsAll(a.filterFirewall, b.filterFirewall)) {
+			continue
+		}
+		if k == nil {
+			k = &renderedPort{rules: maps.Clone(after.rules)}
+		}
+		k.rules[fam] = &portRules{
+			filterServices: unionLines(b.filterServices, a.filterServices),
+			filterExternal: unionLines(b.filterExternal, a.filterExternal),
+			filterFirewall: unionLines(b.filterFirewall, a.filterFirewall),
+		}
+	}
+	return k
 }
 
 // unionLines is the lines of before and after, each once: one of the two
