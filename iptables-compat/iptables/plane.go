@@ -3,6 +3,7 @@ package iptables
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"go.uber.org/zap"
@@ -158,7 +159,9 @@ type tableWrite struct {
 // undone by writing the previous state of the changed ServicePorts back,
 // so that every ServicePort is left wholly as it was. That holds for a
 // table written in parts too: its undo rewrites every changed
-// ServicePort's old chains, then the old shared chains.
+// ServicePort's old chains, then the old shared chains. The transactions
+// of a family are ordered by writeSteps, so that a packet meets at every
+// moment either the filter rules or the nat rules of its Service.
 func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort, changed []dataplane.ServicePortName, full bool) error {
 	p.writes++
 	slices.SortFunc(changed, dataplane.ServicePortName.Compare)
@@ -171,6 +174,8 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		}
 	}
 
+	prev := p.rendered
+	kept := keptFilterRules(prev, nextRendered, changed)
 	var writes []tableWrite
 	for _, fam := range p.families {
 		var saved map[string]*netfilter.SavedTable
@@ -184,24 +189,23 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		// first write, or a full sync, and either may find them changed.
 		whole := saved != nil
 		splitLines := p.tools[fam].SplitLines
-		for _, table := range tables {
-			fwd := tableInputOf(fam, table, p.cfg, nextRendered, p.rendered, changed, whole)
-			if whole {
-				fwd.jumps = netfilter.MissingJumps(table, baseJumpsOf(fam, p.cfg), saved[table])
-				if full && table == tableNAT {
-					fwd.remove = mergeNames(fwd.remove, staleChains(saved[table], fwd.ports))
+		for _, s := range writeSteps(prev, kept, nextRendered, whole) {
+			fwd := tableInputOf(fam, s.table, p.cfg, s.to, s.from, changed, s.whole)
+			if s.whole {
+				fwd.jumps = netfilter.MissingJumps(s.table, baseJumpsOf(fam, p.cfg), saved[s.table])
+				if full && s.table == tableNAT {
+					fwd.remove = mergeNames(fwd.remove, staleChains(saved[s.table], fwd.ports))
 				}
 			}
 			if fwd.writesNothing() {
 				continue // e.g. the filter table, or the other family, when only endpoints changed
 			}
-			prev := p.rendered
-			w := tableWrite{fam: fam, table: table, parts: renderAll(fwd.split(splitLines)),
+			w := tableWrite{fam: fam, table: s.table, parts: renderAll(fwd.split(splitLines)),
 				back: func() [][]byte {
-					return renderAll(tableInputOf(fam, table, p.cfg, prev, nextRendered, changed, whole).split(splitLines))
+					return renderAll(tableInputOf(fam, s.table, p.cfg, s.from, s.to, changed, s.whole).split(splitLines))
 				}}
 			if len(w.parts) > 1 {
-				p.log.Debug("Writing a large table in parts", zap.Stringer("family", fam), zap.String("table", table),
+				p.log.Debug("Writing a large table in parts", zap.Stringer("family", fam), zap.String("table", s.table),
 					zap.Int("lines", fwd.rewriteLines()), zap.Int("parts", len(w.parts)))
 			}
 			writes = append(writes, w)
@@ -243,6 +247,119 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 	}
 	netfilter.DeleteRemovedUDP(p.conntrack, removed, p.log)
 	return nil
+}
+
+// writeStep is one transaction of a family: table brought from the
+// rules of from to those of to, whole (every shared chain, and the
+// base jumps the table lacks) or only where they differ.
+type writeStep struct {
+	table    string
+	from, to map[dataplane.ServicePortName]*renderedPort
+	whole    bool
+}
+
+// writeSteps orders a family's transactions from prev to next. The
+// filter table and the nat table commit separately, and between the two
+// a packet meets the new rules of one and the old of the other. The
+// filter rules that stop a Service's packets (the REJECT without
+// endpoints, the DROP of outside traffic under a Local policy without
+// local endpoints, the DROP of sources outside loadBalancerSourceRanges)
+// match the Service's address, which a packet has only when nat did not
+// translate it: filter INPUT, FORWARD and OUTPUT come after nat's DNAT.
+// So those rules may stand beside any nat rules, and the filter table is
+// written twice around the nat table: first with the rules of prev and
+// next both (kept, see keptFilterRules), then, once the nat table is in,
+// with next's alone. A Service gaining its first endpoint keeps its
+// REJECT until its DNAT is in; one losing its last has its REJECT before
+// its DNAT goes. Written once before the nat table, as kube-proxy writes
+// it, a Service gaining its first endpoint had neither for a moment, and
+// its connects left untranslated. Either filter write is skipped when it
+// would change nothing, so a call writes the filter table twice only when
+// it both adds and removes such rules.
+//
+// Undoing the steps in reverse, each writes the rules of its from: the
+// nat table is put back while the filter table still holds kept.
+func writeSteps(prev, kept, next map[dataplane.ServicePortName]*renderedPort, whole bool) []writeStep {
+	return []writeStep{
+		{table: tableFilter, from: prev, to: kept, whole: whole},
+		{table: tableNAT, from: prev, to: next, whole: whole},
+		{table: tableFilter, from: kept, to: next},
+	}
+}
+
+// keptFilterRules is the filter rules between prev and next: each
+// changed ServicePort's filter lines in either; the others as they are in
+// next. Only the filter table is written from it.
+func keptFilterRules(prev, next map[dataplane.ServicePortName]*renderedPort, changed []dataplane.ServicePortName) map[dataplane.ServicePortName]*renderedPort {
+	kept := make(map[dataplane.ServicePortName]*renderedPort, len(next))
+	for n, r := range next {
+		kept[n] = r
+	}
+	for _, n := range changed {
+		before, after := prev[n], next[n]
+		switch {
+		case before == nil:
+			// New, or neither: next's rules, if any.
+		case after == nil:
+			kept[n] = before // deleted: its filter rules go after its nat rules
+		default:
+			if k := keptPort(before, after); k != nil {
+				kept[n] = k
+			}
+		}
+	}
+	return kept
+}
+
+// keptPort is after with the filter lines of before that it lacks (see
+// unionLines), nil when it lacks none, as after an endpoint change that
+// leaves the Service with endpoints.
+func keptPort(before, after *renderedPort) *renderedPort {
+	var k *renderedPort
+	for fam, a := range after.rules {
+		b := before.rules[fam]
+		if b == nil || (containsAll(a.filterServices, b.filterServices) &&
+			containsAll(a.filterExternal, b.filterExternal) && containsAll(a.filterFirewall, b.filterFirewall)) {
+			continue
+		}
+		if k == nil {
+			k = &renderedPort{rules: maps.Clone(after.rules)}
+		}
+		k.rules[fam] = &portRules{
+			filterServices: unionLines(b.filterServices, a.filterServices),
+			filterExternal: unionLines(b.filterExternal, a.filterExternal),
+			filterFirewall: unionLines(b.filterFirewall, a.filterFirewall),
+		}
+	}
+	return k
+}
+
+// unionLines is the lines of before and after, each once: one of the two
+// when it holds every line of the other, so that a write from or to it
+// finds nothing changed; else before's, then after's new ones.
+func unionLines(before, after []string) []string {
+	switch {
+	case containsAll(after, before):
+		return after
+	case containsAll(before, after):
+		return before
+	}
+	out := slices.Clone(before)
+	for _, l := range after {
+		if !slices.Contains(before, l) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func containsAll(set, lines []string) bool {
+	for _, l := range lines {
+		if !slices.Contains(set, l) {
+			return false
+		}
+	}
+	return true
 }
 
 func render(sp *dataplane.ServicePort, families []netfilter.Family, cfg config) *renderedPort {

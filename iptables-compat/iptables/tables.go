@@ -14,7 +14,8 @@ const (
 	tableNAT    = "nat"
 )
 
-// tables is the order of the transactions of one family.
+// tables are the tables the backend reads and writes; writeSteps orders
+// the transactions of one call.
 var tables = []string{tableFilter, tableNAT}
 
 // jumpRule is a base jump with kube-proxy's comment, so that either
