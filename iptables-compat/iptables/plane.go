@@ -18,8 +18,8 @@ type Options struct {
 	// Families maps each family the Plane programs to its binaries. A
 	// family left out is not programmed (its frontends are not served).
 	Families map[netfilter.Family]netfilter.Tools
-	// Conntrack removes the entries of UDP backends that left; nil
-	// skips it.
+	// Conntrack deletes the UDP conntrack entries that no longer match
+	// the rules (see netfilter.UDPConntrack); nil skips it.
 	Conntrack netfilter.ConntrackCleaner
 	// Masquerade is kube-proxy's --masquerade-all and --cluster-cidr.
 	Masquerade netfilter.Masquerade
@@ -42,7 +42,7 @@ type Plane struct {
 	run       netfilter.Runner
 	families  []netfilter.Family
 	tools     map[netfilter.Family]netfilter.Tools
-	conntrack netfilter.ConntrackCleaner
+	conntrack *netfilter.UDPConntrack
 	cfg       config
 	log       *zap.Logger
 
@@ -76,7 +76,7 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("iptables.New: Options need a Runner and at least one family's Tools")
 	}
 	p := &Plane{
-		run: o.Runner, tools: o.Families, conntrack: o.Conntrack, log: o.Log,
+		run: o.Runner, tools: o.Families, log: o.Log,
 		cfg:        config{masq: o.Masquerade, localhostNodePorts: o.LocalhostNodePorts, tcpLiberal: o.ConntrackTCPLiberal},
 		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		rendered:   map[dataplane.ServicePortName]*renderedPort{},
@@ -86,6 +86,7 @@ func New(o Options) (*Plane, error) {
 		p.log = zap.NewNop()
 	}
 	p.families = netfilter.FamiliesOf(o.Families)
+	p.conntrack = netfilter.NewUDPConntrack(o.Conntrack, p.families, p.log)
 	return p, nil
 }
 
@@ -230,10 +231,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		}
 	}
 
-	var removed []dataplane.RemovedBackend
-	for _, n := range changed {
-		removed = append(removed, dataplane.RemovedUDPBackends(p.programmed[n], next[n])...)
-	}
+	old := p.programmed
 	p.programmed, p.rendered = next, nextRendered
 	if full {
 		p.dirty = false
@@ -241,7 +239,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 	for _, fam := range p.families {
 		p.checked[fam] = true
 	}
-	netfilter.DeleteRemovedUDP(p.conntrack, removed, p.log)
+	p.conntrack.Synced(old, next, changed, full)
 	return nil
 }
 
