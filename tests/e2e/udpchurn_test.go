@@ -158,10 +158,16 @@ type resolvers []*resolver
 
 // startResolvers starts two resolvers on the node and two in pod-d, which
 // no scenario here uses as a server; each is stopped by the test's end.
+// Their queries are spread over the interval, as independent clients'
+// are, so that between them they cover a moment a single one may miss.
 func (f *fixture) startResolvers(t *testing.T, vip netip.AddrPort) resolvers {
 	t.Helper()
 	var rs resolvers
-	for i, from := range []*harness.NetNS{f.node.NetNS, f.node.NetNS, f.pod("pod-d").NetNS, f.pod("pod-d").NetNS} {
+	clients := []*harness.NetNS{f.node.NetNS, f.node.NetNS, f.pod("pod-d").NetNS, f.pod("pod-d").NetNS}
+	for i, from := range clients {
+		if i > 0 {
+			time.Sleep(resolverInterval / time.Duration(len(clients)))
+		}
 		conn, err := harness.DialUDP(from, vip)
 		if err != nil {
 			t.Fatal(err)
