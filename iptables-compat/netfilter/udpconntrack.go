@@ -50,6 +50,9 @@ type UDPConntrack struct {
 	// them: at start the kernel may hold entries from before, and a failed
 	// comparison is tried again.
 	checked bool
+	// failing is set while comparisons fail, so that a kernel that cannot
+	// list conntrack entries is reported once, not at every sync.
+	failing bool
 }
 
 // NewUDPConntrack returns a UDPConntrack for a backend serving the UDP
@@ -92,9 +95,18 @@ func (u *UDPConntrack) Synced(old, next map[dataplane.ServicePortName]*dataplane
 	n, err := u.cleaner.DeleteStaleUDP(served)
 	if err != nil {
 		u.checked = false
-		u.log.Warn("Could not delete the stale conntrack entries of UDP frontends; the next sync tries again",
+		log := u.log.Warn
+		if u.failing {
+			log = u.log.Debug
+		}
+		u.failing = true
+		log("Could not delete the stale conntrack entries of UDP frontends; every sync tries again until it succeeds",
 			zap.Int("frontends", len(served)), zap.Error(err))
 		return
+	}
+	if u.failing {
+		u.failing = false
+		u.log.Info("Deleting the stale conntrack entries of UDP frontends works again")
 	}
 	u.checked = true
 	if n > 0 {
