@@ -345,6 +345,11 @@ func (p *Plane) save(fam netfilter.Family) (map[string]*netfilter.SavedTable, er
 		// A table the kernel has not created yet saves as nothing.
 		out[table] = parsed[table]
 	}
+	// The UDP frontends the rules serve, whoever wrote them: after a
+	// restart, those of Services deleted meanwhile still have conntrack
+	// entries that only this reading can name.
+	p.conntrack.FoundInKernel(netfilter.UDPFrontendsOfRules(out[tableNAT], chainServices, chainNodePorts))
+	p.conntrack.FoundInKernel(netfilter.UDPFrontendsOfRules(out[tableFilter], chainServices, chainExternalServices))
 	return out, nil
 }
 

@@ -2,6 +2,8 @@ package netfilter
 
 import (
 	"net/netip"
+	"slices"
+	"strconv"
 
 	"go.uber.org/zap"
 
@@ -53,6 +55,26 @@ type UDPConntrack struct {
 	// failing is set while comparisons fail, so that a kernel that cannot
 	// list conntrack entries is reported once, not at every sync.
 	failing bool
+	// found are UDP frontends the kernel's rules served when the backend
+	// read them (at start, at a full sync). One that the next sync does not
+	// serve has left while kpr was away (a Service deleted then): every
+	// entry to it is stale, though no ServicePort of this process had it.
+	found map[netip.AddrPort]bool
+}
+
+// FoundInKernel records UDP frontends that the kernel's rules serve as
+// read from them; the next comparison deletes every entry to those the
+// rules then no longer serve.
+func (u *UDPConntrack) FoundInKernel(frontends []netip.AddrPort) {
+	if u == nil || len(frontends) == 0 {
+		return
+	}
+	if u.found == nil {
+		u.found = map[netip.AddrPort]bool{}
+	}
+	for _, fe := range frontends {
+		u.found[netip.AddrPortFrom(fe.Addr().Unmap(), fe.Port())] = true
+	}
 }
 
 // NewUDPConntrack returns a UDPConntrack for a backend serving the UDP
@@ -73,7 +95,7 @@ func (u *UDPConntrack) Synced(old, next map[dataplane.ServicePortName]*dataplane
 	if u == nil || u.cleaner == nil {
 		return
 	}
-	if !full && u.checked && !touchesUDP(old, next, changed) {
+	if !full && u.checked && len(u.found) == 0 && !touchesUDP(old, next, changed) {
 		return
 	}
 	served := u.served(next)
@@ -88,8 +110,13 @@ func (u *UDPConntrack) Synced(old, next map[dataplane.ServicePortName]*dataplane
 			}
 		}
 	}
+	for fe := range u.found {
+		if slices.Contains(u.families, FamilyOf(fe.Addr())) {
+			served.add(fe, nil)
+		}
+	}
 	if len(served) == 0 {
-		u.checked = true
+		u.checked, u.found = true, nil
 		return
 	}
 	n, err := u.cleaner.DeleteStaleUDP(served)
@@ -108,7 +135,7 @@ func (u *UDPConntrack) Synced(old, next map[dataplane.ServicePortName]*dataplane
 		u.failing = false
 		u.log.Info("Deleting the stale conntrack entries of UDP frontends works again")
 	}
-	u.checked = true
+	u.checked, u.found = true, nil
 	if n > 0 {
 		u.log.Info("Deleted stale conntrack entries of UDP frontends", zap.Int("frontends", len(served)), zap.Int("entries", n))
 	}
@@ -145,13 +172,7 @@ func (u *UDPConntrack) covers(fe dataplane.Frontend) bool {
 	if fe.Protocol != dataplane.UDP {
 		return false
 	}
-	fam := FamilyOf(fe.Addr)
-	for _, f := range u.families {
-		if f == fam {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(u.families, FamilyOf(fe.Addr))
 }
 
 // touchesUDP says whether a changed ServicePort had or has a UDP frontend.
@@ -169,4 +190,34 @@ func touchesUDP(old, next map[dataplane.ServicePortName]*dataplane.ServicePort, 
 		}
 	}
 	return false
+}
+
+// UDPFrontendsOfRules returns the UDP frontends that the rules of chains
+// in t match: a protocol of udp, one destination address and a
+// destination port, as kpr's and kube-proxy's Service rules spell them.
+func UDPFrontendsOfRules(t *SavedTable, chains ...string) []netip.AddrPort {
+	if t == nil {
+		return nil
+	}
+	var out []netip.AddrPort
+	for _, r := range t.Rules {
+		if len(r) < 2 || !slices.Contains(chains, r[1]) || RuleArg(r, "-p") != "udp" {
+			continue
+		}
+		port, err := strconv.ParseUint(RuleArg(r, "--dport"), 10, 16)
+		if err != nil {
+			continue
+		}
+		dst := RuleArg(r, "-d")
+		addr, err := netip.ParseAddr(dst)
+		if err != nil {
+			pfx, perr := netip.ParsePrefix(dst)
+			if perr != nil || !pfx.IsSingleIP() {
+				continue
+			}
+			addr = pfx.Addr()
+		}
+		out = append(out, netip.AddrPortFrom(addr.Unmap(), uint16(port)))
+	}
+	return out
 }

@@ -157,6 +157,13 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 			p.dirty = true
 			return err
 		}
+		found, err := udpFrontendsInTable(ctx, p.nft, present)
+		if err != nil {
+			// Only the conntrack cleanup of Services deleted while kpr
+			// was away misses them; the write goes on.
+			p.log.Warn("Could not read the UDP frontends of the nftables table", zap.Error(err))
+		}
+		p.conntrack.FoundInKernel(found)
 		p.fullWrite(tx, nextRendered, present)
 	} else {
 		p.partialWrite(tx, p.rendered, nextRendered, changed)

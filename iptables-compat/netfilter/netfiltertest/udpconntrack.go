@@ -37,6 +37,7 @@ const (
 func CheckUDPConntrack(t *testing.T, newPlane PlaneIn) {
 	t.Run("server-cycling", func(t *testing.T) { serverCycling(t, newPlane) })
 	t.Run("restart", func(t *testing.T) { restartAfterRemoval(t, newPlane) })
+	t.Run("restart-service-deleted", func(t *testing.T) { restartAfterServiceDeleted(t, newPlane) })
 }
 
 // serverCycling: the resolver's first datagram goes out before the
@@ -111,6 +112,35 @@ func restartAfterRemoval(t *testing.T, newPlane PlaneIn) {
 		if who, err := harness.AskUDP(conn, answerWithin); err != nil || who != b.Name {
 			t.Fatalf("query %d after the restart was answered by %q (%v), want %s: the removed backend's conntrack entry is still there",
 				i, who, err, b.Name)
+		}
+	}
+}
+
+// restartAfterServiceDeleted: the resolver's flow goes to a; kpr stops
+// and the whole Service is deleted. The new kpr has never heard of it:
+// only the kernel's rules, read at its first sync, name the frontend
+// whose entries still lead to a.
+func restartAfterServiceDeleted(t *testing.T, newPlane PlaneIn) {
+	node, pods := udpNode(t, "a")
+	a := pods[0]
+	before := newPlane(t, node)
+	if err := before.Reconcile(map[dataplane.ServicePortName]*dataplane.ServicePort{dnsName: dnsPort(a)}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := harness.DialUDP(node.NetNS, dnsVIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	requireAnswer(t, conn, a, "before the restart")
+
+	after := newPlane(t, node)
+	if err := after.Reconcile(nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if who, err := harness.AskUDP(conn, 300*time.Millisecond); err == nil {
+			t.Fatalf("query %d after the restart was answered by %s, though its Service is gone: its conntrack entry is still there", i, who)
 		}
 	}
 }
