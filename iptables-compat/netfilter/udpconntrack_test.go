@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -123,5 +124,49 @@ func TestStaleUDPFilter(t *testing.T) {
 		if got := f.MatchConntrackFlow(c.flow); got != c.wantDelete {
 			t.Errorf("flow %s: deleted %v, want %v", c.what, got, c.wantDelete)
 		}
+	}
+}
+
+// The UDP frontends of Service rules, as iptables-save prints them.
+func TestUDPFrontendsOfRules(t *testing.T) {
+	saved, err := ParseSave([]byte(`*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:OTHER - [0:0]
+-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment "kube-system/dns:dns cluster IP" -m udp --dport 53 -j KUBE-SVC-A
+-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m comment --comment "default/kubernetes:https cluster IP" -m tcp --dport 443 -j KUBE-SVC-B
+-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -d 192.168.0.10/32 -p udp -m udp --dport 30053 -j KUBE-EXT-A
+-A KUBE-SERVICES -d 10.0.0.0/8 -p udp -m udp --dport 53 -j KUBE-SVC-C
+-A OTHER -d 10.96.0.11/32 -p udp -m udp --dport 53 -j ACCEPT
+COMMIT
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := UDPFrontendsOfRules(saved["nat"], "KUBE-SERVICES", "KUBE-NODEPORTS")
+	want := []netip.AddrPort{netip.MustParseAddrPort("10.96.0.10:53"), netip.MustParseAddrPort("192.168.0.10:30053")}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v (UDP, one address, the chains asked for)", got, want)
+	}
+}
+
+// A frontend found in the kernel's rules and no longer served is compared
+// as one without backends, once; one still served keeps its backends.
+func TestUDPConntrackFoundInKernel(t *testing.T) {
+	ct := &recordingCleaner{}
+	u := NewUDPConntrack(ct, []Family{IPv4}, nil)
+	dns := udpPort("dns", "10.96.0.10:53", "10.244.0.10:53")
+	next := spMap{dns.Name: dns}
+	u.FoundInKernel([]netip.AddrPort{netip.MustParseAddrPort("10.96.0.10:53"), netip.MustParseAddrPort("10.96.0.99:53")})
+	u.Synced(nil, next, []dataplane.ServicePortName{dns.Name}, false)
+	want := frontends(map[string][]string{"10.96.0.10:53": {"10.244.0.10:53"}, "10.96.0.99:53": nil})
+	if len(ct.calls) != 1 || !maps.EqualFunc(ct.calls[0], want, maps.Equal) {
+		t.Fatalf("compared %v, want %v", ct.calls, want)
+	}
+	u.Synced(next, next, []dataplane.ServicePortName{dns.Name}, false)
+	want = frontends(map[string][]string{"10.96.0.10:53": {"10.244.0.10:53"}})
+	if len(ct.calls) != 2 || !maps.EqualFunc(ct.calls[1], want, maps.Equal) {
+		t.Fatalf("the second sync compared %v, want %v (the frontend found is handled)", ct.calls[1:], want)
 	}
 }
