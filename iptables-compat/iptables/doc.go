@@ -7,8 +7,8 @@
 //
 // Rendering is a pure function of the desired state. The Plane runs
 // iptables-restore and iptables-save through a netfilter.Runner, so that
-// tests use an in-memory stand-in, and removes the conntrack entries of UDP
-// backends that left through a netfilter.ConntrackCleaner. What it shares
+// tests use an in-memory stand-in, and deletes the UDP conntrack entries
+// the rules no longer match through a netfilter.UDPConntrack. What it shares
 // with the IPVS backend (save parsing, restore input, chain removal,
 // variant detection) lives in iptables-compat/netfilter.
 //

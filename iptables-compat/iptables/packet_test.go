@@ -22,9 +22,9 @@ const packetTimeout = 2 * time.Second
 // where kpr would run it.
 type inNetNS struct{ ns *harness.NetNS }
 
-func (c inNetNS) DeleteUDP(removed []dataplane.RemovedBackend) (n int, err error) {
+func (c inNetNS) DeleteStaleUDP(served netfilter.UDPFrontends) (n int, err error) {
 	doErr := harness.Do(c.ns, func() error {
-		n, err = netfilter.NetlinkConntrack{}.DeleteUDP(removed)
+		n, err = netfilter.NetlinkConntrack{}.DeleteStaleUDP(served)
 		return nil
 	})
 	return n, errors.Join(doErr, err)

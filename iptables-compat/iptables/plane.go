@@ -19,8 +19,8 @@ type Options struct {
 	// Families maps each family the Plane programs to its binaries. A
 	// family left out is not programmed (its frontends are not served).
 	Families map[netfilter.Family]netfilter.Tools
-	// Conntrack removes the entries of UDP backends that left; nil
-	// skips it.
+	// Conntrack deletes the UDP conntrack entries that no longer match
+	// the rules (see netfilter.UDPConntrack); nil skips it.
 	Conntrack netfilter.ConntrackCleaner
 	// Masquerade is kube-proxy's --masquerade-all and --detect-local-mode.
 	Masquerade netfilter.Masquerade
@@ -43,7 +43,7 @@ type Plane struct {
 	run       netfilter.Runner
 	families  []netfilter.Family
 	tools     map[netfilter.Family]netfilter.Tools
-	conntrack netfilter.ConntrackCleaner
+	conntrack *netfilter.UDPConntrack
 	cfg       config
 	log       *zap.Logger
 
@@ -77,7 +77,7 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("iptables.New: Options need a Runner and at least one family's Tools")
 	}
 	p := &Plane{
-		run: o.Runner, tools: o.Families, conntrack: o.Conntrack, log: o.Log,
+		run: o.Runner, tools: o.Families, log: o.Log,
 		cfg:        config{masq: o.Masquerade, localhostNodePorts: o.LocalhostNodePorts, tcpLiberal: o.ConntrackTCPLiberal},
 		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		rendered:   map[dataplane.ServicePortName]*renderedPort{},
@@ -87,6 +87,7 @@ func New(o Options) (*Plane, error) {
 		p.log = zap.NewNop()
 	}
 	p.families = netfilter.FamiliesOf(o.Families)
+	p.conntrack = netfilter.NewUDPConntrack(o.Conntrack, p.families, p.log)
 	return p, nil
 }
 
@@ -234,10 +235,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		}
 	}
 
-	var removed []dataplane.RemovedBackend
-	for _, n := range changed {
-		removed = append(removed, dataplane.RemovedUDPBackends(p.programmed[n], next[n])...)
-	}
+	old := p.programmed
 	p.programmed, p.rendered = next, nextRendered
 	if full {
 		p.dirty = false
@@ -245,7 +243,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 	for _, fam := range p.families {
 		p.checked[fam] = true
 	}
-	netfilter.DeleteRemovedUDP(p.conntrack, removed, p.log)
+	p.conntrack.Synced(old, next, changed, full)
 	return nil
 }
 
@@ -464,6 +462,11 @@ func (p *Plane) save(fam netfilter.Family) (map[string]*netfilter.SavedTable, er
 		// A table the kernel has not created yet saves as nothing.
 		out[table] = parsed[table]
 	}
+	// The UDP frontends the rules serve, whoever wrote them: after a
+	// restart, those of Services deleted meanwhile still have conntrack
+	// entries that only this reading can name.
+	p.conntrack.FoundInKernel(netfilter.UDPFrontendsOfRules(out[tableNAT], chainServices, chainNodePorts))
+	p.conntrack.FoundInKernel(netfilter.UDPFrontendsOfRules(out[tableFilter], chainServices, chainExternalServices))
 	return out, nil
 }
 

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -46,13 +47,13 @@ func (tp testPlane) served(t *testing.T) dataplanetest.State {
 }
 
 type recordingCleaner struct {
-	calls [][]dataplane.RemovedBackend
+	calls []netfilter.UDPFrontends
 	err   error
 }
 
-func (c *recordingCleaner) DeleteUDP(removed []dataplane.RemovedBackend) (int, error) {
-	c.calls = append(c.calls, removed)
-	return len(removed), c.err
+func (c *recordingCleaner) DeleteStaleUDP(served netfilter.UDPFrontends) (int, error) {
+	c.calls = append(c.calls, served)
+	return len(served), c.err
 }
 
 func changes(sps ...*dataplane.ServicePort) map[dataplane.ServicePortName]*dataplane.ServicePort {
@@ -222,7 +223,9 @@ func TestReconcileDeletesUnownedChainsAndKeepsOthers(t *testing.T) {
 }
 
 // After a successful write the conntrack entries of UDP backends that left
-// are deleted; a failed write deletes nothing.
+// The UDP conntrack entries that no longer match the rules are deleted
+// after each write that changes a UDP ServicePort, and after the first
+// one whatever it changes; a failed write deletes nothing.
 func TestConntrackOfRemovedUDPBackends(t *testing.T) {
 	tp := newTestPlane(t)
 	name := spn("kube-system", "dns", "dns", dataplane.UDP)
@@ -230,31 +233,49 @@ func TestConntrackOfRemovedUDPBackends(t *testing.T) {
 		return &dataplane.ServicePort{Name: name, Frontends: []dataplane.Frontend{
 			front(dataplane.ClusterIP, "10.96.0.10:53", dataplane.UDP, bes(backends...), nil)}}
 	}
+	vip := netip.MustParseAddrPort("10.96.0.10:53")
+	servedBy := func(backends ...string) netfilter.UDPFrontends {
+		set := map[netip.AddrPort]bool{}
+		for _, b := range backends {
+			set[netip.MustParseAddrPort(b)] = true
+		}
+		return netfilter.UDPFrontends{vip: set}
+	}
 	if err := tp.Apply(changes(dns("10.244.0.10:53", "10.244.1.10:53"))); err != nil {
 		t.Fatal(err)
 	}
-	if len(tp.ct.calls) != 0 {
-		t.Fatalf("conntrack cleanup ran for a write that removed nothing: %v", tp.ct.calls)
+	if want := servedBy("10.244.0.10:53", "10.244.1.10:53"); len(tp.ct.calls) != 1 || !maps.EqualFunc(tp.ct.calls[0], want, maps.Equal) {
+		t.Fatalf("the first write compared %v with the kernel's entries, want %v", tp.ct.calls, want)
 	}
 	tp.failing.failAt(1, errors.New("injected")) // the one transaction: IPv4 nat
 	if err := tp.Apply(changes(dns("10.244.1.10:53"))); err == nil {
 		t.Fatal("Apply succeeded despite the failed write")
 	}
 	tp.failing.failAt(0, nil)
-	if len(tp.ct.calls) != 0 {
-		t.Fatalf("conntrack cleanup ran after a failed write: %v", tp.ct.calls)
+	if len(tp.ct.calls) != 1 {
+		t.Fatalf("conntrack cleanup ran after a failed write: %v", tp.ct.calls[1:])
 	}
 	if err := tp.Apply(changes(dns("10.244.1.10:53"))); err != nil {
 		t.Fatal(err)
 	}
-	want := []dataplane.RemovedBackend{{Frontend: netip.MustParseAddrPort("10.96.0.10:53"), Backend: netip.MustParseAddrPort("10.244.0.10:53")}}
-	if len(tp.ct.calls) != 1 || !slices.Equal(tp.ct.calls[0], want) {
-		t.Fatalf("conntrack cleanup got %v, want one call with %v", tp.ct.calls, want)
+	if want := servedBy("10.244.1.10:53"); len(tp.ct.calls) != 2 || !maps.EqualFunc(tp.ct.calls[1], want, maps.Equal) {
+		t.Fatalf("conntrack cleanup got %v, want a second call with %v", tp.ct.calls, want)
 	}
-	// A failing cleanup does not fail the sync: the rules are right.
+	// A write that changes no UDP ServicePort leaves the entries alone.
+	if err := tp.Apply(changes(dualStack(bes("10.244.0.60:8080"), nil))); err != nil {
+		t.Fatal(err)
+	}
+	if len(tp.ct.calls) != 2 {
+		t.Fatalf("conntrack cleanup ran for a TCP-only write: %v", tp.ct.calls[2:])
+	}
+	// A failing cleanup does not fail the sync: the rules are right. The
+	// Service's frontend is gone, so every entry to it is stale.
 	tp.ct.err = errors.New("netlink says no")
 	if err := tp.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name: nil}); err != nil {
 		t.Fatalf("Apply failed because the conntrack cleanup did: %v", err)
+	}
+	if want := servedBy(); len(tp.ct.calls) != 3 || !maps.EqualFunc(tp.ct.calls[2], want, maps.Equal) {
+		t.Fatalf("conntrack cleanup got %v, want a third call with %v", tp.ct.calls, want)
 	}
 }
 

@@ -35,8 +35,8 @@ type Options struct {
 	// not from this node's pods, as kube-proxy's IPVS mode does. The node's
 	// own connections are masqueraded either way.
 	Masquerade netfilter.Masquerade
-	// Conntrack removes the conntrack entries of UDP backends that left;
-	// nil skips it.
+	// Conntrack deletes the UDP conntrack entries that no longer match
+	// the virtual servers (see netfilter.UDPConntrack); nil skips it.
 	Conntrack netfilter.ConntrackCleaner
 	// Limits are the ipsets' sizes and the firewall marks; the zero
 	// value is what the kernel and kube-proxy have (refusals.go).
@@ -57,7 +57,7 @@ type Plane struct {
 	families  []netfilter.Family
 	scheduler string
 	masq      netfilter.Masquerade
-	conntrack netfilter.ConntrackCleaner
+	conntrack *netfilter.UDPConntrack
 	exclude   []netip.Prefix
 	log       *zap.Logger
 
@@ -94,7 +94,7 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("ipvs.New: Options need the IPv4 iptables Tools")
 	}
 	p := &Plane{k: o.Kernel, run: o.Runner, tools: o.Families, scheduler: o.Scheduler, masq: o.Masquerade,
-		conntrack: o.Conntrack, exclude: o.ExcludeCIDRs, log: o.Log, limits: o.Limits,
+		exclude: o.ExcludeCIDRs, log: o.Log, limits: o.Limits,
 		sps: map[dataplane.ServicePortName]*dataplane.ServicePort{}, contrib: map[dataplane.ServicePortName]*contribution{},
 		marks: newMarks(o.Limits.marks()), refused: map[dataplane.ServicePortName]refusal{}}
 	if p.scheduler == "" {
@@ -104,6 +104,7 @@ func New(o Options) (*Plane, error) {
 		p.log = zap.NewNop()
 	}
 	p.families = netfilter.FamiliesOf(o.Families)
+	p.conntrack = netfilter.NewUDPConntrack(o.Conntrack, p.families, p.log)
 	return p, nil
 }
 
@@ -311,7 +312,8 @@ func (p *Plane) setup() error {
 func (p *Plane) write(next map[dataplane.ServicePortName]*contribution, nextSPs map[dataplane.ServicePortName]*dataplane.ServicePort,
 	changed []dataplane.ServicePortName, tc *touched, saved map[netfilter.Family]map[string]*netfilter.SavedTable) error {
 	w := want(next)
-	if tc == nil {
+	full := tc == nil
+	if full {
 		tc = everything(p.cur, w)
 	}
 	pl := p.plan(w, tc)
@@ -324,16 +326,13 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*contribution, nextSPs 
 		return err
 	}
 
-	var removed []dataplane.RemovedBackend
-	for _, n := range changed {
-		removed = append(removed, dataplane.RemovedUDPBackends(p.sps[n], nextSPs[n])...)
-	}
+	oldSPs := p.sps
 	p.cur, p.contrib, p.sps = pl.after, next, nextSPs
 	p.marks = newMarks(p.limits.marks())
 	for k, m := range w.internal {
 		p.marks.set(k, m)
 	}
-	netfilter.DeleteRemovedUDP(p.conntrack, removed, p.log)
+	p.conntrack.Synced(oldSPs, nextSPs, changed, full)
 	return nil
 }
 

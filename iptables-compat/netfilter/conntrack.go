@@ -9,44 +9,49 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
-	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/netnsexec"
 )
 
 // ConntrackCleaner removes the conntrack entries that still send UDP from
-// a frontend to a backend that left it. UDP has no connection to end: an
-// entry lives as long as datagrams keep coming, so a client that keeps
-// sending would keep reaching the gone endpoint (kube-proxy deletes these
-// entries for the same reason).
+// a frontend to anything but its current backends. UDP has no connection
+// to end: an entry lives as long as datagrams keep coming, so a client
+// that keeps one source port (a resolver) keeps reaching a gone endpoint,
+// or keeps going out untranslated if its first datagram found no rule.
+// Only a deleted entry lets the rules choose again (kube-proxy deletes
+// these entries for the same reason).
 type ConntrackCleaner interface {
-	// DeleteUDP deletes the entries of the pairs and returns how many.
-	DeleteUDP(removed []dataplane.RemovedBackend) (int, error)
+	// DeleteStaleUDP deletes the UDP entries whose original destination
+	// is a frontend of served and whose reply source is not one of that
+	// frontend's backends, and returns how many.
+	DeleteStaleUDP(served UDPFrontends) (int, error)
 }
 
 // NetlinkConntrack deletes entries through netlink in the calling
 // thread's network namespace.
 type NetlinkConntrack struct{}
 
-func (NetlinkConntrack) DeleteUDP(removed []dataplane.RemovedBackend) (int, error) {
-	byFamily := map[netlink.InetFamily][]netlink.CustomConntrackFilter{}
-	for _, rb := range removed {
+func (NetlinkConntrack) DeleteStaleUDP(served UDPFrontends) (int, error) {
+	byFamily := map[netlink.InetFamily]UDPFrontends{}
+	for fe, backends := range served {
 		fam := netlink.InetFamily(unix.AF_INET)
-		if !rb.Frontend.Addr().Unmap().Is4() {
+		if !fe.Addr().Is4() {
 			fam = unix.AF_INET6
 		}
-		byFamily[fam] = append(byFamily[fam], udpFlowFilter(rb))
+		if byFamily[fam] == nil {
+			byFamily[fam] = UDPFrontends{}
+		}
+		byFamily[fam][fe] = backends
 	}
 	total := 0
 	var errs []error
-	for fam, filters := range byFamily {
-		// One dump of the table per family serves every pair.
-		n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, filters...)
+	for fam, frontends := range byFamily {
+		// One dump of the table per family serves every frontend.
+		n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, staleUDPFilter(frontends))
 		total += int(n)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("delete conntrack entries of %d removed UDP backends: %w", len(filters), err))
+			errs = append(errs, fmt.Errorf("delete the stale conntrack entries of %d UDP frontends: %w", len(frontends), err))
 		}
 	}
 	return total, errors.Join(errs...)
@@ -63,9 +68,9 @@ func ConntrackIn(netnsPath string) ConntrackCleaner {
 
 type netnsConntrack struct{ path string }
 
-func (c netnsConntrack) DeleteUDP(removed []dataplane.RemovedBackend) (n int, err error) {
+func (c netnsConntrack) DeleteStaleUDP(served UDPFrontends) (n int, err error) {
 	nsErr := netnsexec.InPath(c.path, func() error {
-		n, err = NetlinkConntrack{}.DeleteUDP(removed)
+		n, err = NetlinkConntrack{}.DeleteStaleUDP(served)
 		return nil
 	})
 	if nsErr != nil {
@@ -74,37 +79,31 @@ func (c netnsConntrack) DeleteUDP(removed []dataplane.RemovedBackend) (n int, er
 	return n, err
 }
 
-// udpFlowFilter matches the entries of UDP flows sent to the frontend and
-// translated to the backend: the original direction's destination is the
-// frontend, the reply comes from the backend.
-type udpFlowFilter dataplane.RemovedBackend
+// staleUDPFilter matches the entries of UDP flows sent to a frontend whose
+// reply does not come from one of its backends: translated to a backend
+// that left, or not translated at all (the reply source is then the
+// frontend itself).
+type staleUDPFilter UDPFrontends
 
-func (f udpFlowFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	return flow.Forward.Protocol == unix.IPPROTO_UDP &&
-		sameAddr(flow.Forward.DstIP, f.Frontend.Addr()) && flow.Forward.DstPort == f.Frontend.Port() &&
-		sameAddr(flow.Reverse.SrcIP, f.Backend.Addr()) && flow.Reverse.SrcPort == f.Backend.Port()
+func (f staleUDPFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	if flow.Forward.Protocol != unix.IPPROTO_UDP {
+		return false
+	}
+	dst, ok := addrPort(flow.Forward.DstIP, flow.Forward.DstPort)
+	if !ok {
+		return false
+	}
+	backends, served := f[dst]
+	if !served {
+		return false
+	}
+	src, ok := addrPort(flow.Reverse.SrcIP, flow.Reverse.SrcPort)
+	return ok && !backends[src]
 }
 
-func sameAddr(ip net.IP, a netip.Addr) bool {
-	got, ok := netip.AddrFromSlice(ip)
-	return ok && got.Unmap() == a.Unmap()
-}
-
-// DeleteRemovedUDP deletes the conntrack entries of UDP flows to backends
-// that left, once a sync no longer sends to them: the entries that still
-// do are what would keep a client's flow on a dead backend. A failure is
-// logged, never returned: the sync itself is right, and idle entries time
-// out. The netfilter backends call it after a successful sync.
-func DeleteRemovedUDP(c ConntrackCleaner, removed []dataplane.RemovedBackend, log *zap.Logger) {
-	if len(removed) == 0 || c == nil {
-		return
-	}
-	n, err := c.DeleteUDP(removed)
-	if err != nil {
-		log.Warn("Could not delete the conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Error(err))
-		return
-	}
-	log.Debug("Deleted conntrack entries of removed UDP backends", zap.Int("pairs", len(removed)), zap.Int("entries", n))
+func addrPort(ip net.IP, port uint16) (netip.AddrPort, bool) {
+	a, ok := netip.AddrFromSlice(ip)
+	return netip.AddrPortFrom(a.Unmap(), port), ok
 }
 
 // ConntrackTCPLiberal reports whether nf_conntrack_tcp_be_liberal is set

@@ -21,8 +21,8 @@ type Options struct {
 	// Families are the IP families the Plane serves; a family left out
 	// gets no rules (its frontends are not served).
 	Families []netfilter.Family
-	// Conntrack removes the entries of UDP backends that left; nil
-	// skips it.
+	// Conntrack deletes the UDP conntrack entries that no longer match
+	// the rules (see netfilter.UDPConntrack); nil skips it.
 	Conntrack netfilter.ConntrackCleaner
 	// Masquerade is kube-proxy's --masquerade-all and --detect-local-mode.
 	Masquerade netfilter.Masquerade
@@ -33,7 +33,7 @@ type Options struct {
 type Plane struct {
 	nft       knftables.Interface
 	families  []netfilter.Family
-	conntrack netfilter.ConntrackCleaner
+	conntrack *netfilter.UDPConntrack
 	cfg       config
 	log       *zap.Logger
 
@@ -70,7 +70,7 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("nftables.New: Options need NFT and at least one family")
 	}
 	p := &Plane{
-		nft: o.NFT, families: slices.Clone(o.Families), conntrack: o.Conntrack, log: o.Log,
+		nft: o.NFT, families: slices.Clone(o.Families), log: o.Log,
 		cfg:        config{masq: o.Masquerade},
 		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		rendered:   map[dataplane.ServicePortName]*renderedPort{},
@@ -80,6 +80,7 @@ func New(o Options) (*Plane, error) {
 	if p.log == nil {
 		p.log = zap.NewNop()
 	}
+	p.conntrack = netfilter.NewUDPConntrack(o.Conntrack, p.families, p.log)
 	return p, nil
 }
 
@@ -156,6 +157,13 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 			p.dirty = true
 			return err
 		}
+		found, err := udpFrontendsInTable(ctx, p.nft, present)
+		if err != nil {
+			// Only the conntrack cleanup of Services deleted while kpr
+			// was away misses them; the write goes on.
+			p.log.Warn("Could not read the UDP frontends of the nftables table", zap.Error(err))
+		}
+		p.conntrack.FoundInKernel(found)
 		p.fullWrite(tx, nextRendered, present)
 	} else {
 		p.partialWrite(tx, p.rendered, nextRendered, changed)
@@ -167,16 +175,13 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		}
 	}
 
-	var removed []dataplane.RemovedBackend
-	for _, n := range changed {
-		removed = append(removed, dataplane.RemovedUDPBackends(p.programmed[n], next[n])...)
-	}
+	old := p.programmed
 	p.programmed, p.rendered = next, nextRendered
 	if full {
 		p.dirty = false
 	}
 	p.written = true
-	netfilter.DeleteRemovedUDP(p.conntrack, removed, p.log)
+	p.conntrack.Synced(old, next, changed, full)
 	return nil
 }
 
