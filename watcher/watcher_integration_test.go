@@ -2,6 +2,7 @@ package watcher
 
 import (
 	"context"
+	"github.com/prometheus/client_golang/prometheus"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -411,5 +412,9 @@ func probeCode(hs *health.ProxyServer, path string) int {
 // histogramOf returns the number of network programming latency samples.
 func histogramOf(t *testing.T, m *metrics.Metrics) uint64 {
 	t.Helper()
-	return histogram(t, m.NetworkProgrammingDuration).GetSampleCount()
+	var n uint64
+	for _, fam := range metrics.Families {
+		n += histogram(t, m.NetworkProgrammingDuration.WithLabelValues(fam).(prometheus.Histogram)).GetSampleCount()
+	}
+	return n
 }
