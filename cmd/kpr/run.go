@@ -167,6 +167,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 
 	m := metrics.New()
+	m.SetBuildInfo(buildInfo())
 	exportChoice(m, chosen)
 	devices, err := newNodeDevices(f, chosen, log.Named("nodeaddrs"))
 	if err != nil {
