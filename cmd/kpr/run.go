@@ -196,6 +196,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	// kube-proxy announces its start on its Node the same way; the Event
 	// is also the POST that the kube-proxy dashboard's POST latency panel
 	// shows.
+	go checkNode(ctx, client.Core, cfg.NodeName, log)
 	events.Eventf(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName, UID: types.UID(cfg.NodeName)}},
 		corev1.EventTypeNormal, "Starting", "Started kpr in %s mode", chosen.backend)
 	if devices != nil {

@@ -97,9 +97,12 @@ func TestKubeProxyDashboard(t *testing.T) {
 				if err != nil {
 					t.Fatalf("panel %q: query %s: %v", p.title, query, err)
 				}
-				if finitePoints(matrix) > 0 {
+				switch {
+				case finitePoints(matrix) > 0:
 					hasData = true
-				} else {
+				case startUpRequests[p.title] && len(matrix) > 0:
+					hasData = true // shown, see startUpRequests
+				default:
 					why = append(why, fmt.Sprintf("%s: %d series, no finite point", query, len(matrix)))
 				}
 				q.Close()
@@ -112,6 +115,20 @@ func TestKubeProxyDashboard(t *testing.T) {
 			t.Logf("last scrape:\n%s", s.lastText())
 		}
 	})
+}
+
+// startUpRequests are the panels of API requests that kpr, as kube-proxy
+// 1.37, makes only at start-up: its GET of its Node and its POST of the
+// Starting Event. The informers' requests are watches, which client-go
+// 0.37 does not time, and kpr posts other Events only when a Service is
+// refused. rate() sees no increase in a series that begins at its first
+// request, so these quantiles are NaN (a restart keeps the counts where
+// the last process left them); Grafana shows the series, as it does for
+// kube-proxy, and the test asks for the series there, with kube-proxy's
+// labels, instead of a finite point.
+var startUpRequests = map[string]bool{
+	"Post Request Latency 99th Quantile": true,
+	"Get Request Latency 99th Quantile":  true,
 }
 
 // dashboardPanel is one panel of testdata/kube-proxy-dashboard.txt.
