@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -110,6 +111,33 @@ func TestKubeProxyDashboard(t *testing.T) {
 			if !hasData {
 				t.Errorf("panel %q has no data:\n  %s", p.title, strings.Join(why, "\n  "))
 			}
+		}
+
+		// kube-proxy's series that no panel shows but alerts and other
+		// dashboards use, with kube-proxy's labels.
+		others := []string{
+			`kubernetes_build_info{git_version!=""}`,
+			`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} > 0`,
+			`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"} > 0`,
+			`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} > 0`,
+		}
+		if m.iptables() {
+			others = append(others,
+				`kubeproxy_sync_proxy_rules_iptables_total{table="nat",ip_family="IPv4"} > 0`,
+				`kubeproxy_sync_proxy_rules_iptables_total{table="filter",ip_family="IPv6"} > 0`,
+				`kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"} == 0`,
+				`kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} == 0`)
+		}
+		for _, query := range others {
+			q, err := engine.NewInstantQuery(f.ctx, s.db, nil, query, end)
+			if err != nil {
+				t.Fatalf("query %s: %v", query, err)
+			}
+			res := q.Exec(f.ctx)
+			if vec, err := res.Vector(); err != nil || len(vec) == 0 {
+				t.Errorf("%s: no series (%v)", query, errors.Join(res.Err, err))
+			}
+			q.Close()
 		}
 		if t.Failed() {
 			t.Logf("last scrape:\n%s", s.lastText())
