@@ -59,11 +59,17 @@ func (r *EventRecorder) Eventf(object runtime.Object, eventtype, reason, message
 		kind = kinds[0].Kind
 	}
 	now := metav1.Now()
+	// An Event about a cluster-scoped object (the Node) goes to the
+	// default namespace, as client-go's recorder puts it.
+	ns := obj.GetNamespace()
+	if ns == "" {
+		ns = metav1.NamespaceDefault
+	}
 	ev := &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{
 			// As client-go's recorder names them: unique per object and moment.
 			Name:      fmt.Sprintf("%s.%x", obj.GetName(), now.UnixNano()),
-			Namespace: obj.GetNamespace(),
+			Namespace: ns,
 		},
 		InvolvedObject: corev1.ObjectReference{
 			APIVersion: "v1", Kind: kind, Namespace: obj.GetNamespace(), Name: obj.GetName(),

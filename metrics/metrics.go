@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -14,26 +16,43 @@ const (
 	TrafficPolicyExternal = "external"
 )
 
+// IP family label values, as kube-proxy spells its ip_family label
+// (v1.IPFamily).
+const (
+	IPv4 = "IPv4"
+	IPv6 = "IPv6"
+)
+
+// Families are the ip_family values kpr exports. kube-proxy runs one
+// proxier per family and labels its sync metrics with the proxier's
+// family; kpr programs both families in every sync, so one sync is one
+// observation in each family, as a dual-stack kube-proxy's two proxiers
+// syncing together would give.
+var Families = []string{IPv4, IPv6}
+
 // Metrics is the set of kube-proxy compatible metrics kpr maintains.
-//
-// kube-proxy labels several of these with ip_family because it runs one
-// proxier per family; kpr programs both families in one sync, so the label
-// would carry no information and is left out.
 type Metrics struct {
 	// Registry holds every metric below plus the Go runtime and process
 	// collectors. Handler serves it.
 	Registry *prometheus.Registry
 
-	// SyncProxyRulesDuration is the wall time of one sync (partial or full).
-	SyncProxyRulesDuration prometheus.Histogram
+	// SyncProxyRulesDuration is the wall time of one sync (partial or
+	// full), label ip_family; ObserveSync writes it.
+	SyncProxyRulesDuration *prometheus.HistogramVec
+	// SyncFullProxyRulesDuration and SyncPartialProxyRulesDuration split
+	// SyncProxyRulesDuration by kind of sync.
+	SyncFullProxyRulesDuration    *prometheus.HistogramVec
+	SyncPartialProxyRulesDuration *prometheus.HistogramVec
 	// NetworkProgrammingDuration is the time from an EndpointSlice's
-	// last-change-trigger-time annotation until the dataplane held the change.
-	NetworkProgrammingDuration prometheus.Histogram
-	// SyncProxyRulesLastTimestamp is the Unix time of the last successful sync.
-	SyncProxyRulesLastTimestamp prometheus.Gauge
+	// last-change-trigger-time annotation until the dataplane held the
+	// change, labelled with the slice's address family.
+	NetworkProgrammingDuration *prometheus.HistogramVec
+	// SyncProxyRulesLastTimestamp is the Unix time of the last successful
+	// sync, per ip_family.
+	SyncProxyRulesLastTimestamp *prometheus.GaugeVec
 	// SyncProxyRulesLastQueuedTimestamp is the Unix time a sync was last
 	// requested. Much larger than SyncProxyRulesLastTimestamp means stuck.
-	SyncProxyRulesLastQueuedTimestamp prometheus.Gauge
+	SyncProxyRulesLastQueuedTimestamp *prometheus.GaugeVec
 	// EndpointChangesTotal counts EndpointSlice events seen.
 	EndpointChangesTotal prometheus.Counter
 	// EndpointChangesPending is the number of Services with endpoint changes
@@ -46,7 +65,8 @@ type Metrics struct {
 	ServiceChangesPending prometheus.Gauge
 	// NoLocalEndpoints is the number of Service ports with a Local traffic
 	// policy that have endpoints, but none on this node. Label traffic_policy
-	// is TrafficPolicyInternal or TrafficPolicyExternal.
+	// is TrafficPolicyInternal or TrafficPolicyExternal; ip_family is each
+	// family of the Service (spec.ipFamilies).
 	NoLocalEndpoints *prometheus.GaugeVec
 	// HealthzTotal and LivezTotal count /healthz and /livez answers by HTTP
 	// status code ("200", "503").
@@ -77,6 +97,14 @@ type Metrics struct {
 	// the fallback). kube-proxy has no such metric; it tells a fleet
 	// which nodes fell back.
 	ProxyMode *prometheus.GaugeVec
+
+	// BuildInfo is kubernetes_build_info, which every Kubernetes
+	// component exports; SetBuildInfo fills it with kpr's own version.
+	BuildInfo *prometheus.GaugeVec
+
+	// The netfilter modes' metrics (netfilter.go), registered by the
+	// mode that uses them, as kube-proxy registers them per mode.
+	netfilter netfilterMetrics
 }
 
 // kprNamespace prefixes kpr's own metrics.
@@ -85,29 +113,26 @@ const kprNamespace = "kpr"
 // New creates the metrics and registers them in a fresh private registry.
 func New() *Metrics {
 	m := &Metrics{
-		Registry: prometheus.NewRegistry(),
-		SyncProxyRulesDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Subsystem: subsystem,
-			Name:      "sync_proxy_rules_duration_seconds",
-			Help:      "SyncProxyRules latency in seconds",
-			Buckets:   SyncDurationBuckets(),
-		}),
-		NetworkProgrammingDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		Registry:                      prometheus.NewRegistry(),
+		SyncProxyRulesDuration:        syncHistogram("sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds"),
+		SyncFullProxyRulesDuration:    syncHistogram("sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs"),
+		SyncPartialProxyRulesDuration: syncHistogram("sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs"),
+		NetworkProgrammingDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Subsystem: subsystem,
 			Name:      "network_programming_duration_seconds",
 			Help:      "In Cluster Network Programming Latency in seconds",
 			Buckets:   NetworkProgrammingBuckets(),
-		}),
-		SyncProxyRulesLastTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
+		}, []string{ipFamilyLabel}),
+		SyncProxyRulesLastTimestamp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Subsystem: subsystem,
 			Name:      "sync_proxy_rules_last_timestamp_seconds",
 			Help:      "The last time proxy rules were successfully synced",
-		}),
-		SyncProxyRulesLastQueuedTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
+		}, []string{ipFamilyLabel}),
+		SyncProxyRulesLastQueuedTimestamp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Subsystem: subsystem,
 			Name:      "sync_proxy_rules_last_queued_timestamp_seconds",
 			Help:      "The last time a sync of proxy rules was queued",
-		}),
+		}, []string{ipFamilyLabel}),
 		EndpointChangesTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Subsystem: subsystem,
 			Name:      "sync_proxy_rules_endpoint_changes_total",
@@ -132,7 +157,7 @@ func New() *Metrics {
 			Subsystem: subsystem,
 			Name:      "sync_proxy_rules_no_local_endpoints_total",
 			Help:      "Number of services with a Local traffic policy and no endpoints",
-		}, []string{"traffic_policy"}),
+		}, []string{"traffic_policy", ipFamilyLabel}),
 		HealthzTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Subsystem: subsystem,
 			Name:      "proxy_healthz_total",
@@ -173,16 +198,27 @@ func New() *Metrics {
 			Name:      "proxy_mode",
 			Help:      "The dataplane kpr runs (mode) and why (reason: requested, ebpf-supported, or ebpf-unavailable when --mode auto fell back); always 1",
 		}, []string{"mode", "reason"}),
+		BuildInfo: newBuildInfo(),
 	}
-	// Both policies are always exported, zero included, so that dashboards
-	// see the series before the first Local Service appears.
-	m.NoLocalEndpoints.WithLabelValues(TrafficPolicyInternal)
-	m.NoLocalEndpoints.WithLabelValues(TrafficPolicyExternal)
+	// Every family's series exist from the start, zero included, so that
+	// dashboards see them before the first sync or Local Service.
+	for _, fam := range Families {
+		m.SyncProxyRulesDuration.WithLabelValues(fam)
+		m.SyncFullProxyRulesDuration.WithLabelValues(fam)
+		m.SyncPartialProxyRulesDuration.WithLabelValues(fam)
+		m.NetworkProgrammingDuration.WithLabelValues(fam)
+		m.SyncProxyRulesLastTimestamp.WithLabelValues(fam)
+		m.SyncProxyRulesLastQueuedTimestamp.WithLabelValues(fam)
+		m.NoLocalEndpoints.WithLabelValues(TrafficPolicyInternal, fam)
+		m.NoLocalEndpoints.WithLabelValues(TrafficPolicyExternal, fam)
+	}
 
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.SyncProxyRulesDuration,
+		m.SyncFullProxyRulesDuration,
+		m.SyncPartialProxyRulesDuration,
 		m.NetworkProgrammingDuration,
 		m.SyncProxyRulesLastTimestamp,
 		m.SyncProxyRulesLastQueuedTimestamp,
@@ -199,8 +235,52 @@ func New() *Metrics {
 		m.UDPSocketsDestroyedTotal,
 		m.ServicePortsRefused,
 		m.ProxyMode,
+		m.BuildInfo,
 	)
+	registerRESTClient(m.Registry)
 	return m
+}
+
+// ipFamilyLabel is kube-proxy's label for the IP family a proxier syncs.
+const ipFamilyLabel = "ip_family"
+
+// syncHistogram is one of kube-proxy's sync duration histograms.
+func syncHistogram(name, help string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem,
+		Name:      name,
+		Help:      help,
+		Buckets:   SyncDurationBuckets(),
+	}, []string{ipFamilyLabel})
+}
+
+// ObserveSync records one sync that took busy: in the duration histogram
+// of every sync and in the full or partial one, in each family.
+func (m *Metrics) ObserveSync(full bool, busy time.Duration) {
+	kind := m.SyncPartialProxyRulesDuration
+	if full {
+		kind = m.SyncFullProxyRulesDuration
+	}
+	for _, fam := range Families {
+		m.SyncProxyRulesDuration.WithLabelValues(fam).Observe(busy.Seconds())
+		kind.WithLabelValues(fam).Observe(busy.Seconds())
+	}
+}
+
+// SetLastSync records the end of the last successful sync, in each family.
+func (m *Metrics) SetLastSync(at time.Time) {
+	setEachFamily(m.SyncProxyRulesLastTimestamp, at)
+}
+
+// SetLastQueued records when a sync was last asked for, in each family.
+func (m *Metrics) SetLastQueued(at time.Time) {
+	setEachFamily(m.SyncProxyRulesLastQueuedTimestamp, at)
+}
+
+func setEachFamily(g *prometheus.GaugeVec, at time.Time) {
+	for _, fam := range Families {
+		g.WithLabelValues(fam).Set(float64(at.UnixNano()) / 1e9)
+	}
 }
 
 // SyncDurationBuckets is kube-proxy's layout for sync durations: 1 ms

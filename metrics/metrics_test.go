@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,8 @@ import (
 // kube-proxy's metric names; dashboards depend on them verbatim.
 var kubeProxyNames = []string{
 	"kubeproxy_sync_proxy_rules_duration_seconds",
+	"kubeproxy_sync_full_proxy_rules_duration_seconds",
+	"kubeproxy_sync_partial_proxy_rules_duration_seconds",
 	"kubeproxy_network_programming_duration_seconds",
 	"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 	"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
@@ -26,6 +29,9 @@ var kubeProxyNames = []string{
 	"kubeproxy_sync_proxy_rules_no_local_endpoints_total",
 	"kubeproxy_proxy_healthz_total",
 	"kubeproxy_proxy_livez_total",
+	"kubernetes_build_info",
+	"rest_client_requests_total",
+	"rest_client_request_duration_seconds",
 }
 
 func get(t *testing.T, h http.Handler, path string) (int, string) {
@@ -40,8 +46,12 @@ func TestScrapeHasKubeProxyNames(t *testing.T) {
 	// Vectors only appear in a scrape once a child exists.
 	m.HealthzTotal.WithLabelValues("200").Inc()
 	m.LivezTotal.WithLabelValues("503").Inc()
-	m.SyncProxyRulesDuration.Observe(0.003)
-	m.NetworkProgrammingDuration.Observe(1.5)
+	m.ObserveSync(true, 3*time.Millisecond)
+	m.NetworkProgrammingDuration.WithLabelValues(IPv6).Observe(1.5)
+	m.SetBuildInfo(BuildInfo{GitVersion: "v0.3.0-rc.1", GitCommit: "abc", GitTreeState: "clean"})
+	// A request through client-go's adapters, as the API client makes.
+	restClient.requestResult.WithLabelValues("200", "GET", "127.0.0.1:6443").Inc()
+	restClient.latency.WithLabelValues("GET", "127.0.0.1:6443").Observe(0.01)
 
 	code, body := get(t, m.Handler("ebpf"), "/metrics")
 	if code != http.StatusOK {
@@ -53,13 +63,19 @@ func TestScrapeHasKubeProxyNames(t *testing.T) {
 		}
 	}
 	for _, series := range []string{
-		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 0`,
-		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 0`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"} 0`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="external"} 0`,
 		`kubeproxy_proxy_healthz_total{code="200"} 1`,
 		`kubeproxy_proxy_livez_total{code="503"} 1`,
-		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.004"} 1`,
-		`kubeproxy_network_programming_duration_seconds_bucket{le="1"} 0`,
-		`kubeproxy_network_programming_duration_seconds_bucket{le="2"} 1`,
+		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.004"} 1`,
+		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.004"} 1`,
+		`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1`,
+		`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"} 0`,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv6",le="1"} 0`,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv6",le="2"} 1`,
+		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} 0`,
+		`kubernetes_build_info{build_date="",compiler="gc",git_commit="abc",git_tree_state="clean",git_version="v0.3.0-rc.1",go_version="` + runtime.Version() + `",major="0",minor="3",platform="` + runtime.GOOS + "/" + runtime.GOARCH + `"} 1`,
+		`rest_client_requests_total{code="200",host="127.0.0.1:6443",method="GET"} 1`,
 		`kpr_sync_failures_total 0`,
 		`kpr_udp_sockets_destroyed_total 0`,
 	} {

@@ -237,7 +237,7 @@ func (h *harness) putEndpoints(name, nodeName string, trigger time.Time, addrs .
 	h.src.mu.Lock()
 	h.src.slices[key(name)] = []*discoveryv1.EndpointSlice{slice}
 	h.src.mu.Unlock()
-	h.tracker.endpointsChanged(key(name), trigger)
+	h.tracker.endpointsChanged(key(name), trigger, metrics.IPv4)
 }
 
 func (h *harness) setNode(n desired.Node) {

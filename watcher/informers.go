@@ -232,7 +232,7 @@ func sliceHandler(index *sliceIndex, tracker *changeTracker, started time.Time, 
 		// A slice moved to another Service or out of every Service (label
 		// edit) leaves the old Service changed too.
 		if oldKey, oldOK := desired.SliceServiceName(old); oldOK && (!ok || oldKey != key) {
-			tracker.endpointsChanged(oldKey, time.Time{})
+			tracker.endpointsChanged(oldKey, time.Time{}, "")
 		}
 		if !ok {
 			return
@@ -243,7 +243,7 @@ func sliceHandler(index *sliceIndex, tracker *changeTracker, started time.Time, 
 			// change (e.g. a label edit): nothing to time.
 			trigger = time.Time{}
 		}
-		tracker.endpointsChanged(key, trigger)
+		tracker.endpointsChanged(key, trigger, string(cur.AddressType))
 	}
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
@@ -261,7 +261,7 @@ func sliceHandler(index *sliceIndex, tracker *changeTracker, started time.Time, 
 			if slice, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
 				index.update(slice, nil)
 				if key, ok := desired.SliceServiceName(slice); ok {
-					tracker.endpointsChanged(key, time.Time{})
+					tracker.endpointsChanged(key, time.Time{}, "")
 				}
 			}
 		},

@@ -181,7 +181,7 @@ func (r *runner) passStep(p *pass) (SyncResult, bool) {
 		r.metrics.SyncFailuresTotal.Inc()
 	}
 	if res.Full || err != nil {
-		r.metrics.SyncProxyRulesDuration.Observe(p.busy.Seconds())
+		r.metrics.ObserveSync(true, p.busy)
 		r.mu.Lock()
 		r.last = res
 		r.history.record(res)
@@ -218,7 +218,7 @@ func (r *runner) syncOnce(full bool) SyncResult {
 	res.End = r.now()
 	res.Busy = res.End.Sub(res.Start)
 	written := r.syncer.takeWritten()
-	r.metrics.SyncProxyRulesDuration.Observe(res.Busy.Seconds())
+	r.metrics.ObserveSync(full, res.Busy)
 
 	r.mu.Lock()
 	r.last = res
@@ -240,12 +240,14 @@ func (r *runner) syncOnce(full bool) SyncResult {
 // synced publishes a successful sync to metrics, health and the log,
 // where one info line sums up what it wrote (w).
 func (r *runner) synced(cs changeSet, res SyncResult, w writeSummary) {
-	r.metrics.SyncProxyRulesLastTimestamp.Set(float64(res.End.UnixNano()) / 1e9)
-	r.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyInternal).Set(float64(r.syncer.noLocalTotal.internal))
-	r.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyExternal).Set(float64(r.syncer.noLocalTotal.external))
+	r.metrics.SetLastSync(res.End)
+	for i, fam := range metrics.Families {
+		r.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyInternal, fam).Set(float64(r.syncer.noLocalTotal[i].internal))
+		r.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyExternal, fam).Set(float64(r.syncer.noLocalTotal[i].external))
+	}
 	for _, c := range cs.services {
 		for _, trigger := range c.triggers {
-			r.metrics.NetworkProgrammingDuration.Observe(res.End.Sub(trigger).Seconds())
+			r.metrics.NetworkProgrammingDuration.WithLabelValues(trigger.family).Observe(res.End.Sub(trigger.at).Seconds())
 		}
 	}
 	if r.health != nil {

@@ -227,18 +227,22 @@ func TestMetricsAfterSync(t *testing.T) {
 	if v := gaugeValue(t, h.metrics.EndpointChangesPending); v != 0 {
 		t.Errorf("endpoint changes pending %v after sync, want 0", v)
 	}
-	if v := gaugeValue(t, h.metrics.SyncProxyRulesLastTimestamp); time.Since(time.Unix(int64(v), 0)) > time.Minute {
+	if v := gaugeValue(t, h.metrics.SyncProxyRulesLastTimestamp.WithLabelValues(metrics.IPv6)); time.Since(time.Unix(int64(v), 0)) > time.Minute {
 		t.Errorf("last sync timestamp %v is not recent", v)
 	}
-	if v := gaugeValue(t, h.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyInternal)); v != 1 {
-		t.Errorf("no local endpoints (internal) = %v, want 1: endpoints exist on node-b only", v)
+	if v := gaugeValue(t, h.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyInternal, metrics.IPv4)); v != 1 {
+		t.Errorf("no local endpoints (internal, IPv4) = %v, want 1: endpoints exist on node-b only", v)
 	}
-	hist := histogram(t, h.metrics.NetworkProgrammingDuration)
+	// The Service is IPv4 only, as kube-proxy's IPv6 proxier would not count it.
+	if v := gaugeValue(t, h.metrics.NoLocalEndpoints.WithLabelValues(metrics.TrafficPolicyInternal, metrics.IPv6)); v != 0 {
+		t.Errorf("no local endpoints (internal, IPv6) = %v, want 0 for an IPv4 Service", v)
+	}
+	hist := histogram(t, h.metrics.NetworkProgrammingDuration.WithLabelValues(metrics.IPv4).(prometheus.Histogram))
 	if hist.GetSampleCount() != 1 || hist.GetSampleSum() < 2 {
 		t.Errorf("network programming latency: %d samples summing to %vs, want 1 sample ≥ 2s",
 			hist.GetSampleCount(), hist.GetSampleSum())
 	}
-	if n := histogram(t, h.metrics.SyncProxyRulesDuration).GetSampleCount(); n < 2 {
+	if n := histogram(t, h.metrics.SyncProxyRulesDuration.WithLabelValues(metrics.IPv4).(prometheus.Histogram)).GetSampleCount(); n < 2 {
 		t.Errorf("sync duration has %d samples, want one per sync", n)
 	}
 }

@@ -57,6 +57,8 @@ type noLocalCount struct{ internal, external int }
 type computed struct {
 	ports   portList
 	noLocal noLocalCount
+	// families are the Service's IP families, those its noLocal counts in.
+	families familySet
 	// healthCheck is set for Services with externalTrafficPolicy: Local
 	// and a healthCheckNodePort.
 	healthCheck *health.Service
@@ -79,9 +81,10 @@ type syncer struct {
 	// healthChecks is the healthCheckNodePort state per Service, as of the
 	// last successful sync.
 	healthChecks map[serviceName]health.Service
-	// noLocalTotal is the sum of applied's noLocal, kept current on every
-	// commit.
-	noLocalTotal noLocalCount
+	// noLocalTotal is the sum of applied's noLocal in each family of
+	// metrics.Families (a dual-stack Service counts in both), kept
+	// current on every commit.
+	noLocalTotal [2]noLocalCount
 	// problems are the translation problems last logged per Service, so
 	// that a bad object is logged when it turns bad, not on every sync.
 	problems map[serviceName]map[desired.Problem]bool
@@ -104,8 +107,9 @@ type syncer struct {
 
 // appliedState is what the dataplane holds for one Service.
 type appliedState struct {
-	ports   portList
-	noLocal noLocalCount
+	ports    portList
+	noLocal  noLocalCount
+	families familySet
 }
 
 // translation is a cached compute result and what it was computed from.
@@ -379,9 +383,17 @@ func (s *syncer) logConflicts(conflicts []dataplane.Conflict) {
 
 // commit records c as what the dataplane now holds for key.
 func (s *syncer) commit(key serviceName, c computed) {
-	old := s.applied[key].noLocal
-	s.noLocalTotal.internal += c.noLocal.internal - old.internal
-	s.noLocalTotal.external += c.noLocal.external - old.external
+	old := s.applied[key]
+	for i := range s.noLocalTotal {
+		if old.families.has(i) {
+			s.noLocalTotal[i].internal -= old.noLocal.internal
+			s.noLocalTotal[i].external -= old.noLocal.external
+		}
+		if c.families.has(i) {
+			s.noLocalTotal[i].internal += c.noLocal.internal
+			s.noLocalTotal[i].external += c.noLocal.external
+		}
+	}
 	if c.healthCheck != nil {
 		s.healthChecks[key] = *c.healthCheck
 	} else {
@@ -391,7 +403,7 @@ func (s *syncer) commit(key serviceName, c computed) {
 		delete(s.applied, key)
 		return
 	}
-	s.applied[key] = appliedState{ports: c.ports, noLocal: c.noLocal}
+	s.applied[key] = appliedState{ports: c.ports, noLocal: c.noLocal, families: c.families}
 }
 
 // compute returns the desired state of one Service; nothing if it does not
@@ -425,6 +437,7 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 
 	c := computed{ports: ports}
 	c.noLocal = countNoLocal(facts)
+	c.families = familiesOf(svc)
 	c.healthCheck = healthCheckOf(svc, ports)
 	s.translated[key] = translation{versions: versions, c: c}
 	return c

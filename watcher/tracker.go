@@ -27,7 +27,14 @@ type pendingChange struct {
 	// triggers are last-change-trigger-time annotations of slice events
 	// newer than kpr's start, observed as network programming latency once
 	// the change is in the dataplane.
-	triggers []time.Time
+	triggers []trigger
+}
+
+// trigger is one slice's last-change-trigger-time and its address
+// family, the ip_family its network programming latency is counted in.
+type trigger struct {
+	at     time.Time
+	family string
 }
 
 // changeSet is a batch of dirty Services taken out of the tracker for one sync.
@@ -83,13 +90,13 @@ func (t *changeTracker) serviceChanged(key serviceName) {
 }
 
 // endpointsChanged records an EndpointSlice event for the Service key.
-// trigger is the slice's last-change-trigger-time, zero if unknown or older
-// than kpr itself.
-func (t *changeTracker) endpointsChanged(key serviceName, trigger time.Time) {
+// at is the slice's last-change-trigger-time, zero if unknown or older
+// than kpr itself; family is the slice's address type.
+func (t *changeTracker) endpointsChanged(key serviceName, at time.Time, family string) {
 	t.metrics.EndpointChangesTotal.Inc()
-	var triggers []time.Time
-	if !trigger.IsZero() {
-		triggers = []time.Time{trigger}
+	var triggers []trigger
+	if !at.IsZero() {
+		triggers = []trigger{{at: at, family: family}}
 	}
 	t.mu.Lock()
 	t.pending.add(key, endpointsChange, triggers)
@@ -111,7 +118,7 @@ func (t *changeTracker) allChanged() {
 // queued tells the metrics, the health server and the sync loop that work
 // is waiting.
 func (t *changeTracker) queued() {
-	t.metrics.SyncProxyRulesLastQueuedTimestamp.Set(float64(t.now().UnixNano()) / 1e9)
+	t.metrics.SetLastQueued(t.now())
 	if t.health != nil {
 		t.health.QueuedUpdate()
 	}
@@ -172,7 +179,7 @@ func newChangeSet() changeSet {
 
 // add merges one change into the set, keeping the per-kind counts current
 // without walking the whole set (a storm of events must stay O(1) each).
-func (cs *changeSet) add(key serviceName, kinds changeKind, triggers []time.Time) {
+func (cs *changeSet) add(key serviceName, kinds changeKind, triggers []trigger) {
 	e, ok := cs.services[key]
 	if !ok {
 		e = &pendingChange{}

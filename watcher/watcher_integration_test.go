@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -411,5 +412,9 @@ func probeCode(hs *health.ProxyServer, path string) int {
 // histogramOf returns the number of network programming latency samples.
 func histogramOf(t *testing.T, m *metrics.Metrics) uint64 {
 	t.Helper()
-	return histogram(t, m.NetworkProgrammingDuration).GetSampleCount()
+	var n uint64
+	for _, fam := range metrics.Families {
+		n += histogram(t, m.NetworkProgrammingDuration.WithLabelValues(fam).(prometheus.Histogram)).GetSampleCount()
+	}
+	return n
 }

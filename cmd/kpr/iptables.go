@@ -21,8 +21,8 @@ var iptablesMode = mode{
 	fallback:  true,
 	requested: "--mode iptables asked for it; it needs no eBPF feature",
 	initNode:  initIPTablesNode,
-	build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
-		return newIPTablesDataplane(ctx, g, f, log)
+	build: func(ctx context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
+		return newIPTablesDataplane(ctx, g, f, m, log)
 	},
 	leftovers: modeLeftovers{
 		remove: func(at dataplaneAt) (leftovers.Removed, error) {
@@ -80,7 +80,7 @@ func prepareIPTablesNode(f *runFlags, o *iptables.Options, log *zap.Logger) {
 // newIPTablesDataplane programs the iptables of the node's network
 // namespace: --host-netns, or kpr's own (the node's, under the DaemonSet's
 // hostNetwork: true).
-func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
+func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 	log = log.Named("dataplane")
 	run := netfilter.RunnerIn(ctx, f.hostNetNS)
 	opts, err := iptables.NodeOptions(run, log)
@@ -101,6 +101,8 @@ func newIPTablesDataplane(ctx context.Context, g *globalFlags, f *runFlags, log 
 	if err := iptables.Record(g.bpfRoot, f.hostNetNS); err != nil {
 		log.Warn("Switching this node to the eBPF mode later will leave kpr's chains", zap.Error(err))
 	}
+	opts.Metrics = m.IPTables()
+	opts.Conntrack = withConntrackMetrics(opts.Conntrack, m)
 	plane, err := iptables.New(opts)
 	if err != nil {
 		return builtDataplane{}, err

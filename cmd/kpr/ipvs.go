@@ -26,8 +26,8 @@ var ipvsMode = mode{
 	requested: "--mode ipvs asked for it; it needs no eBPF feature, and the kernel has IPVS",
 	refused:   "on this node run kpr with --mode iptables, or --mode auto",
 	initNode:  initIPVSNode,
-	build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
-		return newIPVSDataplane(ctx, g, f, log)
+	build: func(ctx context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
+		return newIPVSDataplane(ctx, g, f, m, log)
 	},
 	leftovers: modeLeftovers{
 		remove: func(at dataplaneAt) (leftovers.Removed, error) {
@@ -111,7 +111,7 @@ func initIPVSNode(_ *globalFlags, f *runFlags, log *zap.Logger) error {
 // newIPVSDataplane programs IPVS, the dummy interface, the ipsets and the
 // iptables rules of the node's network namespace: --host-netns, or kpr's
 // own.
-func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
+func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 	log = log.Named("dataplane")
 	// Said once, at start-up: the mode stays for those who ask for it.
 	log.Info("Upstream kube-proxy is retiring its IPVS mode (switched off in Kubernetes 1.40, where nftables is its default); " +
@@ -137,7 +137,7 @@ func newIPVSDataplane(ctx context.Context, g *globalFlags, f *runFlags, log *zap
 		k.Close()
 		return builtDataplane{}, err
 	}
-	conntrack := netfilter.ConntrackIn(f.hostNetNS)
+	conntrack := withConntrackMetrics(netfilter.ConntrackIn(f.hostNetNS), m)
 	if err := f.inHostNetNS(func() error { return ipvs.SetSysctls(f.ipvs.strictARP) }); err != nil {
 		log.Warn("IPVS may not masquerade or move drained UDP flows on, or (with --ipvs-strict-arp) the node may answer ARP for Service addresses", zap.Error(err))
 	}

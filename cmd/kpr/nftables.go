@@ -25,8 +25,8 @@ var nftablesMode = mode{
 	requested: "--mode nftables asked for it; it needs no eBPF feature, and the kernel and nft run kpr's nftables table",
 	refused:   "on this node run kpr with --mode iptables, or --mode auto",
 	initNode:  initNFTablesNode,
-	build: func(ctx context.Context, g *globalFlags, f *runFlags, _ *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
-		return newNFTablesDataplane(g, f, log)
+	build: func(ctx context.Context, g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
+		return newNFTablesDataplane(g, f, m, log)
 	},
 	leftovers: modeLeftovers{
 		remove: func(at dataplaneAt) (leftovers.Removed, error) {
@@ -82,7 +82,7 @@ func initNFTablesNode(_ *globalFlags, f *runFlags, log *zap.Logger) error {
 
 // newNFTablesDataplane programs kpr's nftables table in the node's
 // network namespace: --host-netns, or kpr's own.
-func newNFTablesDataplane(g *globalFlags, f *runFlags, log *zap.Logger) (builtDataplane, error) {
+func newNFTablesDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.Logger) (builtDataplane, error) {
 	log = log.Named("dataplane")
 	nft, err := nftables.Open(f.hostNetNS)
 	if err != nil {
@@ -100,7 +100,7 @@ func newNFTablesDataplane(g *globalFlags, f *runFlags, log *zap.Logger) (builtDa
 		log.Warn("Switching this node to another mode later will leave kpr's nftables table", zap.Error(err))
 	}
 	plane, err := nftables.New(nftables.Options{NFT: nft, Families: []netfilter.Family{netfilter.IPv4, netfilter.IPv6},
-		Conntrack: netfilter.ConntrackIn(f.hostNetNS), Masquerade: masq, Log: log})
+		Conntrack: withConntrackMetrics(netfilter.ConntrackIn(f.hostNetNS), m), Masquerade: masq, Metrics: m.NFTables(), Log: log})
 	if err != nil {
 		return builtDataplane{}, err
 	}

@@ -17,6 +17,9 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/desired"
@@ -171,6 +174,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 
 	m := metrics.New()
+	m.SetBuildInfo(buildInfo())
 	exportChoice(m, chosen)
 	devices, err := newNodeDevices(f, chosen, log.Named("nodeaddrs"))
 	if err != nil {
@@ -193,6 +197,12 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	// kube-proxy's recorder does for its own complaints.
 	events := apiclient.NewEventRecorder(client, "kpr", cfg.NodeName, log.Named("events"))
 	cfg.Events = events
+	// kube-proxy announces its start on its Node the same way; the Event
+	// is also the POST that the kube-proxy dashboard's POST latency panel
+	// shows.
+	go checkNode(ctx, client.Core, cfg.NodeName, log)
+	events.Eventf(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName, UID: types.UID(cfg.NodeName)}},
+		corev1.EventTypeNormal, "Starting", "Started kpr in %s mode", chosen.backend)
 	if devices != nil {
 		// A device that carries the Node's address is the node's.
 		cfg.NodeIPs = devices.follower.SetNodeIPs

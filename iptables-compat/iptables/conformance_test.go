@@ -87,6 +87,7 @@ var optionsWriters = map[string][]string{
 	"LocalhostNodePorts": {"iptables rules and chains"},
 	// Leaves out KUBE-FORWARD's one fixed rule.
 	"ConntrackTCPLiberal": nil,
+	"Metrics":             nil, // reports what was written
 	"Log":                 nil,
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/metrics"
 )
 
 // Options configure a Plane.
@@ -35,7 +36,10 @@ type Options struct {
 	// namespace: KUBE-FORWARD then does not drop conntrack-INVALID
 	// packets, as kube-proxy does not (see PrepareNamespace).
 	ConntrackTCPLiberal bool
-	Log                 *zap.Logger
+	// Metrics takes kube-proxy's rule counts and restore failures; nil
+	// reports nothing.
+	Metrics metrics.IPTablesReporter
+	Log     *zap.Logger
 }
 
 // Plane is the iptables dataplane.Dataplane.
@@ -46,6 +50,7 @@ type Plane struct {
 	conntrack *netfilter.UDPConntrack
 	cfg       config
 	log       *zap.Logger
+	metrics   metrics.IPTablesReporter
 
 	// programmed is what the tables hold as far as this Plane wrote them.
 	programmed map[dataplane.ServicePortName]*dataplane.ServicePort
@@ -77,7 +82,7 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("iptables.New: Options need a Runner and at least one family's Tools")
 	}
 	p := &Plane{
-		run: o.Runner, tools: o.Families, log: o.Log,
+		run: o.Runner, tools: o.Families, log: o.Log, metrics: o.Metrics,
 		cfg:        config{masq: o.Masquerade, localhostNodePorts: o.LocalhostNodePorts, tcpLiberal: o.ConntrackTCPLiberal},
 		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		rendered:   map[dataplane.ServicePortName]*renderedPort{},
@@ -237,6 +242,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 
 	old := p.programmed
 	p.programmed, p.rendered = next, nextRendered
+	p.reportRules(writes)
 	if full {
 		p.dirty = false
 	}
@@ -491,5 +497,8 @@ func renderAll(ins []tableInput) [][]byte {
 
 func (p *Plane) restore(fam netfilter.Family, input []byte) error {
 	_, err := p.run.Run(p.tools[fam].Restore, []string{"--noflush"}, input)
+	if err != nil {
+		p.reportRestoreFailure(fam)
+	}
 	return err
 }

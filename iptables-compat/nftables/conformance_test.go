@@ -65,6 +65,7 @@ var optionsWriters = map[string][]string{
 	"Families":   nil, // which families' rules and maps
 	"Conntrack":  nil, // deletes conntrack entries only
 	"Masquerade": nil,
+	"Metrics":    nil, // counts failed transactions
 	"Log":        nil,
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/iptables-compat/netfilter"
+	"github.com/kpr-io/kpr/metrics"
 )
 
 // Options configure a Plane.
@@ -26,7 +27,10 @@ type Options struct {
 	Conntrack netfilter.ConntrackCleaner
 	// Masquerade is kube-proxy's --masquerade-all and --detect-local-mode.
 	Masquerade netfilter.Masquerade
-	Log        *zap.Logger
+	// Metrics counts failed transactions, as kube-proxy's
+	// sync_proxy_rules_nftables_sync_failures_total; nil counts nothing.
+	Metrics metrics.NFTablesReporter
+	Log     *zap.Logger
 }
 
 // Plane is the nftables dataplane.Dataplane.
@@ -36,6 +40,7 @@ type Plane struct {
 	conntrack *netfilter.UDPConntrack
 	cfg       config
 	log       *zap.Logger
+	metrics   metrics.NFTablesReporter
 
 	// programmed is what the table holds as far as this Plane wrote it.
 	programmed map[dataplane.ServicePortName]*dataplane.ServicePort
@@ -70,7 +75,7 @@ func New(o Options) (*Plane, error) {
 		return nil, errors.New("nftables.New: Options need NFT and at least one family")
 	}
 	p := &Plane{
-		nft: o.NFT, families: slices.Clone(o.Families), log: o.Log,
+		nft: o.NFT, families: slices.Clone(o.Families), log: o.Log, metrics: o.Metrics,
 		cfg:        config{masq: o.Masquerade},
 		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		rendered:   map[dataplane.ServicePortName]*renderedPort{},
@@ -171,6 +176,11 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 	if tx.NumOperations() > 0 {
 		if err := p.nft.Run(ctx, tx); err != nil {
 			p.dirty = true
+			for _, fam := range p.families {
+				if p.metrics != nil {
+					p.metrics.SyncFailed(fam)
+				}
+			}
 			return fmt.Errorf("write the nftables table %s %s: %w", Family, TableName, err)
 		}
 	}

@@ -288,10 +288,11 @@ func (p *Process) WaitSynced(ctx context.Context) error {
 	}
 }
 
-// LastSync returns kubeproxy_sync_proxy_rules_last_timestamp_seconds:
+// LastSync returns kubeproxy_sync_proxy_rules_last_timestamp_seconds (of
+// IPv4; kpr syncs both families at once):
 // zero until the first successful sync.
 func (p *Process) LastSync() (float64, error) {
-	v, err := p.Metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+	v, err := p.Metric(`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`)
 	if err != nil {
 		return 0, err
 	}
