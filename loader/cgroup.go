@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -118,7 +120,14 @@ func linkCgroupID(l link.Link) uint64 {
 func unpinLinks(bpfRoot string) []error {
 	var errs []error
 	links, _ := filepath.Glob(filepath.Join(linkDir(bpfRoot), "*"))
-	for _, pin := range links {
+	forward, reverse := splitReverseHooks(links)
+	for i, pin := range slices.Concat(forward, reverse) {
+		if i == len(forward) && len(forward) > 0 && len(reverse) > 0 {
+			// A datagram the sendmsg hook translated just before it went
+			// is answered by the backend's address; the recvmsg hook
+			// must still be there to give the reply the Service's.
+			time.Sleep(reverseHookGrace)
+		}
 		l, err := link.LoadPinnedLink(pin, nil)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("open pinned link %s: %w", pin, err))
@@ -130,6 +139,29 @@ func unpinLinks(bpfRoot string) []error {
 		l.Close()
 	}
 	return errs
+}
+
+// reverseHookGrace is how long Cleanup keeps the hooks that translate
+// replies back (recvmsg, getpeername, sock_release) after those that
+// translate requests are gone: longer than a Service's answer to a
+// request in flight takes.
+const reverseHookGrace = 500 * time.Millisecond
+
+// reverseHooks are the programs that undo a translation for a reply or a
+// socket that one of the others translated.
+var reverseHooks = []string{bpf.KprProgKprRecvmsg4, bpf.KprProgKprRecvmsg6, bpf.KprProgKprGetpeer4, bpf.KprProgKprGetpeer6, bpf.KprProgKprSockRelease}
+
+// splitReverseHooks parts link pins into those of the reverse hooks and
+// the rest (the request hooks and the tc links), each in pin order.
+func splitReverseHooks(pins []string) (forward, reverse []string) {
+	for _, pin := range pins {
+		if slices.Contains(reverseHooks, filepath.Base(pin)) {
+			reverse = append(reverse, pin)
+		} else {
+			forward = append(forward, pin)
+		}
+	}
+	return forward, reverse
 }
 
 // DetachCgroup force-detaches every kpr program linked to cgroupRoot, pinned
