@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -80,27 +81,29 @@ func endpointFlipsLeaveNoConnectUntranslated(t *testing.T, v netfilter.Variant) 
 	}
 
 	stop := make(chan struct{})
-	done := make(chan int)
+	done := make(chan struct{})
+	var writes atomic.Int64
+	window := harness.ChurnWindow{Min: 10 * time.Second, Max: 90 * time.Second, MinWrites: 100}
+	window.Start()
 	go func() {
-		writes := 0
-		defer func() { done <- writes }()
+		defer close(done)
 		for {
 			select {
 			case <-stop:
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
-			if err := plane.Apply(changes(states[(writes+1)%len(states)])); err != nil {
-				t.Errorf("write %d: %v", writes, err)
+			if err := plane.Apply(changes(states[(writes.Load()+1)%int64(len(states))])); err != nil {
+				t.Errorf("write %d: %v", writes.Load(), err)
 				return
 			}
-			writes++
+			writes.Add(1)
 		}
 	}()
 
 	connects, served, refused := 0, 0, 0
 	failed := map[string]int{}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); connects++ {
+	for ; window.Open(&writes); connects++ {
 		who, err := harness.WhoTCP(node.NetNS, vip, packetTimeout)
 		switch {
 		case err == nil && (who == pods[0].Name || who == pods[1].Name):
@@ -114,10 +117,11 @@ func endpointFlipsLeaveNoConnectUntranslated(t *testing.T, v netfilter.Variant) 
 		}
 	}
 	close(stop)
-	writes := <-done
-	t.Logf("%d connects (%d served, %d refused) during %d writes", connects, served, refused, writes)
-	if writes < 100 || served == 0 || refused == 0 {
-		t.Fatalf("%d writes, %d connects served and %d refused: the test needs many flips, with connects seeing both states", writes, served, refused)
+	<-done
+	t.Logf("%d connects (%d served, %d refused) during %d writes", connects, served, refused, writes.Load())
+	if writes.Load() < window.MinWrites || served == 0 || refused == 0 {
+		t.Fatalf("%d writes in %v, %d connects served and %d refused: the test needs many flips, with connects seeing both states",
+			writes.Load(), window.Max, served, refused)
 	}
 	for err, count := range failed {
 		t.Errorf("%d of %d connects neither served nor refused: %s", count, connects, err)

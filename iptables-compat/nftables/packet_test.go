@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -237,10 +238,12 @@ func TestEndpointChangesLeaveNoConnectUntranslated(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
-	changed := make(chan int)
+	done := make(chan struct{})
+	var writes atomic.Int64
+	window := harness.ChurnWindow{Min: 15 * time.Second, Max: 90 * time.Second, MinWrites: 100}
+	window.Start()
 	go func() {
-		writes := 0
-		defer func() { changed <- writes }()
+		defer close(done)
 		for {
 			select {
 			case <-stop:
@@ -248,29 +251,29 @@ func TestEndpointChangesLeaveNoConnectUntranslated(t *testing.T) {
 			case <-time.After(2 * time.Millisecond):
 			}
 			next := web(n.a, n.b)
-			if writes%2 == 0 {
+			if writes.Load()%2 == 0 {
 				next = web(n.b)
 			}
 			if err := n.plane.Apply(changes(next)); err != nil {
-				t.Errorf("write %d: %v", writes, err)
+				t.Errorf("write %d: %v", writes.Load(), err)
 				return
 			}
-			writes++
+			writes.Add(1)
 		}
 	}()
 	vip := netip.MustParseAddrPort("10.96.0.1:80")
 	connects := 0
 	failed := map[string]int{}
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); connects++ {
+	for ; window.Open(&writes); connects++ {
 		if _, err := harness.WhoTCP(n.node.NetNS, vip, packetTimeout); err != nil {
 			failed[err.Error()]++
 		}
 	}
 	close(stop)
-	writes := <-changed
-	t.Logf("%d connects during %d endpoint changes", connects, writes)
-	if writes < 100 {
-		t.Fatalf("only %d endpoint changes were written; the test needs many commits during the connects", writes)
+	<-done
+	t.Logf("%d connects during %d endpoint changes", connects, writes.Load())
+	if writes.Load() < window.MinWrites {
+		t.Fatalf("only %d endpoint changes were written in %v; the test needs many commits during the connects", writes.Load(), window.Max)
 	}
 	for err, count := range failed {
 		t.Errorf("%d of %d connects failed: %s", count, connects, err)
