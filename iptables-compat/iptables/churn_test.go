@@ -116,6 +116,45 @@ func TestEndpointFlipsAreNeverUntranslatedBetweenRestores(t *testing.T) {
 	}
 }
 
+// A kpr restarted after the endpoints changed finds the old process's
+// rules: its first call reads the tables and writes them whole, and still
+// leaves each frontend served or refused after every restore. Without
+// the stale REJECT kept (withStaleStops), a Service that gained its
+// first endpoint while kpr was down lost its REJECT in the first filter
+// restore and had no DNAT until the nat restore.
+func TestRestartAcrossAFlipLeavesNoGap(t *testing.T) {
+	states := flipStates()
+	for i, before := range states {
+		for j, after := range states {
+			if i == j {
+				continue
+			}
+			t.Run(fmt.Sprintf("%d-to-%d", i, j), func(t *testing.T) {
+				old := newTestPlane(t)
+				if err := old.Reconcile(before); err != nil {
+					t.Fatal(err)
+				}
+				restarted := newTestPlaneOn(t, old.fake)
+				w := &gapWatcher{Runner: old.fake, watch: watchedKeys(states)}
+				restarted.failing.Runner = w
+				if err := restarted.Reconcile(after); err != nil {
+					t.Fatal(err)
+				}
+				for _, g := range w.gaps {
+					t.Error(g)
+				}
+				fresh := newTestPlane(t)
+				if err := fresh.Reconcile(after); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := restarted.served(t), fresh.served(t); !equalState(got, want) {
+					t.Errorf("after the first call the tables serve\n%v\nwant\n%v", got, want)
+				}
+			})
+		}
+	}
+}
+
 // A call that gains one Service its first endpoint and takes another's
 // last writes the filter table twice around the nat table. When any of
 // its restores fails, the undo is ordered the same way: no frontend goes

@@ -194,9 +194,13 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		// A family whose tables were read is written whole: that is the
 		// first write, or a full sync, and either may find them changed.
 		whole := saved != nil
+		famKept, famChanged := kept, changed
+		if whole {
+			famKept, famChanged = withStaleStops(kept, changed, fam, saved[tableFilter])
+		}
 		splitLines := p.tools[fam].SplitLines
-		for _, s := range writeSteps(prev, kept, nextRendered, whole) {
-			fwd := tableInputOf(fam, s.table, p.cfg, s.to, s.from, changed, s.whole)
+		for _, s := range writeSteps(prev, famKept, nextRendered, whole) {
+			fwd := tableInputOf(fam, s.table, p.cfg, s.to, s.from, famChanged, s.whole)
 			if s.whole {
 				fwd.jumps = netfilter.MissingJumps(s.table, baseJumpsOf(fam, p.cfg), saved[s.table])
 				if full && s.table == tableNAT {
@@ -208,7 +212,7 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 			}
 			w := tableWrite{fam: fam, table: s.table, parts: renderAll(fwd.split(splitLines)),
 				back: func() [][]byte {
-					return renderAll(tableInputOf(fam, s.table, p.cfg, s.from, s.to, changed, s.whole).split(splitLines))
+					return renderAll(tableInputOf(fam, s.table, p.cfg, s.from, s.to, famChanged, s.whole).split(splitLines))
 				}}
 			if len(w.parts) > 1 {
 				p.log.Debug("Writing a large table in parts", zap.Stringer("family", fam), zap.String("table", s.table),

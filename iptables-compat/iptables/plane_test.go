@@ -26,7 +26,12 @@ type testPlane struct {
 }
 
 func newTestPlane(t *testing.T) testPlane {
-	fake := netfiltertest.NewIPTables()
+	return newTestPlaneOn(t, netfiltertest.NewIPTables())
+}
+
+// newTestPlaneOn is a Plane over the tables of fake, as a restarted kpr
+// finds those of the process before it.
+func newTestPlaneOn(t *testing.T, fake *netfiltertest.IPTables) testPlane {
 	failing := &failingRunner{Runner: fake}
 	ct := &recordingCleaner{}
 	p, err := New(Options{Runner: failing, Families: map[netfilter.Family]netfilter.Tools{netfilter.IPv4: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv4), netfilter.IPv6: netfilter.ToolsFor(netfilter.NFT, netfilter.IPv6)},
