@@ -83,7 +83,8 @@ func endpointFlipsLeaveNoConnectUntranslated(t *testing.T, v netfilter.Variant) 
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	var writes atomic.Int64
-	window := harness.ChurnWindow{Min: 10 * time.Second, Max: 90 * time.Second, MinWrites: 100}
+	const minWrites = 100
+	window := harness.ChurnWindow{Min: 10 * time.Second, Max: 90 * time.Second}
 	window.Start()
 	go func() {
 		defer close(done)
@@ -103,7 +104,7 @@ func endpointFlipsLeaveNoConnectUntranslated(t *testing.T, v netfilter.Variant) 
 
 	connects, served, refused := 0, 0, 0
 	failed := map[string]int{}
-	for ; window.Open(&writes); connects++ {
+	for ; window.Open(writes.Load() >= minWrites); connects++ {
 		who, err := harness.WhoTCP(node.NetNS, vip, packetTimeout)
 		switch {
 		case err == nil && (who == pods[0].Name || who == pods[1].Name):
@@ -119,7 +120,7 @@ func endpointFlipsLeaveNoConnectUntranslated(t *testing.T, v netfilter.Variant) 
 	close(stop)
 	<-done
 	t.Logf("%d connects (%d served, %d refused) during %d writes", connects, served, refused, writes.Load())
-	if writes.Load() < window.MinWrites || served == 0 || refused == 0 {
+	if writes.Load() < minWrites || served == 0 || refused == 0 {
 		t.Fatalf("%d writes in %v, %d connects served and %d refused: the test needs many flips, with connects seeing both states",
 			writes.Load(), window.Max, served, refused)
 	}

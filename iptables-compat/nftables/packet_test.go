@@ -240,7 +240,8 @@ func TestEndpointChangesLeaveNoConnectUntranslated(t *testing.T) {
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	var writes atomic.Int64
-	window := harness.ChurnWindow{Min: 15 * time.Second, Max: 90 * time.Second, MinWrites: 100}
+	const minWrites = 100
+	window := harness.ChurnWindow{Min: 15 * time.Second, Max: 90 * time.Second}
 	window.Start()
 	go func() {
 		defer close(done)
@@ -264,7 +265,7 @@ func TestEndpointChangesLeaveNoConnectUntranslated(t *testing.T) {
 	vip := netip.MustParseAddrPort("10.96.0.1:80")
 	connects := 0
 	failed := map[string]int{}
-	for ; window.Open(&writes); connects++ {
+	for ; window.Open(writes.Load() >= minWrites); connects++ {
 		if _, err := harness.WhoTCP(n.node.NetNS, vip, packetTimeout); err != nil {
 			failed[err.Error()]++
 		}
@@ -272,7 +273,7 @@ func TestEndpointChangesLeaveNoConnectUntranslated(t *testing.T) {
 	close(stop)
 	<-done
 	t.Logf("%d connects during %d endpoint changes", connects, writes.Load())
-	if writes.Load() < window.MinWrites {
+	if writes.Load() < minWrites {
 		t.Fatalf("only %d endpoint changes were written in %v; the test needs many commits during the connects", writes.Load(), window.Max)
 	}
 	for err, count := range failed {

@@ -76,14 +76,15 @@ in this run, against the other proxies' numbers from the same run:
 
 {{.Targets}}
 {{- if .SameMode}}
-## kpr's iptables mode against kube-proxy's
+## kpr's netfilter modes against kube-proxy's
 
-Where the kernel cannot run the eBPF mode, kpr falls back to iptables
-(` + "`kpr run --mode iptables`" + `). Issue 10's target for it: cold start and
-programming latency at 10,000 Services no worse than upstream
-kube-proxy's in the same mode, measured in the same run. The rows below
+Where the kernel cannot run the eBPF mode, kpr falls back to nftables or
+iptables (` + "`kpr run --mode nftables`" + `, ` + "`--mode iptables`" + `). The target for each
+(issue 10 for iptables, issue 22 for nftables): cold start and
+programming latency p50 and p99 no worse than upstream kube-proxy's in
+the same mode, measured in the same run, at every size. The rows below
 repeat the two proxies' from the table above; both ran in a cgroup of their own, so
-their CPU includes every iptables-restore they ran. A ratio is kpr's number
+their CPU includes every iptables-restore or nft they ran. A ratio is kpr's number
 over kube-proxy's, judged at every size where either was started; a proxy
 that did not converge counts as slower than its timeout, and when neither
 converged the target is not met.
@@ -125,9 +126,10 @@ converged the target is not met.
 - **kpr** runs ` + "`kpr run --mode ebpf`" + ` in the node namespace with ` + "`--cgroup-root`" + ` set to
   a test-owned cgroup that holds the client (the benchmark process) and its
   pins under /sys/fs/bpf/kpr-bench-*; ` + "`kpr cleanup`" + `, run in the node
-  namespace, removes both after the run. **kpr-iptables** is
-  ` + "`kpr run --mode iptables`" + ` in the node namespace, born into a cgroup of
-  its own as kube-proxy is; it programs the node's tables only.
+  namespace, removes both after the run. **kpr-iptables** and
+  **kpr-nftables** are ` + "`kpr run --mode iptables`" + ` and ` + "`--mode nftables`" + ` in the
+  node namespace, each born into a cgroup of its own as kube-proxy is;
+  they program the node's tables only.
 - **Checks.** Before a proxy starts, the last-created Service must not
   answer (nothing else serves it); after the cold start every Service must
   answer; a connection must be answered by a backend pod of the right set.

@@ -25,17 +25,21 @@ const (
 	// iptables`), measured against kube-proxy's iptables mode.
 	ProxyKPRIPTables = "kpr-iptables"
 	ProxyIPTables    = "kube-proxy-iptables"
+	// ProxyKPRNFTables is kpr's nftables mode (`kpr run --mode
+	// nftables`), measured against kube-proxy's nftables mode.
+	ProxyKPRNFTables = "kpr-nftables"
 	ProxyNFTables    = "kube-proxy-nftables"
 )
 
-// AllProxies is every proxy the harness can run, in run order: kpr's
-// iptables mode runs just before kube-proxy's, so that the two it is
-// judged against each other see the machine in about the same state.
+// AllProxies is every proxy the harness can run, in run order: each of
+// kpr's netfilter modes runs just before kube-proxy's same mode, so that
+// the two judged against each other see the machine in about the same
+// state.
 //
 // The IPVS modes (kpr's and kube-proxy's) are not here: the machine the
 // benchmark runs on has no ip_vs in its kernel, and a proxy that cannot
 // run there would only produce a failed run (see notMeasured).
-var AllProxies = []string{ProxyKPR, ProxyKPRIPTables, ProxyIPTables, ProxyNFTables}
+var AllProxies = []string{ProxyKPR, ProxyKPRIPTables, ProxyIPTables, ProxyKPRNFTables, ProxyNFTables}
 
 // notMeasured names the proxies the issues ask for that the harness does
 // not run, with why, for the report.
@@ -58,7 +62,7 @@ type proxySettings struct {
 	// LogDir receives the proxy's log.
 	LogDir string
 	// Cgroup is an empty cgroup of the proxy's own, for kube-proxy or
-	// kpr's iptables mode and the iptables/nft children it runs (their
+	// kpr's netfilter modes and the iptables/nft children they run (their
 	// CPU time).
 	Cgroup *harness.Cgroup
 }
@@ -90,6 +94,8 @@ func startProxy(name string, env *NodeEnv, s proxySettings) (runningProxy, error
 		return startKPR("iptables", env, s)
 	case ProxyIPTables:
 		return startKubeProxy("iptables", env, s)
+	case ProxyKPRNFTables:
+		return startKPR("nftables", env, s)
 	case ProxyNFTables:
 		return startKubeProxy("nftables", env, s)
 	}
@@ -98,17 +104,17 @@ func startProxy(name string, env *NodeEnv, s proxySettings) (runningProxy, error
 
 // kprRun is `kpr run` in the node namespace, pinned under a fresh
 // /sys/fs/bpf/kpr-bench-<random>. The eBPF mode attaches to the client
-// cgroup and runs in it; the iptables mode runs in a cgroup of its own,
-// whose CPU time includes its iptables-restore children.
+// cgroup and runs in it; the netfilter modes run in a cgroup of their
+// own, whose CPU time includes their iptables-restore children.
 type kprRun struct {
 	p       *kprproc.Process
 	mode    string
 	env     *NodeEnv
-	cg      *harness.Cgroup // the iptables mode's own; nil for eBPF
+	cg      *harness.Cgroup // a netfilter mode's own; nil for eBPF
 	stopped bool
 }
 
-// startKPR runs kpr in mode ("ebpf" or "iptables"). The mode is explicit:
+// startKPR runs kpr in mode ("ebpf", "iptables" or "nftables"). The mode is explicit:
 // under the default auto, a kernel without the eBPF hooks would silently
 // turn the eBPF run into an iptables one.
 func startKPR(mode string, env *NodeEnv, s proxySettings) (*kprRun, error) {
@@ -136,7 +142,7 @@ func startKPR(mode string, env *NodeEnv, s proxySettings) (*kprRun, error) {
 	}
 	// The child is forked from a thread inside the node namespace and
 	// stays there; its health and metrics ports are the node's, and the
-	// iptables mode programs the node's tables, as a DaemonSet's kpr
+	// netfilter modes program the node's tables, as a DaemonSet's kpr
 	// programs its node's.
 	err := harness.Do(env.Node.NetNS, func() error {
 		var err error
@@ -171,7 +177,7 @@ func (k *kprRun) Stop() error {
 	}
 	// Cleanup detaches the programs from the client cgroup and removes
 	// the pins, so the next proxy run starts from nothing. It runs in the
-	// node namespace, as kpr did: `kpr cleanup` also removes the iptables
+	// node namespace, as kpr did: `kpr cleanup` also removes the netfilter
 	// chains of its namespace, which must be the node's, never the host's.
 	if err := harness.Do(k.env.Node.NetNS, k.p.Cleanup); err != nil {
 		return errors.Join(stopErr, err)
@@ -193,7 +199,7 @@ func (k *kprRun) LogTail() string { return kubeproxy.Tail(k.p.Log(), 30) }
 
 // BPFMapBytes sums the memlock of every map pinned under the BPF root, as
 // the kernel accounts it (the "memlock:" line of the map fd's fdinfo); nil
-// for the iptables mode, which has no maps.
+// for the netfilter modes, which have no maps.
 func (k *kprRun) BPFMapBytes() (*int64, error) {
 	if k.mode != "ebpf" {
 		return nil, nil

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"text/template"
 
@@ -59,20 +60,21 @@ func writeOutputs(res *Results, cfg Config) error {
 // markdownTable has one row per proxy and size.
 func markdownTable(res *Results) string { return runsTable(res.Runs) }
 
-// sameModeTables are the rows of kpr's iptables mode and kube-proxy's, and
-// the judgement of the one against the other, for the section of the
-// document that compares them; "" when the run measured neither.
+// sameModeTables are, for each of kpr's netfilter modes the run
+// measured, a heading, the rows of kpr's mode and kube-proxy's, and the
+// judgement of the one against the other, for the section of the
+// document that compares them; "" when the run measured none of kpr's
+// netfilter modes.
 func sameModeTables(res *Results) string {
-	var runs []Run
-	for _, r := range res.Runs {
-		if r.Proxy == ProxyKPRIPTables || r.Proxy == ProxyIPTables {
-			runs = append(runs, r)
+	var b strings.Builder
+	for _, m := range sameModes {
+		runs := m.runsOf(res.Runs)
+		if !slices.ContainsFunc(runs, func(r Run) bool { return r.Proxy == m.kpr }) {
+			continue // kube-proxy's mode alone is in the main table
 		}
+		fmt.Fprintf(&b, "### %s\n\n%s\n%s\n", m.mode, runsTable(runs), targetRows(m.targets(res.Runs)))
 	}
-	if len(runs) == 0 {
-		return ""
-	}
-	return runsTable(runs) + "\n" + targetRows(sameModeTargets(res.Runs))
+	return b.String()
 }
 
 func runsTable(runs []Run) string {

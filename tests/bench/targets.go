@@ -6,7 +6,7 @@ import (
 )
 
 // evaluateTargets judges kpr against the issues' goals: the eBPF mode's
-// (ebpfTargets) and the iptables mode's (sameModeTargets).
+// (ebpfTargets) and the netfilter modes' (sameModeTargets).
 func evaluateTargets(runs []Run) []Target {
 	return append(ebpfTargets(runs), sameModeTargets(runs)...)
 }
@@ -122,29 +122,61 @@ func ebpfTargets(runs []Run) []Target {
 	return targets
 }
 
-// sameModeTargets judges issue 10's goal for kpr's iptables mode: cold
-// start and programming latency no worse than kube-proxy's iptables mode,
-// from the same run, at every size where either of the two was started.
-// A proxy that did not converge at a size, or was skipped there after not
-// converging at a smaller one, is judged as having taken longer than its
-// timeout; when neither converged, nothing shows kpr to be no worse, so
-// the goal is not met.
+// sameMode is one of kpr's netfilter modes and kube-proxy's mode of the
+// same name, judged against each other.
+type sameMode struct {
+	mode      string // "iptables", "nftables"
+	kpr, kube string // their proxy names
+}
+
+// sameModes are the pairs, in the order the document lists them: issue
+// 10's goal for the iptables mode, issue 22's for the nftables mode.
+var sameModes = []sameMode{
+	{mode: "iptables", kpr: ProxyKPRIPTables, kube: ProxyIPTables},
+	{mode: "nftables", kpr: ProxyKPRNFTables, kube: ProxyNFTables},
+}
+
+// runsOf are the runs of the pair's two proxies.
+func (m sameMode) runsOf(runs []Run) []Run {
+	var out []Run
+	for _, r := range runs {
+		if r.Proxy == m.kpr || r.Proxy == m.kube {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// sameModeTargets judges every pair the run measured.
 func sameModeTargets(runs []Run) []Target {
+	var out []Target
+	for _, m := range sameModes {
+		out = append(out, m.targets(runs)...)
+	}
+	return out
+}
+
+// targets judges the goal for kpr's mode: cold start and programming
+// latency no worse than kube-proxy's same mode, from the same run, at
+// every size where either of the two was started. A proxy that did not
+// converge at a size, or was skipped there after not converging at a
+// smaller one, is judged as having taken longer than its timeout; when
+// neither converged, nothing shows kpr to be no worse, so the goal is not
+// met.
+func (m sameMode) targets(runs []Run) []Target {
 	type pair struct{ kpr, kube *Run }
 	var sizes []int
 	at := map[int]*pair{}
-	for i := range runs {
-		r := &runs[i]
-		if r.Proxy != ProxyKPRIPTables && r.Proxy != ProxyIPTables {
-			continue
-		}
+	mine := m.runsOf(runs)
+	for i := range mine {
+		r := &mine[i]
 		p := at[r.Services]
 		if p == nil {
 			p = &pair{}
 			at[r.Services] = p
 			sizes = append(sizes, r.Services)
 		}
-		if r.Proxy == ProxyKPRIPTables {
+		if r.Proxy == m.kpr {
 			p.kpr = r
 		} else {
 			p.kube = r
@@ -154,25 +186,26 @@ func sameModeTargets(runs []Run) []Target {
 	var out []Target
 	for _, n := range sizes {
 		p := at[n]
-		out = append(out, judgeSameMode(n, p.kpr, p.kube)...)
+		out = append(out, m.judge(n, p.kpr, p.kube)...)
 	}
 	return out
 }
 
-// judgeSameMode compares kpr's iptables mode with kube-proxy's at one size:
-// cold start, programming p50 and programming p99, each as kpr over
-// kube-proxy, wanted at most 1.
-func judgeSameMode(n int, kpr, kube *Run) []Target {
+// judge compares kpr's mode with kube-proxy's at one size: cold start,
+// programming p50 and programming p99, each as kpr over kube-proxy,
+// wanted at most 1.
+func (m sameMode) judge(n int, kpr, kube *Run) []Target {
 	const want = "<= 1 (no worse)"
+	us, them := "kpr "+m.mode, "kube-proxy "+m.mode
 	ts := []Target{
-		{Name: "cold start, kpr iptables over kube-proxy iptables", Want: want, Services: n},
-		{Name: "programming latency p50, kpr iptables over kube-proxy iptables", Want: want, Services: n},
-		{Name: "programming latency p99, kpr iptables over kube-proxy iptables", Want: want, Services: n},
+		{Name: fmt.Sprintf("cold start, %s over %s", us, them), Want: want, Services: n},
+		{Name: fmt.Sprintf("programming latency p50, %s over %s", us, them), Want: want, Services: n},
+		{Name: fmt.Sprintf("programming latency p99, %s over %s", us, them), Want: want, Services: n},
 	}
 	if kpr == nil || kube == nil {
-		missing := ProxyKPRIPTables
+		missing := m.kpr
 		if kpr != nil {
-			missing = ProxyIPTables
+			missing = m.kube
 		}
 		for i := range ts {
 			ts[i].Detail = missing + " was not run in this run"
@@ -193,12 +226,12 @@ func judgeSameMode(n int, kpr, kube *Run) []Target {
 	switch {
 	case !converged(kpr) && !converged(kube):
 		for i := range ts {
-			set(&ts[i], 0, false, fmt.Sprintf("neither converged: kpr iptables %s, kube-proxy iptables %s", why(kpr), why(kube)))
+			set(&ts[i], 0, false, fmt.Sprintf("neither converged: %s %s, %s %s", us, why(kpr), them, why(kube)))
 		}
 		return ts
 	case !converged(kpr):
 		for i := range ts {
-			set(&ts[i], 0, false, fmt.Sprintf("kpr iptables %s; kube-proxy iptables converged in %.2fs", why(kpr), kube.ColdStart.Seconds))
+			set(&ts[i], 0, false, fmt.Sprintf("%s %s; %s converged in %.2fs", us, why(kpr), them, kube.ColdStart.Seconds))
 		}
 		return ts
 	case !converged(kube):
@@ -207,15 +240,15 @@ func judgeSameMode(n int, kpr, kube *Run) []Target {
 		// programming latency, since updates to rules it never finished
 		// writing cannot be timed; kpr, which serves them, is not worse.
 		set(&ts[0], kpr.ColdStart.Seconds/kube.ColdStart.TimeoutSeconds, true,
-			fmt.Sprintf("kpr iptables %.2fs; kube-proxy iptables %s (the ratio over its timeout is an upper bound)", kpr.ColdStart.Seconds, why(kube)))
+			fmt.Sprintf("%s %.2fs; %s %s (the ratio over its timeout is an upper bound)", us, kpr.ColdStart.Seconds, them, why(kube)))
 		for i := 1; i < len(ts); i++ {
-			set(&ts[i], 0, true, fmt.Sprintf("kube-proxy iptables %s, so it serves no update within its timeout; kpr iptables p50 %.1fms, p99 %.1fms", why(kube), kpr.Programming.P50, kpr.Programming.P99))
+			set(&ts[i], 0, true, fmt.Sprintf("%s %s, so it serves no update within its timeout; %s p50 %.1fms, p99 %.1fms", them, why(kube), us, kpr.Programming.P50, kpr.Programming.P99))
 		}
 		return ts
 	}
 	a, b := kpr.ColdStart, kube.ColdStart
 	v := a.Seconds / b.Seconds
-	set(&ts[0], v, v <= 1, fmt.Sprintf("kpr iptables %.2fs vs kube-proxy iptables %.2fs", a.Seconds, b.Seconds))
+	set(&ts[0], v, v <= 1, fmt.Sprintf("%s %.2fs vs %s %.2fs", us, a.Seconds, them, b.Seconds))
 	g, h := kpr.Programming, kube.Programming
 	if g == nil || h == nil || len(g.Latencies) == 0 || len(h.Latencies) == 0 {
 		for i := 1; i < len(ts); i++ {
@@ -224,9 +257,9 @@ func judgeSameMode(n int, kpr, kube *Run) []Target {
 		return ts
 	}
 	v = g.P50 / h.P50
-	set(&ts[1], v, v <= 1, fmt.Sprintf("kpr iptables %.1fms vs kube-proxy iptables %.1fms", g.P50, h.P50))
+	set(&ts[1], v, v <= 1, fmt.Sprintf("%s %.1fms vs %s %.1fms", us, g.P50, them, h.P50))
 	v = g.P99 / h.P99
-	set(&ts[2], v, v <= 1, fmt.Sprintf("kpr iptables %.1fms vs kube-proxy iptables %.1fms", g.P99, h.P99))
+	set(&ts[2], v, v <= 1, fmt.Sprintf("%s %.1fms vs %s %.1fms", us, g.P99, them, h.P99))
 	return ts
 }
 

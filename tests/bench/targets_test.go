@@ -5,9 +5,10 @@ import (
 	"testing"
 )
 
-// TestSameModeTargets checks the judgement of kpr's iptables mode against
-// kube-proxy's at each size: a slower kpr misses, a kube-proxy that did
-// not converge loses, and neither converging is not a pass.
+// TestSameModeTargets checks the judgement of kpr's netfilter modes
+// against kube-proxy's same modes at each size: a slower kpr misses, a
+// kube-proxy that did not converge loses, and neither converging is not a
+// pass.
 func TestSameModeTargets(t *testing.T) {
 	done := func(proxy string, n int, cold, p50, p99 float64) Run {
 		return Run{Proxy: proxy, Services: n, ColdStart: ColdStart{Converged: true, Seconds: cold, TimeoutSeconds: 60},
@@ -20,8 +21,8 @@ func TestSameModeTargets(t *testing.T) {
 		return Run{Proxy: proxy, Services: n, Skipped: "did not converge at 1000 Services"}
 	}
 	runs := []Run{
-		// Not judged: the eBPF kpr and nftables are other targets.
-		done(ProxyKPR, 100, 0.1, 1, 2), done(ProxyNFTables, 100, 9, 9, 9),
+		// The eBPF kpr is judged by other targets.
+		done(ProxyKPR, 100, 0.1, 1, 2), done(ProxyNFTables, 100, 9, 9, 9), done(ProxyKPRNFTables, 100, 3, 4, 10),
 		done(ProxyKPRIPTables, 100, 1, 10, 40), done(ProxyIPTables, 100, 2, 20, 30),
 		stuck(ProxyIPTables, 1000), done(ProxyKPRIPTables, 1000, 50, 100, 200),
 		skipped(ProxyKPRIPTables, 10000), skipped(ProxyIPTables, 10000),
@@ -47,6 +48,10 @@ func TestSameModeTargets(t *testing.T) {
 		{20000, false, false, "kube-proxy-iptables was not run"},
 		{20000, false, false, "kube-proxy-iptables was not run"},
 		{20000, false, false, "kube-proxy-iptables was not run"},
+		// The nftables pair after the iptables one.
+		{100, true, true, "kpr nftables 3.00s vs kube-proxy nftables 9.00s"},
+		{100, true, true, "kpr nftables 4.0ms vs kube-proxy nftables 9.0ms"},
+		{100, true, false, "kpr nftables 10.0ms vs kube-proxy nftables 9.0ms"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d targets, want %d: %+v", len(got), len(want), got)
@@ -63,24 +68,25 @@ func TestSameModeTargets(t *testing.T) {
 	// The eBPF targets are still there, ahead of the iptables ones.
 	all := evaluateTargets(runs)
 	if len(all) != len(got)+5 || all[5].Name != got[0].Name {
-		t.Errorf("evaluateTargets: %d targets, want the 5 eBPF ones then the %d iptables ones", len(all), len(got))
+		t.Errorf("evaluateTargets: %d targets, want the 5 eBPF ones then the %d netfilter ones", len(all), len(got))
 	}
-	// A run of the iptables modes alone says the eBPF targets were not run.
-	only := evaluateTargets(runs[2:])
+	// A run of the netfilter modes alone says the eBPF targets were not run.
+	only := evaluateTargets(runs[1:])
 	if only[0].Evaluated || !strings.Contains(only[0].Detail, "eBPF mode was not run") {
 		t.Errorf("eBPF target without an eBPF run: %+v", only[0])
 	}
 }
 
 // TestDocSameModeSection checks that the document gets the section
-// comparing the two iptables modes, with both rows and the verdicts, only
-// when the run measured them.
+// comparing kpr's netfilter modes with kube-proxy's, with both rows and
+// the verdicts of each mode the run measured, and only when it measured
+// one.
 func TestDocSameModeSection(t *testing.T) {
 	run := func(proxy string) Run {
 		return Run{Proxy: proxy, Services: 100, ColdStart: ColdStart{Converged: true, Seconds: 1, TimeoutSeconds: 60},
 			Programming: &Programming{Updates: 1, Latencies: []float64{5}, P50: 5, P90: 5, P99: 5}}
 	}
-	const heading = "## kpr's iptables mode against kube-proxy's"
+	const heading = "## kpr's netfilter modes against kube-proxy's"
 	res := &Results{Runs: []Run{run(ProxyKPR), run(ProxyKPRIPTables), run(ProxyIPTables)}}
 	res.Targets = evaluateTargets(res.Runs)
 	doc, err := benchmarksDoc(res, "bench")
@@ -100,6 +106,25 @@ func TestDocSameModeSection(t *testing.T) {
 	if strings.Contains(section, "| kpr | 100 |") {
 		t.Errorf("section holds the eBPF kpr's row:\n%s", section)
 	}
+	if strings.Contains(section, "### nftables") {
+		t.Errorf("section has an nftables part without an nftables run:\n%s", section)
+	}
+
+	res = &Results{Runs: []Run{run(ProxyKPR), run(ProxyKPRNFTables), run(ProxyNFTables)}}
+	res.Targets = evaluateTargets(res.Runs)
+	if doc, err = benchmarksDoc(res, "bench"); err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ = strings.Cut(string(doc), heading)
+	section, _, _ = strings.Cut(section, "\n## ")
+	for _, want := range []string{"### nftables", "| kpr-nftables | 100 |", "| kube-proxy-nftables | 100 |", "programming latency p99, kpr nftables over kube-proxy nftables | <= 1 (no worse) | 1.000 | 100 | met"} {
+		if !strings.Contains(section, want) {
+			t.Errorf("nftables section lacks %q:\n%s", want, section)
+		}
+	}
+	if strings.Contains(section, "### iptables") {
+		t.Errorf("section has an iptables part without an iptables run:\n%s", section)
+	}
 
 	res = &Results{Runs: []Run{run(ProxyKPR), run(ProxyNFTables)}}
 	res.Targets = evaluateTargets(res.Runs)
@@ -107,6 +132,6 @@ func TestDocSameModeSection(t *testing.T) {
 		t.Fatal(err)
 	}
 	if strings.Contains(string(doc), heading) {
-		t.Errorf("a run without either iptables mode has the section")
+		t.Errorf("a run without kpr's netfilter modes has the section")
 	}
 }

@@ -7,11 +7,13 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kpr-io/kpr/tests/harness"
 	"github.com/kpr-io/kpr/tests/kubeobj"
 )
 
@@ -22,6 +24,11 @@ const (
 	churnServices = 50
 	churnInterval = 40 * time.Millisecond // 25 EndpointSlice updates a second
 	churnFor      = 20 * time.Second
+	// churnFlips Services must gain their first endpoint, and as many
+	// lose their last, for the run to test anything; the churn goes on
+	// for up to churnMax to get them.
+	churnFlips = 50
+	churnMax   = 2 * time.Minute
 )
 
 // TestEndpointChurnLeavesNoConnectUntranslated writes EndpointSlice
@@ -112,6 +119,11 @@ func testEndpointChurn(t *testing.T, f *fixture, ns string) {
 		err                   error
 	}
 	done := make(chan churnResult, 1)
+	// The connects go on past churnFor until enough Services have
+	// flipped both ways, which a slow VM under TCG takes longer to do.
+	var gainedSoFar, lostSoFar atomic.Int64
+	window := harness.ChurnWindow{Min: churnFor, Max: churnMax}
+	window.Start()
 	go func() {
 		var r churnResult
 		defer func() { done <- r }()
@@ -134,9 +146,11 @@ func testEndpointChurn(t *testing.T, f *fixture, ns string) {
 			r.updates++
 			if gained {
 				r.gained++
+				gainedSoFar.Add(1)
 			}
 			if lost {
 				r.lost++
+				lostSoFar.Add(1)
 			}
 		}
 	}()
@@ -144,7 +158,7 @@ func testEndpointChurn(t *testing.T, f *fixture, ns string) {
 	connects, served, refusals := 0, 0, 0
 	failed := map[string]int{}
 	var firstFailures []string
-	for deadline := time.Now().Add(churnFor); time.Now().Before(deadline); connects++ {
+	for ; window.Open(gainedSoFar.Load() >= churnFlips && lostSoFar.Load() >= churnFlips); connects++ {
 		s := svcs[rng.IntN(len(svcs))]
 		who, err := tcpWho(f.node.NetNS, s.vip)
 		switch {
@@ -173,9 +187,9 @@ func testEndpointChurn(t *testing.T, f *fixture, ns string) {
 		t.Fatalf("after %d EndpointSlice updates: %v", churn.updates, churn.err)
 	}
 	t.Logf("%d EndpointSlice updates (%d gave a Service its first endpoint, %d took its last) over %d Services in %s; "+
-		"%d connects: %d served, %d refused, %d failed", churn.updates, churn.gained, churn.lost, len(svcs), churnFor,
+		"%d connects: %d served, %d refused, %d failed", churn.updates, churn.gained, churn.lost, len(svcs), time.Since(window.Started()).Round(time.Second),
 		connects, served, refusals, connects-served-refusals)
-	if churn.gained < 50 || churn.lost < 50 || served == 0 || refusals == 0 {
+	if churn.gained < churnFlips || churn.lost < churnFlips || served == 0 || refusals == 0 {
 		t.Fatalf("too little churn to test: %d Services gained their first endpoint and %d lost their last, "+
 			"%d connects served and %d refused", churn.gained, churn.lost, served, refusals)
 	}
