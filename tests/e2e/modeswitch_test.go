@@ -264,3 +264,65 @@ func TestModeSwitchNFTables(t *testing.T) {
 		serves()
 	})
 }
+
+// TestModeSwitchIPVSNFTables moves a node from the IPVS mode, which
+// upstream retires, to the nftables mode that replaces it, and back, as
+// a cluster does when its kubeadm configuration changes `mode: ipvs` to
+// `mode: nftables`. Each move leaves nothing of the previous mode once the
+// new one has synced (no IPVS virtual server, no kpr-ipvs0 link, no
+// KPR-IPVS-* chains; no inet kpr table), and the Service is served throughout. It
+// needs ip_vs and dummy links as well as nftables: the kernel-matrix VM
+// runs it (make test-kernels-e2e).
+func TestModeSwitchIPVSNFTables(t *testing.T) {
+	forEachMode(t, []dataMode{modeIPVS}, func(t *testing.T, ipvsMode dataMode) {
+		if why := modeNFTables.unavailable(); why != "" {
+			t.Skip(why)
+		}
+		f := newModeFixture(t, ipvsMode)
+		ns := f.namespace(t, "switch-ipvs")
+		svc := f.createService(t, kubeobj.Service(ns, "web", tcp80))
+		f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
+		vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
+		serves := func() {
+			t.Helper()
+			waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+			requireServes(t, tcpWho, f.pod("pod-c").NetNS, vip, "pod-a", "pod-b")
+		}
+		serves()
+
+		hasTable := func() bool {
+			out, err := f.inNode("nft", nil, "list", "tables")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return strings.Contains(string(out), "table inet kpr\n")
+		}
+		hasIPVSState := func() bool {
+			if len(f.virtualServers(t)) > 0 {
+				return true
+			}
+			if _, err := f.inNode("ip", nil, "link", "show", "kpr-ipvs0"); err == nil {
+				return true
+			}
+			save := f.iptablesSave(t, false) + f.iptablesSave(t, true)
+			return strings.Contains(save, "KPR-IPVS-")
+		}
+		if !hasIPVSState() {
+			t.Fatal("the IPVS mode left no state to remove: the test would prove nothing")
+		}
+
+		f.switchMode(t, modeNFTables.args, "nftables")
+		f.waitGone(t, "the IPVS mode's virtual servers, kpr-ipvs0 and KPR-IPVS-* chains", hasIPVSState)
+		if !hasTable() {
+			t.Fatal("the nftables mode has no inet kpr table")
+		}
+		serves()
+
+		f.switchMode(t, ipvsMode.args, "ipvs")
+		f.waitGone(t, "the inet kpr table of the nftables mode", hasTable)
+		if len(f.virtualServers(t)) == 0 {
+			t.Fatal("back in the IPVS mode, kpr has no virtual server")
+		}
+		serves()
+	})
+}
