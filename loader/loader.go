@@ -26,6 +26,10 @@ type MapSizes struct {
 	// SrcRanges are loadBalancerSourceRanges entries, one per range of
 	// each LoadBalancer IP.
 	SrcRanges uint32
+	// Frags are the tc programs' entries for fragmented datagrams in
+	// flight (LRU), one per datagram between its first fragment and its
+	// last.
+	Frags uint32
 }
 
 // Options say where to pin and where to attach.
@@ -267,4 +271,5 @@ func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
 	set(bpf.KprMapKprAffinity, s.Affinity)
 	set(bpf.KprMapKprConntrack, s.Conntrack)
 	set(bpf.KprMapKprSrcRanges, s.SrcRanges)
+	set(bpf.KprMapKprFrags, s.Frags)
 }

@@ -165,6 +165,7 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
 	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map (LRU, two per flow); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.SrcRanges, "map-size-src-ranges", 0, "entries of the loadBalancerSourceRanges map (one per range of each LoadBalancer IP); 0 keeps the default 65536")
+	fl.Uint32Var(&f.sizes.Frags, "map-size-frags", 0, "entries of the tc programs' map of fragmented datagrams in flight (LRU, one per datagram until its last fragment); 0 keeps the default 16384")
 	fl.StringSliceVar(&f.devices, "devices", nil, "network devices (of --host-netns) whose traffic from other machines to NodePorts, ExternalIPs and "+
 		"LoadBalancer IPs kpr translates per packet (tc programs); empty means every device that carries a node address, "+
 		"skipping loopback, down, bridge, tunnel and pod devices, followed while kpr runs (docs/tc-dataplane.md)")

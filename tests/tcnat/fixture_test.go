@@ -40,7 +40,14 @@ type progs struct {
 // without attaching the tc programs anywhere.
 func newProgs(t testing.TB, timeouts loader.ConntrackTimeouts) *progs {
 	t.Helper()
-	loaded := loadDataplane(t, newBPFRoot(t), &loader.TCOptions{Timeouts: timeouts})
+	return newProgsSized(t, timeouts, fixtureSizes)
+}
+
+// newProgsSized is newProgs with the maps sized as kpr run's --map-size-*
+// flags size them.
+func newProgsSized(t testing.TB, timeouts loader.ConntrackTimeouts, sizes loader.MapSizes) *progs {
+	t.Helper()
+	loaded := loadDataplaneSized(t, newBPFRoot(t), &loader.TCOptions{Timeouts: timeouts}, sizes)
 	lb, err := maps.New(loaded.Maps)
 	if err != nil {
 		t.Fatal(err)

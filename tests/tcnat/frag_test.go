@@ -266,6 +266,59 @@ func TestLaterFragmentFollowsItsFirst(t *testing.T) {
 	}
 }
 
+// --map-size-frags sizes kpr_frags, which holds each fragmented
+// datagram's translation from its first fragment until its later ones
+// pass. With room for fewer datagrams than are in flight, the later
+// fragments of the oldest find no entry and pass untranslated (counted,
+// nat_stats.fragment); the default size holds them all.
+func TestFragsMapSize(t *testing.T) {
+	const inFlight = 1024
+	fam := families[0]
+	fe, be, client := ap(fam.node, 30104), ap(fam.pod1, 8080), ap(fam.client, 40104)
+	first := binary.BigEndian.AppendUint16(nil, client.Port())
+	first = binary.BigEndian.AppendUint16(first, fe.Port())
+	first = binary.BigEndian.AppendUint16(first, 8+16+16)
+	first = append(append(first, 0, 0), "first fragment!!"...)
+	later := []byte("the later one!!!")
+	for _, c := range []struct {
+		name       string
+		frags      uint32
+		wantSize   uint32
+		wantLosses bool
+	}{
+		{"default", 0, 16384, false},
+		{"64 entries", 64, 64, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sizes := fixtureSizes
+			sizes.Frags = c.frags
+			p := newProgsSized(t, loader.ConntrackTimeouts{}, sizes)
+			if got := p.loaded.Maps.KprFrags.MaxEntries(); got != c.wantSize {
+				t.Fatalf("kpr_frags has %d entries, want %d", got, c.wantSize)
+			}
+			p.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.UDP, be)
+			for id := uint16(1); id <= inFlight; id++ {
+				if ret, _ := run(t, p.ingress, fragV4(t, client.Addr(), fe.Addr(), id, 0, true, first)); ret != actUnspec {
+					t.Fatalf("first fragment of datagram %d: verdict %d", id, int32(ret))
+				}
+			}
+			untranslated := 0
+			for id := uint16(1); id <= inFlight; id++ {
+				_, out := run(t, p.ingress, fragV4(t, client.Addr(), fe.Addr(), id, 3, false, later))
+				if _, dst := fragAddrs(t, out, later); dst != be.Addr() {
+					untranslated++
+				}
+			}
+			s := p.stats()
+			t.Logf("%d of %d later fragments untranslated; counters %+v", untranslated, inFlight, s)
+			if lost := untranslated > 0; lost != c.wantLosses || s.Fragment != uint64(untranslated) {
+				t.Errorf("%d of %d datagrams in flight lost their later fragment (counted %d); want losses %v",
+					untranslated, inFlight, s.Fragment, c.wantLosses)
+			}
+		})
+	}
+}
+
 // An IPv6 packet whose UDP header lies behind a routing header with
 // segments left (its destination is a waypoint, not where the flow goes)
 // is passed untranslated and counted.
