@@ -73,6 +73,13 @@ static __always_inline void fib_addrs(struct bpf_fib_lookup *fib, const struct p
  * Whether the route to a backend leaves through one of kpr's devices, which
  * makes it a backend on another node; if so, *snat is the address the node
  * sends from on that route.
+ *
+ * A packet too big for that route still has it: with tot_len 0 the helper
+ * resolves the route first and checks the skb against the device after
+ * (ifindex and source set, verdict FRAG_NEEDED). Were that taken as "not
+ * remote", a flow whose first packet does not fit (a UDP datagram's first
+ * fragment) would go unSNATed to the kernel, and its backend would answer
+ * the client straight from its own address.
  */
 static __always_inline int backend_remote(struct __sk_buff *skb, const struct pkt *p,
 					  const struct backend *be, __u32 snat[4])
@@ -88,7 +95,8 @@ static __always_inline int backend_remote(struct __sk_buff *skb, const struct pk
 	fib->ifindex = skb->ingress_ifindex;
 	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
 	if (rc >= 0) {
-		if (rc != BPF_FIB_LKUP_RET_SUCCESS || !is_kpr_device(fib->ifindex))
+		if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED) ||
+		    !is_kpr_device(fib->ifindex))
 			return 0; /* the kernel decides, after the DNAT */
 		if (p->v6)
 			__builtin_memcpy(snat, fib->ipv6_src, 16);
@@ -103,7 +111,7 @@ static __always_inline int backend_remote(struct __sk_buff *skb, const struct pk
 	fib_addrs(fib, p, p->saddr, be->addr);
 	fib->ifindex = skb->ingress_ifindex;
 	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return 0;
 	dev = bpf_map_lookup_elem(&kpr_tc_devices, &fib->ifindex);
 	if (!dev)
@@ -154,11 +162,13 @@ static __always_inline __u32 fib_gso_seglen(struct __sk_buff *skb, const struct 
 /*
  * The route of a packet once it is translated to src -> dst, looked up
  * before it is rewritten: a packet that does not fit the route is answered
- * about as its sender sent it (pmtu.h). A packet that is not GSO is looked
- * up with tot_len 0: the helper checks the skb against the egress device's
- * MTU, and from Linux 5.12 returns that MTU in mtu_result. A GSO packet is
- * looked up with the length of its segments, checked against the route's
- * MTU.
+ * about as its sender sent it (pmtu.h). The lookup is given the packet's
+ * L3 length, or for a GSO packet that of its segments, which the helper
+ * checks against the route's MTU as the kernel's forwarding does: a
+ * locked route mtu (`ip route ... mtu lock N`) and a path MTU the node has
+ * learnt count. With tot_len 0 the helper would check the skb against the
+ * device's MTU alone.
+ * From Linux 5.12 a packet too big gets the route's MTU in mtu_result.
  */
 static __always_inline long fib_route(struct __sk_buff *skb, const struct pkt *p,
 				      const __u32 src[4], const __u32 dst[4], struct bpf_fib_lookup *fib)
@@ -167,6 +177,8 @@ static __always_inline long fib_route(struct __sk_buff *skb, const struct pkt *p
 	fib_addrs(fib, p, src, dst);
 	fib->ifindex = skb->ingress_ifindex;
 	fib->tot_len = fib_gso_seglen(skb, p);
+	if (!fib->tot_len)
+		fib->tot_len = skb->len - p->l3_off;
 	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 }
 

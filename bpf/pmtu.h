@@ -34,7 +34,6 @@
 #include "icmp.h"
 
 #define ICMP_FRAG_NEEDED 4
-#define PMTU_IP_DF 0x4000
 /* IPv6 needs every link to carry this much (RFC 8200): a smaller MTU is
  * never announced. */
 #define PMTU_IPV6_MIN_MTU 1280
@@ -70,7 +69,6 @@ struct pmtu_scratch {
 	struct pmtu_pseudo6 ph;
 	struct pmtu_icmp icmp;
 	__u8 macs[2 * ETH_ALEN];
-	__u16 frag_off;
 	__u32 mtu;
 };
 
@@ -192,8 +190,16 @@ static __always_inline int pmtu_make_error(struct __sk_buff *skb, const struct p
 /*
  * A packet that fib_route (whose result is fib) found too big for its route, not yet rewritten.
  * Returns the verdict when the packet became the ICMP error to its sender
- * (or was dropped), or -1 when it goes on untouched: an IPv4 packet
- * without DF may be fragmented, which is the kernel's to do.
+ * (or was dropped), or -1 when it goes on untouched.
+ *
+ * An IPv4 packet without DF is answered too. A router would fragment it,
+ * but a tc program cannot, and the kernel, handed the packet after the
+ * SNAT, drops it as a martian. Such packets are common: the fragments of a
+ * datagram larger than the client's own link carry no DF. Linux takes the
+ * error's MTU for the route whatever the packet's DF (the first fragment
+ * quotes the ports its socket is found by), and fragments what it sends
+ * next to fit; the packet answered is lost, as any packet that meets a
+ * smaller MTU first is.
  *
  * Out of line, with its buffers in kpr_tc_pmtu_scratch: the programs that
  * call it use most of the 512-byte stack, which a call's frame shares.
@@ -209,9 +215,6 @@ static __noinline int pmtu_too_big(struct __sk_buff *skb, const struct pkt *p,
 	 * frame counts against the caller's (see above). */
 	b = bpf_map_lookup_elem(&kpr_tc_pmtu_scratch, (const void *)&pmtu_scratch_key);
 	if (!b)
-		return -1;
-	if (!p->v6 && (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, frag_off), &b->frag_off, 2) ||
-		       !(b->frag_off & bpf_htons(PMTU_IP_DF))))
 		return -1;
 	/* Linux 5.12 and later return the device's MTU with the verdict. */
 	b->mtu = fib->mtu_result;

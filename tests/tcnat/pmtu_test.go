@@ -173,6 +173,92 @@ func TestPathMTUForGSOPacketsToBackendOnAnotherNode(t *testing.T) {
 	}
 }
 
+// An IPv4 datagram larger than the client's own link leaves the client in
+// fragments that carry no DF. When they do not fit the narrow link to the
+// backend's node, the programs answer the first fragment with
+// "fragmentation needed" as they answer a packet with DF: a tc program
+// cannot fragment, and the kernel, handed the fragment after its SNAT,
+// drops it as a martian. The client takes the MTU for its route and
+// fragments the next datagram to fit, so a retry is echoed. Without the
+// error every try was lost, and the client's route kept no path MTU.
+func TestPathMTUWithoutDFToBackendOnAnotherNode(t *testing.T) {
+	l := newNarrowLAN(t)
+	fe := netip.MustParseAddrPort("203.0.113.23:53")
+	l.upsert(dataplane.ExternalIP, maps.ScopeInternal, fe, dataplane.UDP, l.backendsOf(fe.Addr(), udpPort)...)
+	before := l.stats().IcmpTooBig
+	// 4 KiB: three fragments of up to 1,500 bytes, without DF. echoLarge
+	// tries three times; the first is lost.
+	if err := echoLarge(l.client.NetNS, fe, 4<<10, l.remote.Name, nil); err != nil {
+		t.Errorf("4 KiB datagram in fragments without DF: %v (counters %+v)", err, l.stats())
+	}
+	if s := l.stats(); s.IcmpTooBig == before {
+		t.Errorf("counters %+v: no ICMP error sent about the fragments", s)
+	}
+	if mtu := cachedPathMTU(t, l.client.NetNS, fe.Addr()); mtu != narrowMTU {
+		t.Errorf("the client's route to %s has path MTU %d, want the narrow link's %d", fe.Addr(), mtu, narrowMTU)
+	}
+}
+
+// Path MTU discovery in the other direction: the backend's replies, on
+// their way back to the client, do not fit the node's route to it (a
+// locked route MTU of 1,280 bytes here, `ip route ... mtu lock 1280`,
+// which the kernel's forwarding honours as the programs' lookup now does;
+// an unlocked one it ignores when forwarding). The programs answer the reply that does
+// not fit before they rewrite it, quoting it as the backend sent it (to
+// the node's SNAT address and port), and send the error back to the
+// backend's node; the backend lowers its segment size and the 10 MB echo
+// completes, in both families.
+func TestPathMTUOfRepliesFromBackendOnAnotherNode(t *testing.T) {
+	l := buildLAN(t, 1)
+	for _, a := range clientAddrs {
+		dst := netip.PrefixFrom(a.Addr(), a.Addr().BitLen())
+		r := &netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())},
+			MTU: narrowMTU, MTULock: true}
+		link, err := l.node1.NetNS.Netlink().LinkByName(extDev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.LinkIndex = link.Attrs().Index
+		if err := l.node1.NetNS.Netlink().RouteReplace(r); err != nil {
+			t.Fatalf("route to the client %s with MTU %d: %v", dst, narrowMTU, err)
+		}
+	}
+	l.loadKpr(t, loader.TCOptions{}, fixtureSizes)
+	for i, tc := range []struct {
+		name    string
+		v6, gso bool
+	}{{"IPv4/GSO", false, true}, {"IPv4/segments", false, false}, {"IPv6/GSO", true, true}, {"IPv6/segments", true, false}} {
+		fe := netip.AddrPortFrom(nodeAddr(tc.v6), uint16(30095+i))
+		t.Run(tc.name, func(t *testing.T) {
+			// A backend of its own, which has learnt no path MTU yet.
+			pod, err := l.node2.AddPod(fmt.Sprintf("replies-%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pod.ServeTCP(echoPort); err != nil {
+				t.Fatal(err)
+			}
+			// Segments: the backend sends single packets, which the
+			// lookup checks by their own length; GSO: packets of many
+			// segments, checked by their segments' length.
+			setSegmentationOffload(t, pod.NetNS, "eth0", tc.gso)
+			l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, peerBackends(fe.Addr(), echoPort, pod)...)
+			before := l.stats().IcmpTooBig
+			echo10MB(t, l.client.NetNS, fe)
+			if s := l.stats(); s.IcmpTooBig == before || s.Snat == 0 {
+				t.Errorf("counters %+v: no ICMP error sent about a SNATed flow's replies", s)
+			}
+			node1 := nodeAddrs[0].Addr()
+			if tc.v6 {
+				node1 = nodeAddrs[1].Addr()
+			}
+			if mtu := cachedPathMTU(t, pod.NetNS, node1); mtu != narrowMTU {
+				t.Errorf("the backend's route to the node's %s has path MTU %d, want the route's %d", node1, mtu, narrowMTU)
+			}
+		})
+	}
+}
+
 // dialGSO is a UDP socket in ns connected to fe that sends 1400-byte
 // segments, with DF (path MTU discovery on).
 func dialGSO(t *testing.T, ns *harness.NetNS, fe netip.AddrPort) *net.UDPConn {
