@@ -28,9 +28,13 @@ arch=$(dpkg --print-architecture)
 # it keeps and xt_set. br_netfilter passes bridged traffic through
 # netfilter, as kubeadm requires of a node: without it the reply of a pod
 # to another pod on the bridge skips the de-NAT of the IPVS connection
-# (tests/e2e's IPVS mode, pod clients of a ClusterIP).
+# (tests/e2e's IPVS mode, pod clients of a ClusterIP). The nft_* beyond
+# those serve the nftables mode (tests/e2e's move between it and the IPVS
+# mode): the expressions its ruleset uses that are modules of their own.
 modules=(crc32c_generic veth bridge br_netfilter dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr
 	nf_nat nfnetlink nf_conntrack_netlink nf_tables nft_compat nft_chain_nat nft_counter
+	nft_ct nft_nat nft_masq nft_numgen nft_fib nft_fib_inet nft_fib_ipv4 nft_fib_ipv6
+	nft_reject nft_reject_inet nft_reject_ipv4 nft_reject_ipv6
 	ip_tables ip6_tables iptable_nat ip6table_nat iptable_filter ip6table_filter
 	xt_comment xt_conntrack xt_tcpudp xt_mark xt_addrtype xt_statistic xt_recent xt_MASQUERADE xt_nat
 	ipt_REJECT ip6t_REJECT

@@ -181,8 +181,9 @@ func build(work string, packages []string) (*payload, error) {
 
 // toolNames are the host commands the kernel-facing tests exec: bpftool
 // (the dump tests), ip (`ip netns exec` in the iptables backend's tests),
-// the iptables variants the fallback backend drives, and conntrack.
-var toolNames = []string{"bpftool", "ip", "conntrack",
+// the iptables variants the fallback backend drives, nft (the nftables
+// mode's, in tests/e2e's move between it and the IPVS mode), and conntrack.
+var toolNames = []string{"bpftool", "ip", "conntrack", "nft",
 	"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore",
 	"iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore",
 	"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore",
