@@ -162,13 +162,14 @@ static __always_inline __u32 fib_gso_seglen(struct __sk_buff *skb, const struct 
 /*
  * The route of a packet once it is translated to src -> dst, looked up
  * before it is rewritten: a packet that does not fit the route is answered
- * about as its sender sent it (pmtu.h). The lookup is given the packet's
- * L3 length, or for a GSO packet that of its segments, which the helper
- * checks against the route's MTU as the kernel's forwarding does: a
- * locked route mtu (`ip route ... mtu lock N`) and a path MTU the node has
- * learnt count. With tot_len 0 the helper would check the skb against the
- * device's MTU alone.
- * From Linux 5.12 a packet too big gets the route's MTU in mtu_result.
+ * about as its sender sent it (pmtu.h). A packet that is not GSO is looked
+ * up with tot_len 0: the helper checks the skb against the egress device's
+ * MTU, and from Linux 5.12 returns that MTU in mtu_result. A GSO packet is
+ * looked up with the length of its segments, checked against the route's
+ * MTU. (Giving a packet that is not GSO its own length instead, so that a
+ * locked route MTU counted as in the kernel's forwarding, broke path MTU
+ * discovery on Linux 5.10, whose helper then no longer found packets too
+ * big for the device.)
  */
 static __always_inline long fib_route(struct __sk_buff *skb, const struct pkt *p,
 				      const __u32 src[4], const __u32 dst[4], struct bpf_fib_lookup *fib)
@@ -177,8 +178,6 @@ static __always_inline long fib_route(struct __sk_buff *skb, const struct pkt *p
 	fib_addrs(fib, p, src, dst);
 	fib->ifindex = skb->ingress_ifindex;
 	fib->tot_len = fib_gso_seglen(skb, p);
-	if (!fib->tot_len)
-		fib->tot_len = skb->len - p->l3_off;
 	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 }
 

@@ -40,37 +40,7 @@ var (
 func newNarrowLAN(t *testing.T) *lan {
 	t.Helper()
 	l := buildLAN(t, 1)
-	nl1, nl2 := l.node1.NetNS.Netlink(), l.node2.NetNS.Netlink()
-	peerName := narrowDev + "-peer"
-	if err := nl1.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: narrowDev, MTU: narrowMTU}, PeerName: peerName}); err != nil {
-		t.Fatal(err)
-	}
-	peer, err := nl1.LinkByName(peerName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nl1.LinkSetNsFd(peer, int(l.node2.NetNS.Handle())); err != nil {
-		t.Fatal(err)
-	}
-	for i, end := range []struct {
-		nl    *netlink.Handle
-		name  string
-		addrs []netip.Prefix
-	}{{nl1, narrowDev, narrowNode1}, {nl2, peerName, narrowNode2}} {
-		link, err := end.nl.LinkByName(end.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := end.nl.LinkSetMTU(link, narrowMTU); err != nil {
-			t.Fatalf("end %d: set MTU: %v", i, err)
-		}
-		for _, a := range end.addrs {
-			addAddr(t, end.nl, link, a)
-		}
-		if err := end.nl.LinkSetUp(link); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addNarrowLink(t, l.node1.NetNS, l.node2.NetNS, narrowDev, narrowNode1, narrowNode2)
 	// A veth passes a GSO packet on whole, whatever its MTU, where a NIC
 	// would send its segments: without segmentation offload, node1's end
 	// segments what leaves through it, and the peer drops the segments
@@ -80,7 +50,7 @@ func newNarrowLAN(t *testing.T) *lan {
 	for i, dst := range []string{"10.244.1.0/24", "fd00:244:1::/64"} {
 		p := netip.MustParsePrefix(dst)
 		r := &netlink.Route{Gw: narrowNode2[i].Addr().AsSlice(), Dst: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
-		if err := nl1.RouteReplace(r); err != nil {
+		if err := l.node1.NetNS.Netlink().RouteReplace(r); err != nil {
 			t.Fatalf("route %s over %s: %v", dst, narrowDev, err)
 		}
 	}
@@ -200,28 +170,30 @@ func TestPathMTUWithoutDFToBackendOnAnotherNode(t *testing.T) {
 }
 
 // Path MTU discovery in the other direction: the backend's replies, on
-// their way back to the client, do not fit the node's route to it (a
-// locked route MTU of 1,280 bytes here, `ip route ... mtu lock 1280`,
-// which the kernel's forwarding honours as the programs' lookup now does;
-// an unlocked one it ignores when forwarding). The programs answer the reply that does
-// not fit before they rewrite it, quoting it as the backend sent it (to
-// the node's SNAT address and port), and send the error back to the
-// backend's node; the backend lowers its segment size and the 10 MB echo
-// completes, in both families.
+// their way back to the client, do not fit the node's route to it. Here
+// node1 reaches the client over a link of its own whose MTU is 1,280
+// bytes (the client sends over the LAN, with MTU 1,500, and so advertises
+// a segment size the replies do not fit):
+//
+//	client lan0 192.168.100.2 ---- node1 ext0 (tc programs) ---- node2's pods
+//	client slow0-peer 192.168.201.2 -- node1 slow0 192.168.201.1 (MTU 1280)
+//
+// The programs answer a reply that does not fit before they rewrite it,
+// quoting it as the backend sent it (to the node's SNAT address and port),
+// and send the error back to the backend's node; the backend lowers its
+// segment size and the 10 MB echo completes, in both families, with the
+// backend sending single segments or GSO packets.
 func TestPathMTUOfRepliesFromBackendOnAnotherNode(t *testing.T) {
 	l := buildLAN(t, 1)
-	for _, a := range clientAddrs {
-		dst := netip.PrefixFrom(a.Addr(), a.Addr().BitLen())
-		r := &netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())},
-			MTU: narrowMTU, MTULock: true}
-		link, err := l.node1.NetNS.Netlink().LinkByName(extDev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.LinkIndex = link.Attrs().Index
-		if err := l.node1.NetNS.Netlink().RouteReplace(r); err != nil {
-			t.Fatalf("route to the client %s with MTU %d: %v", dst, narrowMTU, err)
-		}
+	slowNode1 := []netip.Prefix{netip.MustParsePrefix("192.168.201.1/24"), netip.MustParsePrefix("fd00:201::1/64")}
+	slowClient := []netip.Prefix{netip.MustParsePrefix("192.168.201.2/24"), netip.MustParsePrefix("fd00:201::2/64")}
+	addNarrowLink(t, l.node1.NetNS, l.client.NetNS, "slow0", slowNode1, slowClient)
+	// As for narrow0 (newNarrowLAN): a GSO packet leaving node1 by slow0 is
+	// segmented there, and segments that do not fit are lost.
+	setSegmentationOffload(t, l.node1.NetNS, "slow0", false)
+	for i, a := range clientAddrs {
+		waitReachable(t, l.node1.NetNS, slowClient[i].Addr())
+		route(t, l.node1.NetNS, netip.PrefixFrom(a.Addr(), a.Addr().BitLen()).String(), slowClient[i].Addr())
 	}
 	l.loadKpr(t, loader.TCOptions{}, fixtureSizes)
 	for i, tc := range []struct {
@@ -238,9 +210,9 @@ func TestPathMTUOfRepliesFromBackendOnAnotherNode(t *testing.T) {
 			if _, err := pod.ServeTCP(echoPort); err != nil {
 				t.Fatal(err)
 			}
-			// Segments: the backend sends single packets, which the
-			// lookup checks by their own length; GSO: packets of many
-			// segments, checked by their segments' length.
+			// Segments: the backend sends single packets, checked by
+			// their own length; GSO: packets of many segments, checked
+			// by their segments' length.
 			setSegmentationOffload(t, pod.NetNS, "eth0", tc.gso)
 			l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, peerBackends(fe.Addr(), echoPort, pod)...)
 			before := l.stats().IcmpTooBig
@@ -253,7 +225,7 @@ func TestPathMTUOfRepliesFromBackendOnAnotherNode(t *testing.T) {
 				node1 = nodeAddrs[1].Addr()
 			}
 			if mtu := cachedPathMTU(t, pod.NetNS, node1); mtu != narrowMTU {
-				t.Errorf("the backend's route to the node's %s has path MTU %d, want the route's %d", node1, mtu, narrowMTU)
+				t.Errorf("the backend's route to the node's %s has path MTU %d, want the slow link's %d", node1, mtu, narrowMTU)
 			}
 		})
 	}
@@ -291,6 +263,43 @@ func dialGSO(t *testing.T, ns *harness.NetNS, fe netip.AddrPort) *net.UDPConn {
 		t.Fatalf("UDP GSO socket to %s: %v, %v", fe, err, serr)
 	}
 	return c
+}
+
+// addNarrowLink joins a and b with a veth pair of MTU narrowMTU, named dev
+// in a (and dev-peer in b), with the given addresses on each end.
+func addNarrowLink(t *testing.T, a, b *harness.NetNS, dev string, aAddrs, bAddrs []netip.Prefix) {
+	t.Helper()
+	nlA, nlB := a.Netlink(), b.Netlink()
+	peerName := dev + "-peer"
+	if err := nlA.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: dev, MTU: narrowMTU}, PeerName: peerName}); err != nil {
+		t.Fatal(err)
+	}
+	peer, err := nlA.LinkByName(peerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nlA.LinkSetNsFd(peer, int(b.Handle())); err != nil {
+		t.Fatal(err)
+	}
+	for i, end := range []struct {
+		nl    *netlink.Handle
+		name  string
+		addrs []netip.Prefix
+	}{{nlA, dev, aAddrs}, {nlB, peerName, bAddrs}} {
+		link, err := end.nl.LinkByName(end.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := end.nl.LinkSetMTU(link, narrowMTU); err != nil {
+			t.Fatalf("end %d: set MTU: %v", i, err)
+		}
+		for _, a := range end.addrs {
+			addAddr(t, end.nl, link, a)
+		}
+		if err := end.nl.LinkSetUp(link); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // cachedPathMTU is the MTU the kernel in ns holds for its route to dst: a
