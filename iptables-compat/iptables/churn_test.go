@@ -91,29 +91,21 @@ func watchedKeys(states []map[dataplane.ServicePortName]*dataplane.ServicePort) 
 // rules that stop a Service's traffic go in before the nat rules stop
 // translating it, and go only once the nat rules translate it.
 func TestEndpointFlipsAreNeverUntranslatedBetweenRestores(t *testing.T) {
-	states := flipStates()
-	for i, from := range states {
-		for j, to := range states {
-			if i == j {
-				continue
-			}
-			t.Run(fmt.Sprintf("%d-to-%d", i, j), func(t *testing.T) {
-				tp := newTestPlane(t)
-				w := &gapWatcher{Runner: tp.fake, watch: watchedKeys(states)}
-				tp.failing.Runner = w
-				if err := tp.Reconcile(from); err != nil {
-					t.Fatal(err)
-				}
-				w.gaps, w.restores = nil, 0
-				if err := tp.Apply(to); err != nil {
-					t.Fatal(err)
-				}
-				for _, g := range w.gaps {
-					t.Error(g)
-				}
-			})
+	forEachFlip(t, func(t *testing.T, states []map[dataplane.ServicePortName]*dataplane.ServicePort, from, to map[dataplane.ServicePortName]*dataplane.ServicePort) {
+		tp := newTestPlane(t)
+		w := &gapWatcher{Runner: tp.fake, watch: watchedKeys(states)}
+		tp.failing.Runner = w
+		if err := tp.Reconcile(from); err != nil {
+			t.Fatal(err)
 		}
-	}
+		w.gaps, w.restores = nil, 0
+		if err := tp.Apply(to); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range w.gaps {
+			t.Error(g)
+		}
+	})
 }
 
 // A kpr restarted after the endpoints changed finds the old process's
@@ -123,36 +115,28 @@ func TestEndpointFlipsAreNeverUntranslatedBetweenRestores(t *testing.T) {
 // first endpoint while kpr was down lost its REJECT in the first filter
 // restore and had no DNAT until the nat restore.
 func TestRestartAcrossAFlipLeavesNoGap(t *testing.T) {
-	states := flipStates()
-	for i, before := range states {
-		for j, after := range states {
-			if i == j {
-				continue
-			}
-			t.Run(fmt.Sprintf("%d-to-%d", i, j), func(t *testing.T) {
-				old := newTestPlane(t)
-				if err := old.Reconcile(before); err != nil {
-					t.Fatal(err)
-				}
-				restarted := newTestPlaneOn(t, old.fake)
-				w := &gapWatcher{Runner: old.fake, watch: watchedKeys(states)}
-				restarted.failing.Runner = w
-				if err := restarted.Reconcile(after); err != nil {
-					t.Fatal(err)
-				}
-				for _, g := range w.gaps {
-					t.Error(g)
-				}
-				fresh := newTestPlane(t)
-				if err := fresh.Reconcile(after); err != nil {
-					t.Fatal(err)
-				}
-				if got, want := restarted.served(t), fresh.served(t); !equalState(got, want) {
-					t.Errorf("after the first call the tables serve\n%v\nwant\n%v", got, want)
-				}
-			})
+	forEachFlip(t, func(t *testing.T, states []map[dataplane.ServicePortName]*dataplane.ServicePort, before, after map[dataplane.ServicePortName]*dataplane.ServicePort) {
+		old := newTestPlane(t)
+		if err := old.Reconcile(before); err != nil {
+			t.Fatal(err)
 		}
-	}
+		restarted := newTestPlaneOn(t, old.fake)
+		w := &gapWatcher{Runner: old.fake, watch: watchedKeys(states)}
+		restarted.failing.Runner = w
+		if err := restarted.Reconcile(after); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range w.gaps {
+			t.Error(g)
+		}
+		fresh := newTestPlane(t)
+		if err := fresh.Reconcile(after); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := restarted.served(t), fresh.served(t); !equalState(got, want) {
+			t.Errorf("after the first call the tables serve\n%v\nwant\n%v", got, want)
+		}
+	})
 }
 
 // A call that gains one Service its first endpoint and takes another's
@@ -193,6 +177,20 @@ func TestUndoOfAFlipLeavesNoGap(t *testing.T) {
 		}
 		if got := tp.served(t); !equalState(got, before) {
 			t.Errorf("after restore %d failed the tables serve\n%v\nwant what they served before\n%v", failAt, got, before)
+		}
+	}
+}
+
+// forEachFlip runs fn, as a subtest, for every ordered pair of distinct
+// flip states.
+func forEachFlip(t *testing.T, fn func(t *testing.T, states []map[dataplane.ServicePortName]*dataplane.ServicePort, from, to map[dataplane.ServicePortName]*dataplane.ServicePort)) {
+	states := flipStates()
+	for i, from := range states {
+		for j, to := range states {
+			if i == j {
+				continue
+			}
+			t.Run(fmt.Sprintf("%d-to-%d", i, j), func(t *testing.T) { fn(t, states, from, to) })
 		}
 	}
 }
