@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"fmt"
-	"net/netip"
 	"os"
 	"sync"
 	"testing"
@@ -33,7 +32,7 @@ func BenchmarkApplyOneService(b *testing.B) {
 				run.reset()
 				b.ResetTimer()
 				for i := range b.N {
-					sp := benchService(0, 1+i%2)
+					sp := dataplanetest.BenchService(0, 1+i%2)
 					if err := p.Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{sp.Name: sp}); err != nil {
 						b.Fatal(err)
 					}
@@ -68,7 +67,7 @@ func BenchmarkReconcileFromEmpty(b *testing.B) {
 			how = "one-transaction"
 		}
 		b.Run(fmt.Sprintf("nft/%s/services=%d", how, c.n), func(b *testing.B) {
-			all := benchServices(c.n)
+			all := dataplanetest.BenchServices(c.n)
 			for range b.N {
 				b.StopTimer()
 				run := &countingRunner{Runner: newNetNS(b)}
@@ -97,35 +96,10 @@ func reconciledPlane(b *testing.B, run netfilter.Runner, tools map[netfilter.Fam
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := p.Reconcile(benchServices(n)); err != nil {
+	if err := p.Reconcile(dataplanetest.BenchServices(n)); err != nil {
 		b.Fatal(err)
 	}
 	return p
-}
-
-// benchServices are Services 0 to n-1 of benchService.
-func benchServices(n int) map[dataplane.ServicePortName]*dataplane.ServicePort {
-	all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
-	for i := range n {
-		sp := benchService(i, 0)
-		all[sp.Name] = sp
-	}
-	return all
-}
-
-// benchService is Service i with 10 endpoints; generation picks one of
-// three sets of them, so that consecutive generations differ.
-func benchService(i, generation int) *dataplane.ServicePort {
-	vip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
-	var backends []dataplane.Backend
-	for j := range 10 {
-		addr := netip.AddrFrom4([4]byte{10, byte(244 + generation), byte(j), byte(i % 250)})
-		backends = append(backends, dataplane.Backend{Addr: addr, Port: 8080})
-	}
-	return &dataplane.ServicePort{
-		Name:      spn("bench", fmt.Sprintf("svc-%d", i), "", dataplane.TCP),
-		Frontends: []dataplane.Frontend{{Addr: vip, Port: 80, Protocol: dataplane.TCP, Kind: dataplane.ClusterIP, Backends: backends}},
-	}
 }
 
 // countingRunner counts the binaries a Plane runs and the time they take.

@@ -326,7 +326,7 @@ func TestLargeWriteGoesInParts(t *testing.T) {
 	all := map[dataplane.ServicePortName]*dataplane.ServicePort{}
 	want := dataplanetest.State{}
 	for i := range 40 {
-		sp := benchService(i, 0) // 10 endpoints: 21 chain lines
+		sp := dataplanetest.BenchService(i, 0) // 10 endpoints: 21 chain lines
 		all[sp.Name] = sp
 		var backends []string
 		for _, b := range sp.Frontends[0].Backends {
@@ -391,7 +391,7 @@ func TestDriftCheckDoesNotHoldUpApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Reconcile(changes(benchService(1, 0))); err != nil {
+	if err := p.Reconcile(changes(dataplanetest.BenchService(1, 0))); err != nil {
 		t.Fatal(err)
 	}
 	gate.hold.Store(true)
@@ -452,7 +452,7 @@ func (d driftCheckOnly) StartDriftCheck() dataplane.DriftCheck { return d.c }
 // (filter KUBE-SERVICES when every Service has endpoints) is drift.
 func TestDriftCheckSeesARuleInAnEmptySharedChain(t *testing.T) {
 	tp := newTestPlane(t)
-	if err := tp.Reconcile(changes(benchService(1, 0))); err != nil {
+	if err := tp.Reconcile(changes(dataplanetest.BenchService(1, 0))); err != nil {
 		t.Fatal(err)
 	}
 	if !dataplanetest.DriftCheckHolds(t, tp.Plane) {
