@@ -11,21 +11,40 @@ import (
 
 var _ dataplane.DriftChecker = (*Plane)(nil)
 
+// chainsPerStep bounds the chains whose rules one Step counts: a step
+// runs on the sync loop, between two Apply calls, and at 10,000 Services
+// the table holds 110,000 chains.
+const chainsPerStep = 2000
+
 // StartDriftCheck begins a check of kpr's table against what the Plane
-// wrote, one read a Step: the names of its chains, sets and maps; the
-// elements of each map; how many rules each chain holds. Each Step reads
-// and compares with what the Plane holds at that moment, so Apply calls
-// between the Steps do not spoil it. nft does not print rules back as
-// they were written (knftables reads no rule text), so a rule changed in
-// place is not seen; a rule added or removed, an element or an object
+// wrote, one read a Step: the ruleset's generation; the names of the
+// table's chains, sets and maps; the elements of each shared map; how
+// many rules each chain holds, a window of chains at a time. Each Step
+// reads and compares with what the Plane holds at that moment, so Apply
+// calls between the Steps do not spoil it. nft does not print rules back
+// as they were written (knftables reads no rule text), so a rule changed
+// in place is not seen; a rule added or removed, an element or an object
 // changed, is, and the Reconcile it calls for rewrites the whole table.
+//
+// The generation settles most checks in one read: where nothing but the
+// Plane has committed to nftables in the namespace since the table was
+// last known to be as written, it still is.
 func (p *Plane) StartDriftCheck() dataplane.DriftCheck {
-	c := &driftCheck{p: p, dirty: p.dirty}
+	c := &driftCheck{p: p, dirty: p.dirty, writesAtStart: p.writes}
+	if p.reader != nil {
+		c.todo = append(c.todo, c.generation)
+	}
 	c.todo = append(c.todo, c.objects)
 	for _, m := range sharedMaps(p.families) {
 		c.todo = append(c.todo, func() (bool, error) { return c.elements(m.Name) })
 	}
-	c.todo = append(c.todo, c.ruleCounts)
+	c.todo = append(c.todo, c.baseRuleCounts)
+	c.names = make([]dataplane.ServicePortName, 0, len(p.rendered))
+	for n := range p.rendered {
+		c.names = append(c.names, n)
+	}
+	slices.SortFunc(c.names, dataplane.ServicePortName.Compare)
+	c.todo = append(c.todo, c.ownedRuleCounts)
 	return c
 }
 
@@ -33,6 +52,15 @@ type driftCheck struct {
 	p     *Plane
 	dirty bool
 	todo  []func() (bool, error)
+	// names are the ServicePorts whose chains are still to be counted.
+	names []dataplane.ServicePortName
+	// startGen is the generation the check began at (known when
+	// genKnown), and writesAtStart the Plane's writes then.
+	startGen      uint32
+	genKnown      bool
+	writesAtStart int
+	// skip is set when the generation settled the check.
+	skip bool
 }
 
 func (c *driftCheck) Step() (done, held bool, err error) {
@@ -50,7 +78,40 @@ func (c *driftCheck) Step() (done, held bool, err error) {
 	if err != nil || !held {
 		return true, false, err
 	}
-	return len(c.todo) == 0, true, nil
+	if c.skip || len(c.todo) == 0 {
+		c.verified()
+		return true, true, nil
+	}
+	return false, true, nil
+}
+
+// generation ends the check where the ruleset has not moved since the
+// Plane last knew its table to be as written.
+func (c *driftCheck) generation() (bool, error) {
+	gen, err := c.p.reader.generation()
+	if err != nil {
+		// The check goes on without it, by reading the table.
+		return true, nil
+	}
+	c.startGen, c.genKnown = gen, true
+	c.skip = c.p.verifiedGen.known && c.p.verifiedGen.gen == gen
+	return true, nil
+}
+
+// verified records the generation at which a check that held found the
+// table as written: only where every commit since the check began was
+// one of the Plane's own writes, which it knows the effect of.
+func (c *driftCheck) verified() {
+	if c.skip || !c.genKnown || c.p.reader == nil {
+		return
+	}
+	gen, err := c.p.reader.generation()
+	if err != nil {
+		return
+	}
+	if gen == c.startGen+uint32(c.p.writes-c.writesAtStart) {
+		c.p.verifiedGen = knownGen{gen: gen, known: true}
+	}
 }
 
 // expected is the table as the Plane wrote it.
@@ -124,20 +185,74 @@ func (c *driftCheck) elements(m string) (bool, error) {
 // protocol by name and a port as a number, as kpr writes them.
 func normalKey(key []string) string { return strings.Join(key, " . ") }
 
-func (c *driftCheck) ruleCounts() (bool, error) {
-	rules, err := c.p.nft.ListRules(context.Background(), "")
+// baseRuleCounts compares the rules of the shared chains, which every
+// packet passes, with the rendering.
+func (c *driftCheck) baseRuleCounts() (bool, error) {
+	want := map[string]int{}
+	for _, ch := range baseChains(c.p.families) {
+		want[ch.name] = len(ch.rules)
+	}
+	return c.p.rulesAsWritten(want)
+}
+
+// ownedRuleCounts compares the rules of the chains of the next
+// ServicePorts, up to chainsPerStep chains, with what the Plane holds for
+// them now; it queues itself again while ServicePorts are left. A
+// ServicePort written after the check began is not counted: the Plane
+// has just written its chains whole.
+func (c *driftCheck) ownedRuleCounts() (bool, error) {
+	want := map[string]int{}
+	for len(c.names) > 0 && len(want) < chainsPerStep {
+		r := c.p.rendered[c.names[0]]
+		c.names = c.names[1:]
+		for _, fam := range c.p.families {
+			for _, ch := range r.rulesOf(fam).chains {
+				want[ch.name] = len(ch.rules)
+			}
+		}
+	}
+	if len(c.names) > 0 {
+		c.todo = append(c.todo, c.ownedRuleCounts)
+	}
+	if len(want) == 0 {
+		return true, nil
+	}
+	return c.p.rulesAsWritten(want)
+}
+
+// rulesAsWritten tells whether each chain of want holds as many rules as
+// want says.
+func (p *Plane) rulesAsWritten(want map[string]int) (bool, error) {
+	chains := make([]string, 0, len(want))
+	for n := range want {
+		chains = append(chains, n)
+	}
+	got, err := p.ruleCounts(chains)
 	if err != nil {
-		return false, fmt.Errorf("list the rules of the nftables table %s %s: %w", Family, TableName, err)
+		return false, fmt.Errorf("count the rules of the nftables table %s %s: %w", Family, TableName, err)
+	}
+	for n, w := range want {
+		if got[n] != w {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// ruleCounts counts the rules of chains over netlink where the Plane has
+// a kernelReader, and through knftables' ListRules (a knftables.Fake in
+// tests) where it has not.
+func (p *Plane) ruleCounts(chains []string) (map[string]int, error) {
+	if p.reader != nil {
+		return p.reader.ruleCounts(chains)
+	}
+	rules, err := p.nft.ListRules(context.Background(), "")
+	if err != nil {
+		return nil, err
 	}
 	got := map[string]int{}
 	for _, r := range rules {
 		got[r.Chain]++
 	}
-	want := c.p.expected().chains
-	for name, n := range want {
-		if got[name] != n {
-			return false, nil
-		}
-	}
-	return len(got) <= len(want), nil
+	return got, nil
 }

@@ -38,7 +38,7 @@ func RemoveLeftovers(bpfRoot, netnsPath string) (leftovers.Removed, error) {
 func Cleanup(nft knftables.Interface) (int, error) {
 	ctx := context.Background()
 	chains, err := nft.List(ctx, "chain")
-	if knftables.IsNotFound(err) {
+	if isNotFound(err) {
 		return 0, nil
 	}
 	if err != nil {
@@ -46,7 +46,11 @@ func Cleanup(nft knftables.Interface) (int, error) {
 	}
 	tx := nft.NewTransaction()
 	tx.Delete(&knftables.Table{})
-	if err := nft.Run(ctx, tx); err != nil {
+	if err := nft.Run(ctx, tx); isNotFound(err) {
+		// The chains were listed over netlink, which lists none, and no
+		// error, for a table that does not exist.
+		return 0, nil
+	} else if err != nil {
 		return 0, fmt.Errorf("delete the nftables table %s %s: %w", Family, TableName, err)
 	}
 	return len(chains), nil

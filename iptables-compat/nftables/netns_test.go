@@ -82,7 +82,7 @@ func TestDriftCheckHoldsOverRealTables(t *testing.T) {
 	requireRoot(t)
 	for name, sps := range goldenCases() {
 		t.Run(name, func(t *testing.T) {
-			_, nft := newNetNS(t)
+			ns, nft := newNetNS(t)
 			p, err := New(Options{NFT: nft, Families: bothFamilies})
 			if err != nil {
 				t.Fatal(err)
@@ -90,10 +90,94 @@ func TestDriftCheckHoldsOverRealTables(t *testing.T) {
 			if err := p.Reconcile(changes(sps...)); err != nil {
 				t.Fatal(err)
 			}
+			// Another writer's commit, so that the check reads and
+			// compares the whole table rather than trust the generation.
+			commitElsewhere(t, ns)
 			if held := dataplanetest.DriftCheckHolds(t, p); !held {
 				t.Fatal("the drift check finds drift in a table the Plane has just written")
 			}
 		})
+	}
+}
+
+// commitElsewhere commits a transaction of another writer's in the
+// namespace: a table of its own, which moves the ruleset's generation.
+func commitElsewhere(t *testing.T, ns string) {
+	t.Helper()
+	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "add", "table", "ip", "elsewhere").CombinedOutput(); err != nil {
+		t.Fatalf("nft add table ip elsewhere: %v: %s", err, out)
+	}
+}
+
+// nftIn runs nft with args in the namespace.
+func nftIn(t *testing.T, ns string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("nft %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// driftSteps runs a whole drift check and returns how many steps it took
+// and whether it held.
+func driftSteps(t *testing.T, p *Plane) (int, bool) {
+	t.Helper()
+	c := p.StartDriftCheck()
+	for steps := 1; steps < 10000; steps++ {
+		done, held, err := c.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			return steps, held
+		}
+	}
+	t.Fatal("the drift check did not end in 10,000 steps")
+	return 0, false
+}
+
+// Where nothing but the Plane has committed since its table was last
+// known as written, one read of the ruleset's generation settles a drift
+// check; another writer's commit makes the next check read the table,
+// a window of chains a step, and a rule planted in the last window is
+// found.
+func TestDriftCheckTrustsOnlyItsOwnGenerations(t *testing.T) {
+	requireRoot(t)
+	ns, nft := newNetNS(t)
+	p, err := New(Options{NFT: nft, Families: bothFamilies})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 300 Services of 10 endpoints: 3,300 chains, two windows.
+	if err := p.Reconcile(dataplanetest.BenchServices(300)); err != nil {
+		t.Fatal(err)
+	}
+	if steps, held := driftSteps(t, p); !held || steps != 1 {
+		t.Fatalf("after the Plane's own full write: held %v in %d steps, want held in 1", held, steps)
+	}
+	sp := dataplanetest.BenchService(7, 1)
+	if err := p.Apply(changes(sp)); err != nil {
+		t.Fatal(err)
+	}
+	if steps, held := driftSteps(t, p); !held || steps != 1 {
+		t.Fatalf("after the Plane's own partial write: held %v in %d steps, want held in 1", held, steps)
+	}
+
+	commitElsewhere(t, ns)
+	steps, held := driftSteps(t, p)
+	if !held || steps < 4 {
+		t.Fatalf("after another writer's commit: held %v in %d steps, want held, having read the table", held, steps)
+	}
+	if steps, held := driftSteps(t, p); !held || steps != 1 {
+		t.Fatalf("after a check that held: held %v in %d steps, want held in 1", held, steps)
+	}
+
+	// A rule planted in a chain of the last Service in name order, which
+	// the last window counts.
+	last := dataplanetest.BenchService(99, 0)
+	chain := p.rendered[last.Name].rules[netfilter.IPv4].chains[0].name
+	nftIn(t, ns, "add", "rule", string(Family), TableName, chain, "counter")
+	if _, held := driftSteps(t, p); held {
+		t.Fatalf("the drift check missed a rule added to chain %s", chain)
 	}
 }
 

@@ -52,6 +52,15 @@ var bothFamilies = []netfilter.Family{netfilter.IPv4, netfilter.IPv6}
 
 // goldenCases are representative Services, one golden file each: the
 // same as the iptables backend's, so the two renderings can be compared.
+// manyBackends is n endpoints on port 8080.
+func manyBackends(n int) []dataplane.Backend {
+	out := make([]dataplane.Backend, n)
+	for i := range out {
+		out[i] = dataplane.Backend{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i / 250), byte(1 + i%250)}), Port: 8080}
+	}
+	return out
+}
+
 func goldenCases() map[string][]*dataplane.ServicePort {
 	dns := spn("kube-system", "kube-dns", "dns", dataplane.UDP)
 	web := spn("shop", "web", "http", dataplane.TCP)
@@ -89,6 +98,10 @@ func goldenCases() map[string][]*dataplane.ServicePort {
 				front(dataplane.LoadBalancer, "198.51.100.50:443", dataplane.TCP, bes("10.244.0.11:8443"), nil),
 				front(dataplane.ClusterIP, "[fd00:10:96::70]:443", dataplane.TCP, bes("[fd00:10:244::11]:8443"), nil),
 				front(dataplane.LoadBalancer, "[2001:db8:51::50]:443", dataplane.TCP, bes("[fd00:10:244::11]:8443"), nil)}}},
+		// From vmapFromEndpoints endpoints on, one rule picks through a
+		// verdict map.
+		"many-endpoints": {{Name: spn("shop", "many", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+			front(dataplane.ClusterIP, "10.96.0.80:80", dataplane.TCP, manyBackends(vmapFromEndpoints), nil)}}},
 		"dual-stack": {{Name: dual, Frontends: []dataplane.Frontend{
 			front(dataplane.ClusterIP, "10.96.0.60:80", dataplane.TCP, bes("10.244.0.9:80"), nil),
 			front(dataplane.ClusterIP, "[fd00:10:96::60]:80", dataplane.TCP, bes("[fd00:10:244::9]:80", "[fd00:10:244:1::9]:80"), nil)}}},
