@@ -147,7 +147,7 @@ func TestDriftCheckTrustsOnlyItsOwnGenerations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 300 Services of 10 endpoints: 3,300 chains, two windows.
+	// 300 Services of 10 endpoints: 3,300 chains, seven windows.
 	if err := p.Reconcile(dataplanetest.BenchServices(300)); err != nil {
 		t.Fatal(err)
 	}
