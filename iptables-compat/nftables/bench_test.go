@@ -163,6 +163,10 @@ func (t *timedNFT) generation() (uint32, error) {
 	return t.Interface.(kernelReader).generation()
 }
 
+func (t *timedNFT) tableObjects() (uint32, bool, error) {
+	return t.Interface.(kernelReader).tableObjects()
+}
+
 func (t *timedNFT) ruleCounts(chains []string) (map[string]int, error) {
 	return t.Interface.(kernelReader).ruleCounts(chains)
 }

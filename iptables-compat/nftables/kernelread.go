@@ -21,6 +21,11 @@ type kernelReader interface {
 	// ruleCounts is how many rules each of chains holds in kpr's table;
 	// a chain the table does not hold counts 0.
 	ruleCounts(chains []string) (map[string]int, error)
+	// tableObjects is how many objects kpr's table holds: the kernel
+	// counts its chains, its named sets and maps, and any stateful
+	// object or flowtable, as one each. ok is false where
+	// the table does not exist.
+	tableObjects() (n uint32, ok bool, err error)
 }
 
 func nftMessage(msg int) netlink.HeaderType {
@@ -71,6 +76,46 @@ func (netlinkReader) generation() (uint32, error) {
 		}
 	}
 	return 0, fmt.Errorf("read the nftables ruleset generation: the kernel's answer has no NFTA_GEN_ID")
+}
+
+func (netlinkReader) tableObjects() (uint32, bool, error) {
+	c, err := dialNFTables()
+	if err != nil {
+		return 0, false, err
+	}
+	defer c.Close()
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_TABLE_NAME, TableName)
+	attrs, err := ae.Encode()
+	if err != nil {
+		return 0, false, err
+	}
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: nftMessage(unix.NFT_MSG_GETTABLE), Flags: netlink.Request},
+		Data:   append(nfgenmsg(unix.NFPROTO_INET), attrs...),
+	})
+	if isNotFound(err) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read the nftables table %s %s: %w", Family, TableName, err)
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return 0, false, fmt.Errorf("decode the nftables table %s %s: %w", Family, TableName, err)
+		}
+		ad.ByteOrder = binary.BigEndian
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_TABLE_USE {
+				return ad.Uint32(), true, nil
+			}
+		}
+	}
+	return 0, false, fmt.Errorf("read the nftables table %s %s: the kernel's answer has no NFTA_TABLE_USE", Family, TableName)
 }
 
 // ruleCounts dumps the rules of one chain at a time: the kernel finds a

@@ -53,6 +53,11 @@ func (n nodeNFT) generation() (gen uint32, err error) {
 	return gen, err
 }
 
+func (n nodeNFT) tableObjects() (objects uint32, ok bool, err error) {
+	err = n.do(func() error { objects, ok, err = netlinkReader{}.tableObjects(); return err })
+	return objects, ok, err
+}
+
 func (n nodeNFT) ruleCounts(chains []string) (out map[string]int, err error) {
 	err = n.do(func() error { out, err = netlinkReader{}.ruleCounts(chains); return err })
 	return out, err

@@ -179,6 +179,16 @@ func TestDriftCheckTrustsOnlyItsOwnGenerations(t *testing.T) {
 	if _, held := driftSteps(t, p); held {
 		t.Fatalf("the drift check missed a rule added to chain %s", chain)
 	}
+
+	// An empty chain of someone else's in kpr's table: no rule count
+	// sees it, the table's count of its objects does.
+	if err := p.Reconcile(dataplanetest.BenchServices(300)); err != nil {
+		t.Fatal(err)
+	}
+	nftIn(t, ns, "add", "chain", string(Family), TableName, "stray")
+	if _, held := driftSteps(t, p); held {
+		t.Fatal("the drift check missed a chain added to the table")
+	}
 }
 
 var quoted = regexp.MustCompile(`"([^"]*)"`)

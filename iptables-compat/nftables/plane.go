@@ -283,15 +283,22 @@ func listTable(ctx context.Context, nft knftables.Interface) (tableObjects, erro
 		if err != nil && !isNotFound(err) {
 			return out, fmt.Errorf("list the %ss of the nftables table %s %s: %w", l.typ, Family, TableName, err)
 		}
-		// A netlink listing also names the anonymous sets and maps nft
-		// makes for a rule's { ... } literals; they go with their rule.
-		for _, n := range names {
-			if !strings.HasPrefix(n, "__") {
-				*l.to = append(*l.to, n)
-			}
-		}
+		*l.to = named(names)
 	}
 	return out, nil
+}
+
+// named drops the anonymous sets and maps from a netlink listing, which
+// names those nft makes for a rule's { ... } literals; they go with their
+// rule.
+func named(names []string) []string {
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if !strings.HasPrefix(n, "__") {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // ownedObjects are what the rendered ServicePorts own, in name order, so
