@@ -20,6 +20,15 @@ const nobody = 65534
 // created by root with a safe mode is accepted.
 func TestLoadRefusesUntrustedBPFRoot(t *testing.T) {
 	harness.RequireRoot(t)
+	// A fresh machine has no bpffs at /sys/fs/bpf until a Load mounts
+	// one, as kpr does; the planted directories need it first.
+	mounted := "/sys/fs/bpf/kpr-test-" + randomHex(6)
+	if err := loader.EnsureBPFFS(mounted); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(mounted); err != nil {
+		t.Fatal(err)
+	}
 	cg, err := harness.NewCgroup(t)
 	if err != nil {
 		t.Fatal(err)
