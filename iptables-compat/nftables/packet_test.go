@@ -337,3 +337,29 @@ func TestLocalTrafficDetection(t *testing.T) {
 		})
 	}
 }
+
+// Hairpin: a pod that reaches a Service whose only endpoint is itself is
+// masqueraded, or its own reply would go back to it over loopback,
+// untranslated, and the connection would never be made.
+func TestPacketsHairpin(t *testing.T) {
+	n := newPacketNode(t)
+	self := &dataplane.ServicePort{Name: spn("shop", "self", "", dataplane.TCP), Frontends: []dataplane.Frontend{
+		front(dataplane.ClusterIP, "10.96.0.3:80", dataplane.TCP, n.backends(n.client), nil)}}
+	if err := n.plane.Reconcile(changes(self)); err != nil {
+		t.Fatal(err)
+	}
+	// The pod's packet goes back out the bridge port it came in by, which
+	// the bridge allows only in hairpin mode, as CNI's bridge plugin sets
+	// it on a node.
+	veth, err := n.node.NetNS.Netlink().LinkByIndex(n.client.HostVethIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.node.NetNS.Netlink().LinkSetHairpin(veth, true); err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddrPort("10.96.0.3:80")
+	if who, err := harness.WhoTCP(n.client.NetNS, vip, packetTimeout); err != nil || who != n.client.Name {
+		t.Fatalf("pod -> ClusterIP %s whose only endpoint is the pod itself = %q, %v; want %s", vip, who, err, n.client.Name)
+	}
+}
