@@ -58,7 +58,7 @@ func baseChains(families []netfilter.Family) []baseChain {
 		{name: chainNATOutput, typ: knftables.NATType, hook: knftables.OutputHook, priority: knftables.DNATPriority,
 			rules: []string{"jump " + chainServices}},
 		{name: chainNATPostrouting, typ: knftables.NATType, hook: knftables.PostroutingHook, priority: knftables.SNATPriority,
-			rules: []string{"jump " + chainMasquerading}},
+			rules: append(hairpinRules(families), "jump "+chainMasquerading)},
 		{name: chainFilterInput, typ: knftables.FilterType, hook: knftables.InputHook, priority: afterDNAT,
 			rules: []string{"ct state new jump " + chainEndpointsCheck, "ct state new jump " + chainExternalCheck}},
 		{name: chainFilterForward, typ: knftables.FilterType, hook: knftables.ForwardHook, priority: afterDNAT,
@@ -79,6 +79,27 @@ func baseChains(families []netfilter.Family) []baseChain {
 			"masquerade fully-random",
 		}},
 	}
+}
+
+// hairpinRules mark for masquerading a connection DNATed to the endpoint
+// it came from, whose endpoint the service chain DNATed to directly (an
+// endpoint chain marks its own hairpin traffic).
+func hairpinRules(families []netfilter.Family) []string {
+	var out []string
+	for _, fam := range families {
+		w := addrWord(fam)
+		out = append(out, "ct status dnat "+w+" saddr . "+w+" daddr . meta l4proto . th dport @"+mapOf(setHairpin, fam)+" jump "+chainMarkMasq)
+	}
+	return out
+}
+
+// sharedSets are the hairpin sets of families.
+func sharedSets(families []netfilter.Family) []*knftables.Set {
+	var out []*knftables.Set
+	for _, fam := range families {
+		out = append(out, &knftables.Set{Name: mapOf(setHairpin, fam), Type: addrType(fam) + " . " + addrType(fam) + " . inet_proto . inet_service"})
+	}
+	return out
 }
 
 // sharedMaps are the verdict maps of families.

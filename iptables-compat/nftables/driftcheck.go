@@ -37,7 +37,10 @@ func (p *Plane) StartDriftCheck() dataplane.DriftCheck {
 	}
 	c.todo = append(c.todo, c.objects)
 	for _, m := range sharedMaps(p.families) {
-		c.todo = append(c.todo, func() (bool, error) { return c.elements(m.Name) })
+		c.todo = append(c.todo, func() (bool, error) { return c.elements("map", m.Name) })
+	}
+	for _, s := range sharedSets(p.families) {
+		c.todo = append(c.todo, func() (bool, error) { return c.elements("set", s.Name) })
 	}
 	c.todo = append(c.todo, c.baseRuleCounts)
 	c.names = make([]dataplane.ServicePortName, 0, len(p.rendered))
@@ -123,7 +126,7 @@ type expected struct {
 	chains   map[string]int // rules per chain
 	sets     []string
 	maps     []string
-	elements map[string]map[string]string // map → key → verdict
+	elements map[string]map[string]string // map or hairpin set → key → verdict ("" in a set)
 }
 
 func (p *Plane) expected() expected {
@@ -134,6 +137,10 @@ func (p *Plane) expected() expected {
 	for _, m := range sharedMaps(p.families) {
 		e.maps = append(e.maps, m.Name)
 		e.elements[m.Name] = map[string]string{}
+	}
+	for _, s := range sharedSets(p.families) {
+		e.sets = append(e.sets, s.Name)
+		e.elements[s.Name] = p.hairpin.byKey(s.Name)
 	}
 	chains, sets, elements := p.ownedObjects(p.rendered)
 	for _, c := range chains {
@@ -211,17 +218,17 @@ func (c *driftCheck) expected() expected {
 	return *c.exp
 }
 
-func (c *driftCheck) elements(m string) (bool, error) {
-	els, err := c.p.nft.ListElements(context.Background(), "map", m)
+func (c *driftCheck) elements(kind, m string) (bool, error) {
+	els, err := c.p.nft.ListElements(context.Background(), kind, m)
 	if err != nil {
-		return false, fmt.Errorf("list the elements of map %s: %w", m, err)
+		return false, fmt.Errorf("list the elements of %s %s: %w", kind, m, err)
 	}
 	want := c.expected().elements[m]
 	if len(els) != len(want) {
 		return false, nil
 	}
 	for _, el := range els {
-		if v, ok := want[normalKey(el.Key)]; !ok || len(el.Value) != 1 || v != el.Value[0] {
+		if v, ok := want[normalKey(el.Key)]; !ok || v != strings.Join(el.Value, " ") {
 			return false, nil
 		}
 	}

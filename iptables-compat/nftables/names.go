@@ -40,6 +40,11 @@ const (
 	mapNoEndpoints      = "no-endpoint-services"
 	mapNoLocalEndpoints = "no-local-endpoints"
 	mapFirewallIPs      = "firewall-ips"
+
+	// setHairpin holds, per family, endpoint . endpoint . protocol . port
+	// for every endpoint a service chain DNATs to directly: a connection
+	// DNATed to its own source is masqueraded (hairpin).
+	setHairpin = "hairpin-connections"
 )
 
 // Prefixes of the chains and sets a ServicePort owns. Each name is the

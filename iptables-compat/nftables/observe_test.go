@@ -277,6 +277,18 @@ func (s snapshot) rule(w []string, pr probe, depth int) (verdict string, matched
 			}
 		}
 		return "", true, branches, nil
+	case w[0] == "meta" && len(w) >= 12 && w[1] == "l4proto" && w[3] == "numgen" && w[len(w)-4] == "dnat" && w[len(w)-2] == "to":
+		// meta l4proto tcp numgen random mod N == 0 dnat ip to A:P (nft
+		// lists it without the ==): taken
+		// one way (the DNAT) and the other (the rules after).
+		ap, err := netip.ParseAddrPort(w[len(w)-1])
+		if err != nil {
+			return "", false, nil, err
+		}
+		if w[2] != pr.proto {
+			return "", false, nil, nil
+		}
+		return "", true, []outcome{{verdict: "dnat", backend: dataplane.Backend{Addr: ap.Addr(), Port: ap.Port()}}}, nil
 	case w[0] == "meta" && len(w) >= 7 && w[1] == "l4proto" && w[3] == "dnat" && w[5] == "to":
 		ap, err := netip.ParseAddrPort(w[6])
 		if err != nil {

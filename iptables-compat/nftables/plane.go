@@ -48,6 +48,9 @@ type Plane struct {
 	// rendered caches the rules of each programmed ServicePort; a
 	// ServicePort handed over never changes, so the pointer keys it.
 	rendered map[dataplane.ServicePortName]*renderedPort
+	// hairpin counts the rendered ServicePorts that hold each element of
+	// the hairpin sets.
+	hairpin hairpinRefs
 	// written is set once the Plane has written the whole table: until
 	// then a write rewrites it all, whatever an earlier process left.
 	written bool
@@ -96,6 +99,7 @@ func New(o Options) (*Plane, error) {
 		cfg:        config{masq: o.Masquerade},
 		programmed: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		rendered:   map[dataplane.ServicePortName]*renderedPort{},
+		hairpin:    hairpinRefs{},
 	}
 	slices.Sort(p.families)
 	p.families = slices.Compact(p.families)
@@ -172,10 +176,24 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 			nextRendered[n] = render(sp, p.families, p.cfg)
 		}
 	}
+	whole := full || !p.written
+	// The hairpin counts after the write: counted afresh for a whole
+	// write, and otherwise the change the changed ServicePorts make.
+	hairpin := hairpinRefs{}
+	if whole {
+		for _, r := range nextRendered {
+			hairpin.count(r, 1)
+		}
+	} else {
+		for _, n := range changed {
+			hairpin.count(p.rendered[n], -1)
+			hairpin.count(nextRendered[n], 1)
+		}
+	}
 	ctx := context.Background()
 	tx := p.nft.NewTransaction()
 	before := p.generation()
-	if full || !p.written {
+	if whole {
 		present, err := listTable(ctx, p.nft)
 		if err != nil {
 			p.dirty = true
@@ -188,9 +206,10 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 			p.log.Warn("Could not read the UDP frontends of the nftables table", zap.Error(err))
 		}
 		p.conntrack.FoundInKernel(found)
-		p.fullWrite(tx, nextRendered, present)
+		p.fullWrite(tx, nextRendered, present, hairpin)
 	} else {
 		p.partialWrite(tx, p.rendered, nextRendered, changed)
+		writeHairpinChanges(tx, p.hairpin, hairpin)
 	}
 	if tx.NumOperations() > 0 {
 		if err := p.nft.Run(ctx, tx); err != nil {
@@ -203,7 +222,12 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 			return fmt.Errorf("write the nftables table %s %s: %w", Family, TableName, err)
 		}
 		p.writes++
-		p.carryVerifiedGen(before, full || !p.written)
+		p.carryVerifiedGen(before, whole)
+	}
+	if whole {
+		p.hairpin = hairpin
+	} else {
+		p.hairpin.apply(hairpin)
 	}
 
 	old := p.programmed
@@ -333,7 +357,7 @@ type famSet struct {
 // the table already holds is flushed: a flush costs nft as much as the
 // chain's rules, and a cold start would otherwise flush 110,000 new,
 // empty chains at 10,000 Services.
-func (p *Plane) fullWrite(tx *knftables.Transaction, rendered map[dataplane.ServicePortName]*renderedPort, present tableObjects) {
+func (p *Plane) fullWrite(tx *knftables.Transaction, rendered map[dataplane.ServicePortName]*renderedPort, present tableObjects, hairpin hairpinRefs) {
 	base := baseChains(p.families)
 	maps := sharedMaps(p.families)
 	chains, sets, elements := p.ownedObjects(rendered)
@@ -350,6 +374,11 @@ func (p *Plane) fullWrite(tx *knftables.Transaction, rendered map[dataplane.Serv
 		tx.Add(m)
 		flushIfPresent("map", m.Name, m)
 		want["map "+m.Name] = true
+	}
+	for _, s := range sharedSets(p.families) {
+		tx.Add(s)
+		flushIfPresent("set", s.Name, s)
+		want["set "+s.Name] = true
 	}
 	for _, s := range sets {
 		tx.Add(s.object(s.fam))
@@ -381,6 +410,9 @@ func (p *Plane) fullWrite(tx *knftables.Transaction, rendered map[dataplane.Serv
 	for _, e := range elements {
 		tx.Add(e.object())
 	}
+	for _, e := range hairpin.elements() {
+		tx.Add(e.object())
+	}
 	for _, c := range staleChains {
 		tx.Delete(&knftables.Chain{Name: c})
 	}
@@ -403,6 +435,9 @@ func addRules(tx *knftables.Transaction, chainName string, rules []string) {
 }
 
 func (e element) object() *knftables.Element {
+	if e.value == "" {
+		return &knftables.Element{Set: e.m, Key: e.key}
+	}
 	return &knftables.Element{Map: e.m, Key: e.key, Value: []string{e.value}}
 }
 
