@@ -64,8 +64,9 @@ type portRules struct {
 //     (node-local endpoints);
 //   - a service chain marks ClusterIP traffic from outside the cluster
 //     CIDR for masquerading, sends a client with affinity to its
-//     endpoint, and picks one with numgen (pickEndpoint); an endpoint
-//     chain DNATs;
+//     endpoint, and picks one with numgen: DNATing to it itself
+//     (dnatToOne, hairpin through the hairpin-connections sets) or going
+//     to its endpoint chain (pickEndpoint), which DNATs (see render);
 //   - a frontend without endpoints is in no-endpoint-services (reject);
 //     one whose outside traffic has no endpoint under a Local policy is
 //     in no-local-endpoints (drop, outside traffic only);
