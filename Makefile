@@ -98,11 +98,12 @@ test-kernel-oldest: deps
 ## test-kernels-e2e: tests/e2e's IPVS-mode scenarios (TestServices/ipvs,
 ## explain and status in that mode, TestExplainIPVS/ipvs, connects
 ## during endpoint churn, TestEndpointChurnLeavesNoConnectUntranslated/ipvs,
+## UDP resolvers through server cycling and restarts, TestUDPChurn/ipvs,
 ## and the move to nftables and back, TestModeSwitchIPVSNFTables/ipvs), which
 ## need ip_vs and dummy links the host may lack, in a 6.1 (bookworm) VM that
 ## carries kube-apiserver and etcd (about 3 minutes under TCG; part of make
 ## test, so CI runs the e2e suite in every mode; docs/kernel-matrix.md)
-KERNEL_E2E_RUN ?= ^(TestServices|TestExplainIPVS|TestEndpointChurnLeavesNoConnectUntranslated|TestModeSwitchIPVSNFTables)$$/^ipvs$$
+KERNEL_E2E_RUN ?= ^(TestServices|TestExplainIPVS|TestEndpointChurnLeavesNoConnectUntranslated|TestUDPChurn|TestModeSwitchIPVSNFTables)$$/^ipvs$$
 test-kernels-e2e: deps tools
 	$(GO) run ./tests/kernels/run -kernels bookworm -packages ./tests/e2e -run '$(KERNEL_E2E_RUN)' -timeout 60m $(KERNEL_MATRIX_FLAGS)
 

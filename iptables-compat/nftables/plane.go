@@ -177,17 +177,18 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		}
 	}
 	whole := full || !p.written
-	// The hairpin counts after the write: counted afresh for a whole
-	// write, and otherwise the change the changed ServicePorts make.
-	hairpin := hairpinRefs{}
+	// A whole write counts the hairpin elements afresh (hairpinAfter); a
+	// partial one counts only the change its ServicePorts make to
+	// p.hairpin (hairpinDelta).
+	hairpinAfter, hairpinDelta := hairpinRefs{}, hairpinRefs{}
 	if whole {
 		for _, r := range nextRendered {
-			hairpin.count(r, 1)
+			hairpinAfter.count(r, 1)
 		}
 	} else {
 		for _, n := range changed {
-			hairpin.count(p.rendered[n], -1)
-			hairpin.count(nextRendered[n], 1)
+			hairpinDelta.count(p.rendered[n], -1)
+			hairpinDelta.count(nextRendered[n], 1)
 		}
 	}
 	ctx := context.Background()
@@ -206,10 +207,10 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 			p.log.Warn("Could not read the UDP frontends of the nftables table", zap.Error(err))
 		}
 		p.conntrack.FoundInKernel(found)
-		p.fullWrite(tx, nextRendered, present, hairpin)
+		p.fullWrite(tx, nextRendered, present, hairpinAfter)
 	} else {
 		p.partialWrite(tx, p.rendered, nextRendered, changed)
-		writeHairpinChanges(tx, p.hairpin, hairpin)
+		writeHairpinChanges(tx, p.hairpin, hairpinDelta)
 	}
 	if tx.NumOperations() > 0 {
 		if err := p.nft.Run(ctx, tx); err != nil {
@@ -225,9 +226,9 @@ func (p *Plane) write(next map[dataplane.ServicePortName]*dataplane.ServicePort,
 		p.carryVerifiedGen(before, whole)
 	}
 	if whole {
-		p.hairpin = hairpin
+		p.hairpin = hairpinAfter
 	} else {
-		p.hairpin.apply(hairpin)
+		p.hairpin.apply(hairpinDelta)
 	}
 
 	old := p.programmed

@@ -19,10 +19,10 @@ import (
 )
 
 // udpChurnModes are the netfilter modes, where a UDP flow's backend is
-// whatever its conntrack entry says until that entry is deleted. (The
-// IPVS mode is left out: its UDP flows also live in IPVS's own connection
-// table, which this scenario does not cover.)
-var udpChurnModes = []dataMode{modeIPTablesNFT, modeIPTablesLegacy, modeNFTables}
+// whatever its conntrack entry says until that entry is deleted. In the
+// IPVS mode the flow also lives in IPVS's own connection table, which
+// forgets it once its real server is deleted (expire_nodest_conn).
+var udpChurnModes = []dataMode{modeIPTablesNFT, modeIPTablesLegacy, modeNFTables, modeIPVS}
 
 // resolverInterval is how often a resolver asks, and answerBound how soon
 // after an endpoint change it must be answered by a current endpoint.
