@@ -141,6 +141,13 @@ func (r Report) RequireSocketLB() error {
 	return nil
 }
 
+// KernelRelease is the running kernel's release, as uname -r prints it.
+func KernelRelease() string {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	return unix.ByteSliceToString(uts.Release[:])
+}
+
 // permissionDenied tells, from a probe's error text, whether the kernel
 // refused the probe (EPERM, EACCES) rather than lacked the feature.
 func permissionDenied(probeErr string) bool {
@@ -150,9 +157,7 @@ func permissionDenied(probeErr string) bool {
 // Probe checks the running kernel. It loads small throw-away programs and
 // maps; it attaches nothing anywhere but a cgroup it creates and removes.
 func Probe() Report {
-	var uts unix.Utsname
-	_ = unix.Uname(&uts)
-	r := Report{Kernel: unix.ByteSliceToString(uts.Release[:])}
+	r := Report{Kernel: KernelRelease()}
 	add := r.Add
 
 	add(FeatureConnect, "required: no socket-level load balancing",

@@ -226,13 +226,21 @@ func checkModeFlags(f *runFlags) error {
 	return nil
 }
 
-// probeKernel is what the kernel supports of what any mode needs: each
+// probeKernel is what the kernel supports of what the modes need: each
 // row's probe, in table order. run is `kpr run`'s flags, nil for the
-// operators' commands (see mode.probe).
+// operators' commands (see mode.probe), which report every mode.
+//
+// Under an explicit --mode only that mode's row is probed, as kube-proxy
+// checks only the mode it is given: the choice cannot fall on another,
+// and the eBPF probe alone (throw-away programs, maps and a cgroup) takes
+// 40 to 80 ms of a netfilter mode's start-up for nothing.
 func probeKernel(run *runFlags) (kernelReport, error) {
-	var r kernelReport
+	r := kernelReport{Kernel: loader.KernelRelease()}
 	for _, m := range modes {
 		if m.probe == nil {
+			continue
+		}
+		if run != nil && run.mode != modeAuto && backend(run.mode) != m.backend {
 			continue
 		}
 		if err := m.probe(&r, run); err != nil {

@@ -16,6 +16,8 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/leftovers"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/iptables-compat/nftables"
+	"github.com/kpr-io/kpr/loader"
 )
 
 // Every backend --mode names has a whole row: a constructor, a way to
@@ -265,5 +267,43 @@ func TestStatusShowsWhatEveryModeKeepsAttached(t *testing.T) {
 	}
 	if !strings.Contains(string(j), `"hooks":[]`) {
 		t.Errorf("status JSON %s: want the empty hooks under \"hooks\"", j)
+	}
+}
+
+// TestExplicitModeProbesOnlyItself checks that `kpr run --mode X` probes
+// what X needs and nothing else (the eBPF probe loads programs and takes
+// a netfilter mode's start-up time), while --mode auto, which may fall on
+// any mode, probes them all.
+func TestExplicitModeProbesOnlyItself(t *testing.T) {
+	names := func(r kernelReport) map[string]bool {
+		out := map[string]bool{}
+		for _, f := range r.Features {
+			out[f.Name] = true
+		}
+		return out
+	}
+	probe := func(mode string) kernelReport {
+		t.Helper()
+		f := &runFlags{mode: mode}
+		f.ebpf.cgroupRoot = t.TempDir() // the eBPF probe prepares no cgroup hierarchy
+		r, err := probeKernel(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Kernel == "" {
+			t.Errorf("--mode %s: the report names no kernel release", mode)
+		}
+		return r
+	}
+	auto := names(probe(modeAuto))
+	if !auto[loader.FeatureConnect] || !auto[nftables.Feature] {
+		t.Fatalf("--mode auto probed %v; want the eBPF and the nftables features", auto)
+	}
+	if got := names(probe(string(backendIPTables))); len(got) != 0 {
+		t.Errorf("--mode iptables probed %v; the iptables mode needs no probe", got)
+	}
+	nft := names(probe(string(backendNFTables)))
+	if !nft[nftables.Feature] || nft[loader.FeatureConnect] {
+		t.Errorf("--mode nftables probed %v; want the nftables feature alone", nft)
 	}
 }
