@@ -2,7 +2,6 @@ package loader
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kpr-io/kpr/dataplane/bpffs"
 	"github.com/kpr-io/kpr/dataplane/leftovers"
 )
 
@@ -88,18 +88,8 @@ func EnsureCgroup2() (string, error) {
 // (mode 0700), and refuses to go on when either could have been written by
 // someone other than root (see checkPinDir).
 func EnsureBPFFS(dir string) error {
-	onBPFFS, err := isBPFFS(dir)
-	if err != nil {
+	if err := bpffs.Ensure(dir); err != nil {
 		return err
-	}
-	if !onBPFFS {
-		parent := filepath.Dir(dir)
-		if err := os.MkdirAll(parent, 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", parent, err)
-		}
-		if err := unix.Mount("bpf", parent, "bpf", 0, ""); err != nil {
-			return fmt.Errorf("mount bpffs at %s (pinning needs it): %w", parent, err)
-		}
 	}
 	for _, d := range []string{dir, linkDir(dir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -159,17 +149,3 @@ func checkPinDir(dir string) error {
 // trustedUID reports whether a pin owned by uid is root's or kpr's own.
 func trustedUID(uid uint32) bool { return uid == 0 || uid == uint32(os.Geteuid()) }
 
-// isBPFFS reports whether path, or its nearest existing ancestor, is on bpffs.
-func isBPFFS(path string) (bool, error) {
-	for p := path; ; p = filepath.Dir(p) {
-		var st unix.Statfs_t
-		err := unix.Statfs(p, &st)
-		if errors.Is(err, unix.ENOENT) && p != "/" {
-			continue
-		}
-		if err != nil {
-			return false, fmt.Errorf("statfs %s: %w", p, err)
-		}
-		return st.Type == unix.BPF_FS_MAGIC, nil
-	}
-}

@@ -77,7 +77,11 @@ func (g *globalFlags) logger() (*zap.Logger, error) {
 	case "json":
 		cfg = zap.NewProductionConfig()
 	case "console":
+		// The development config's readable lines, without its
+		// development behaviour: a daemon's warnings carry no stack trace
+		// (errors still do) and DPanic does not panic.
 		cfg = zap.NewDevelopmentConfig()
+		cfg.Development = false
 	default:
 		return nil, fmt.Errorf("--log-format %q: want json or console", g.logFormat)
 	}

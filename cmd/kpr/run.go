@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kpr-io/kpr/apiclient"
+	"github.com/kpr-io/kpr/dataplane/bpffs"
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/metrics"
@@ -183,6 +184,12 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if devices != nil {
 		defer devices.close()
 	}
+	// Every mode keeps something under --bpf-root (the eBPF mode its pins,
+	// a netfilter mode the record of what it writes), and a fresh node has
+	// no bpffs at /sys/fs/bpf yet. A failure shows where the mode uses the
+	// directory: the eBPF mode cannot pin, a netfilter mode warns that it
+	// cannot record.
+	_ = bpffs.Ensure(g.bpfRoot)
 	dp, err := newDataplane(ctx, chosen, g, f, m, log)
 	if err != nil {
 		return err

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime/debug"
 	runtimemetrics "runtime/metrics"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/metrics"
@@ -99,5 +104,33 @@ func TestStartupGCCollectsMoreOnlyDuringTheFirstSync(t *testing.T) {
 	tuneStartupGC(t.Context(), synced, first, false)
 	if p := currentGCPercent(); p != 77 {
 		t.Fatalf("with GOGC set: GC percent %d, want it left at 77", p)
+	}
+}
+
+// TestConsoleWarningsCarryNoStackTrace checks that --log-format console,
+// the format operators read, prints a warning as one line: a stack trace
+// under every warning buried the log (errors keep theirs).
+func TestConsoleWarningsCarryNoStackTrace(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w // zap opens "stderr" at Build
+	g := globalFlags{logLevel: "info", logFormat: "console"}
+	log, err := g.logger()
+	os.Stderr = stderr
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Warn("a warning", zap.Error(errors.New("why")))
+	_ = log.Sync()
+	w.Close()
+	out, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "a warning") {
+		t.Errorf("a console warning printed %d lines, want the one line:\n%s", len(lines), out)
 	}
 }
