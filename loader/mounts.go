@@ -148,4 +148,3 @@ func checkPinDir(dir string) error {
 
 // trustedUID reports whether a pin owned by uid is root's or kpr's own.
 func trustedUID(uid uint32) bool { return uid == 0 || uid == uint32(os.Geteuid()) }
-

@@ -99,19 +99,7 @@ func New(o Options) (*Plane, error) {
 // Apply writes the changed ServicePorts' chains and rewrites the shared
 // chains; the chains of every other ServicePort are left as they are.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
-	next := clone(p.programmed)
-	var changed []dataplane.ServicePortName
-	for n, sp := range changes {
-		if sp == nil {
-			if _, ok := next[n]; !ok {
-				continue // deleting what was never written
-			}
-			delete(next, n)
-		} else {
-			next[n] = sp
-		}
-		changed = append(changed, n)
-	}
+	next, changed := dataplane.AfterApply(p.programmed, changes)
 	if len(changed) == 0 {
 		return nil
 	}
@@ -121,30 +109,8 @@ func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePo
 // Reconcile rewrites every chain from all and deletes the per-ServicePort
 // chains nobody owns, whoever left them.
 func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePort) error {
-	next := map[dataplane.ServicePortName]*dataplane.ServicePort{}
-	for n, sp := range all {
-		if sp != nil {
-			next[n] = sp
-		}
-	}
-	var changed []dataplane.ServicePortName
-	for n := range next {
-		changed = append(changed, n)
-	}
-	for n := range p.programmed {
-		if _, ok := next[n]; !ok {
-			changed = append(changed, n)
-		}
-	}
+	next, changed := dataplane.AfterReconcile(p.programmed, all)
 	return p.write(next, changed, true)
-}
-
-func clone(m map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane.ServicePortName]*dataplane.ServicePort {
-	out := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(m))
-	for n, sp := range m {
-		out[n] = sp
-	}
-	return out
 }
 
 // tableWrite is what one call writes into one table of one family: one

@@ -114,19 +114,7 @@ func New(o Options) (*Plane, error) {
 // Apply writes the changed ServicePorts' chains, sets and map elements in
 // one transaction; everything else in the table is left as it is.
 func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePort) error {
-	next := clone(p.programmed)
-	var changed []dataplane.ServicePortName
-	for n, sp := range changes {
-		if sp == nil {
-			if _, ok := next[n]; !ok {
-				continue // deleting what was never written
-			}
-			delete(next, n)
-		} else {
-			next[n] = sp
-		}
-		changed = append(changed, n)
-	}
+	next, changed := dataplane.AfterApply(p.programmed, changes)
 	if len(changed) == 0 {
 		return nil
 	}
@@ -137,30 +125,8 @@ func (p *Plane) Apply(changes map[dataplane.ServicePortName]*dataplane.ServicePo
 // deletes every chain, set and map of the table it does not render,
 // whoever left them.
 func (p *Plane) Reconcile(all map[dataplane.ServicePortName]*dataplane.ServicePort) error {
-	next := map[dataplane.ServicePortName]*dataplane.ServicePort{}
-	for n, sp := range all {
-		if sp != nil {
-			next[n] = sp
-		}
-	}
-	var changed []dataplane.ServicePortName
-	for n := range next {
-		changed = append(changed, n)
-	}
-	for n := range p.programmed {
-		if _, ok := next[n]; !ok {
-			changed = append(changed, n)
-		}
-	}
+	next, changed := dataplane.AfterReconcile(p.programmed, all)
 	return p.write(next, changed, true)
-}
-
-func clone(m map[dataplane.ServicePortName]*dataplane.ServicePort) map[dataplane.ServicePortName]*dataplane.ServicePort {
-	out := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(m))
-	for n, sp := range m {
-		out[n] = sp
-	}
-	return out
 }
 
 // write brings the table from p.programmed to next in one transaction,
