@@ -11,7 +11,9 @@ import (
 // of what was never programmed is no change), and Reconcile rewrites
 // every ServicePort it is given and deletes every other one programmed.
 func TestAfterApplyAndReconcile(t *testing.T) {
-	name := func(s string) ServicePortName { return ServicePortName{Namespace: "ns", Name: s, Port: "p", Protocol: TCP} }
+	name := func(s string) ServicePortName {
+		return ServicePortName{Namespace: "ns", Name: s, Port: "p", Protocol: TCP}
+	}
 	a, b, c, never := name("a"), name("b"), name("c"), name("never")
 	spA, spB, spB2, spC := &ServicePort{Name: a}, &ServicePort{Name: b}, &ServicePort{Name: b}, &ServicePort{Name: c}
 	programmed := map[ServicePortName]*ServicePort{a: spA, b: spB}
