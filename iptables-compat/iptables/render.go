@@ -298,27 +298,13 @@ func (p *policies) external(internal, external *backendSet, local bool) *extChai
 
 func newPolicies(n dataplane.ServicePortName, fes []dataplane.Frontend, fam netfilter.Family) *policies {
 	p := &policies{name: n, fam: fam}
-	first := fes[0].Backends
-	for _, fe := range fes {
-		if fe.Kind != dataplane.ClusterIP {
-			first = fe.Backends
-			break
-		}
-	}
-	p.set(first)
+	p.set(netfilter.ServiceChainBackends(fes))
 	return p
 }
 
 // set returns the backendSet of backends, adding it when new.
 func (p *policies) set(backends []dataplane.Backend) *backendSet {
-	var bs []dataplane.Backend
-	for _, b := range backends {
-		if netfilter.FamilyOf(b.Addr) == p.fam {
-			bs = append(bs, dataplane.Backend{Addr: b.Addr.Unmap(), Port: b.Port})
-		}
-	}
-	slices.SortFunc(bs, dataplane.Backend.Compare)
-	bs = slices.Compact(bs)
+	bs := netfilter.FamilyBackends(backends, p.fam)
 	for _, s := range p.sets {
 		if slices.Equal(s.backends, bs) {
 			return s
