@@ -86,6 +86,10 @@ func (g *globalFlags) logger() (*zap.Logger, error) {
 		return nil, fmt.Errorf("--log-format %q: want json or console", g.logFormat)
 	}
 	cfg.Level = zap.NewAtomicLevelAt(level)
+	// The production config samples by message text: past 100 lines a
+	// second with one message, it drops all but every 100th, however
+	// their fields differ (one line per refused Service in a burst).
+	cfg.Sampling = nil
 	log, err := cfg.Build()
 	if err != nil {
 		return nil, err

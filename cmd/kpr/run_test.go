@@ -107,30 +107,54 @@ func TestStartupGCCollectsMoreOnlyDuringTheFirstSync(t *testing.T) {
 	}
 }
 
-// TestConsoleWarningsCarryNoStackTrace checks that --log-format console,
-// the format operators read, prints a warning as one line: a stack trace
-// under every warning buried the log (errors keep theirs).
-func TestConsoleWarningsCarryNoStackTrace(t *testing.T) {
+// TestJSONLogsKeepEveryLine checks that --log-format json drops no line
+// of a burst that shares one message (the production config's sampling
+// kept one in a hundred past the first hundred a second).
+func TestJSONLogsKeepEveryLine(t *testing.T) {
+	out := captureStderr(t, globalFlags{logLevel: "info", logFormat: "json"}, func(log *zap.Logger) {
+		for i := range 300 {
+			log.Info("Refused a Service", zap.Int("service", i))
+		}
+	})
+	if n := strings.Count(out, "Refused a Service"); n != 300 {
+		t.Errorf("a burst of 300 lines left %d in the JSON log", n)
+	}
+}
+
+// captureStderr runs fn with the logger g builds and returns what it
+// wrote (zap opens "stderr" when the logger is built).
+func captureStderr(t *testing.T, g globalFlags, fn func(*zap.Logger)) string {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	stderr := os.Stderr
-	os.Stderr = w // zap opens "stderr" at Build
-	g := globalFlags{logLevel: "info", logFormat: "console"}
+	os.Stderr = w
 	log, err := g.logger()
 	os.Stderr = stderr
 	if err != nil {
 		t.Fatal(err)
 	}
-	log.Warn("a warning", zap.Error(errors.New("why")))
+	done := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(r)
+		done <- b
+	}()
+	fn(log)
 	_ = log.Sync()
 	w.Close()
-	out, err := io.ReadAll(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "a warning") {
+	return string(<-done)
+}
+
+// TestConsoleWarningsCarryNoStackTrace checks that --log-format console,
+// the format operators read, prints a warning as one line: a stack trace
+// under every warning buried the log (errors keep theirs).
+func TestConsoleWarningsCarryNoStackTrace(t *testing.T) {
+	out := captureStderr(t, globalFlags{logLevel: "info", logFormat: "console"}, func(log *zap.Logger) {
+		log.Warn("a warning", zap.Error(errors.New("why")))
+	})
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "a warning") {
 		t.Errorf("a console warning printed %d lines, want the one line:\n%s", len(lines), out)
 	}
 }
