@@ -5,7 +5,7 @@ go 1.26.8
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/go-logr/zapr v1.3.0
-	github.com/google/gopacket v1.1.19
+	github.com/gopacket/gopacket v1.7.7
 	github.com/mdlayher/netlink v1.11.2
 	github.com/moby/ipvs v1.1.0
 	github.com/prometheus/client_golang v1.25.0
