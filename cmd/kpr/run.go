@@ -186,10 +186,13 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	}
 	// Every mode keeps something under --bpf-root (the eBPF mode its pins,
 	// a netfilter mode the record of what it writes), and a fresh node has
-	// no bpffs at /sys/fs/bpf yet. A failure shows where the mode uses the
-	// directory: the eBPF mode cannot pin, a netfilter mode warns that it
-	// cannot record.
-	_ = bpffs.Ensure(g.bpfRoot)
+	// no bpffs at /sys/fs/bpf yet. A failure is not fatal here: the eBPF
+	// mode then fails to pin, a netfilter mode only cannot record; this
+	// line says why.
+	if err := bpffs.Ensure(g.bpfRoot); err != nil {
+		log.Warn("Could not mount a bpffs for --bpf-root; mount one at its parent (mount -t bpf bpf /sys/fs/bpf) or give a --bpf-root on one",
+			zap.String("bpfRoot", g.bpfRoot), zap.Error(err))
+	}
 	dp, err := newDataplane(ctx, chosen, g, f, m, log)
 	if err != nil {
 		return err
