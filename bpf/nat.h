@@ -108,10 +108,42 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
  * second, a client that opens a connection per request holds a port per
  * request for ct_tcp_fin_s after each closes, and at a few hundred
  * requests a second new flows find no port (the hostile benchmark).
+ *
+ * A flow that has not completed its handshake keeps its port until its
+ * last packet is SNAT_TAKEOVER_IDLE_NS old, a SYN retransmit's first
+ * timeout: until then it may be a client's handshake in progress, which a
+ * takeover would break (its SYN-ACK would go to the new flow's client).
+ * Only a flood of more SYNs a second than the range has ports could then
+ * hold every port tried; new flows, not live handshakes, wait for it.
  */
-static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 proto)
+#define SNAT_TAKEOVER_IDLE_NS NSEC_PER_SEC
+
+static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 proto, __u64 now)
 {
-	return !ct_assured(proto, held->flags) || ct_closed(held->flags);
+	if (ct_closed(held->flags))
+		return 1;
+	if (ct_assured(proto, held->flags))
+		return 0;
+	/* expires_ns is the last packet's time plus the lifetime its flags
+	 * give (ct_touch). */
+	return now + ct_lifetime_ns(proto, held->flags) >= held->expires_ns + SNAT_TAKEOVER_IDLE_NS;
+}
+
+/*
+ * Which reclaimable holder a new flow takes the port of, when every port it
+ * tried is held: the lowest of these, a flow that is over before one that
+ * never completed its handshake (which may still be a slow client's), and
+ * within each the one idle longest, whose entry expires first (every holder
+ * of a class has the same lifetime): a flow that closed a moment ago may
+ * still have its last ACK on the way to the backend, which would answer a
+ * new SYN on the same ports with a challenge ACK. 0 for a holder that is
+ * not reclaimable.
+ */
+static __always_inline __u64 snat_victim_order(const struct ct_value *held, __u8 proto, __u64 now)
+{
+	if (!snat_reclaimable(held, proto, now))
+		return 0;
+	return held->expires_ns + (ct_closed(held->flags) ? 0 : (1ULL << 62));
 }
 
 /*
@@ -121,7 +153,7 @@ static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 pr
  * a new flow (or one of no flow kpr knows) rather than sent out from a port
  * that is no longer its own. Returns 0 on success.
  */
-static __always_inline int snat_take_over(struct ct_key *rkey, const struct ct_value *rev)
+static __always_inline int snat_take_over(struct ct_key *rkey, const struct ct_value *rev, __u64 now)
 {
 	struct ct_key fkey = {};
 	const struct ct_value *old;
@@ -131,7 +163,7 @@ static __always_inline int snat_take_over(struct ct_key *rkey, const struct ct_v
 	 * Its forward key is read before the update overwrites it (no copy
 	 * of the entry: the ingress program's stack is near its limit). */
 	old = bpf_map_lookup_elem(&kpr_conntrack, rkey);
-	if (!old || !snat_reclaimable(old, rkey->proto))
+	if (!old || !snat_reclaimable(old, rkey->proto, now))
 		return -1;
 	ct_key_of(&fkey, old->nat_addr, old->nat_port, old->addr, old->port, rkey->proto, CT_DIR_FORWARD);
 	if (bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
@@ -145,12 +177,33 @@ static __always_inline int snat_take_over(struct ct_key *rkey, const struct ct_v
 }
 
 /*
+ * Whether held, a reply entry under a port a new flow tries, is that of an
+ * earlier flow with the new flow's own client address and port and
+ * frontend: a connection that the client has ended (this is its new SYN,
+ * and kpr found that flow over or forgot it), on the very ports the new one
+ * would use. The new flow keeps the port, as netfilter re-opens a tuple in
+ * CLOSE or TIME_WAIT with its NAT mapping. The backend sees the same
+ * connection reopened, and nothing stale: if a half-open connection of an
+ * earlier holder still sat there (a flood's, taken over), it answered the
+ * client's first SYN with an ACK, the client's reset closed it, and the
+ * SYN the client retransmits at once now gets through on this port, where
+ * another port could meet another such remnant and cost the client a full
+ * retransmission timeout.
+ */
+static __always_inline int snat_own_port(const struct ct_value *held, const struct pkt *p)
+{
+	return held->nat_port == p->sport && held->port == p->dport && addr_eq(held->nat_addr, p->saddr) &&
+	       addr_eq(held->addr, p->daddr);
+}
+
+/*
  * Store the reply entry of a SNATed flow under a free port of the SNAT
  * range: the flow's hash picks where to start, and taken ports are skipped.
- * A port whose holder expired is taken over. When SNAT_TRIES ports are all
- * held, the one of them whose reclaimable holder expires first is taken
- * over, so that half-open flows (a SYN flood, spoofed or not) never keep a
- * backend from new flows. Returns the port (network order) in rkey->dport,
+ * A port whose holder expired, or was the new flow's own earlier flow, is
+ * taken over. When SNAT_TRIES ports are all
+ * held, the port of the first reclaimable holder in snat_victim_order is
+ * taken over, so that half-open flows (a SYN flood, spoofed or not) never
+ * keep a backend from new flows. Returns the port (network order) in rkey->dport,
  * or -1 when every port tried belongs to a live assured flow.
  */
 static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
@@ -158,7 +211,7 @@ static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 {
 	__u32 range = (__u32)snat_port_max - snat_port_min + 1;
 	__u32 start = flow_hash(p, lb_node_seed());
-	__u64 victim_expires = ~0ULL;
+	__u64 victim_order = ~0ULL, order;
 	__u16 victim = 0;
 	const struct ct_value *old;
 	int i;
@@ -170,17 +223,19 @@ static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 		old = bpf_map_lookup_elem(&kpr_conntrack, rkey);
 		if (!old)
 			continue;
-		if (now > old->expires_ns && !bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
+		if ((now > old->expires_ns || snat_own_port(old, p)) &&
+		    !bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
 			return 0;
-		if (snat_reclaimable(old, p->proto) && old->expires_ns < victim_expires) {
-			victim_expires = old->expires_ns;
+		order = snat_victim_order(old, p->proto, now);
+		if (order && order < victim_order) {
+			victim_order = order;
 			victim = rkey->dport;
 		}
 	}
 	if (!victim)
 		return -1;
 	rkey->dport = victim;
-	return snat_take_over(rkey, rev);
+	return snat_take_over(rkey, rev, now);
 }
 
 static __always_inline int snat_port(__u16 port)

@@ -1,0 +1,185 @@
+package tcnat
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/tests/harness"
+)
+
+// Which SNAT port a new flow takes over when every port it tries is held
+// (bpf/nat.h, snat_store): never the port of a handshake that may still be
+// in progress, a flow that is over before a half-open one, and its own
+// earlier flow's port when a client opens its ports again.
+
+// A SYN the backend answered less than a second ago, and nothing since, may
+// be a client's handshake in progress: a new flow that finds its port the
+// only one does not take it, and its SYN is dropped, counted. Its
+// retransmit a second later finds the half-open flow idle long enough, and
+// gets through on its port.
+func TestSNATTakeoverSparesAHandshakeInProgress(t *testing.T) {
+	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61000}})
+	raw := newRawTCP(t, l.client.NetNS)
+	fe := netip.AddrPortFrom(nodeAddr(false), 30095)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
+
+	src := netip.AddrPortFrom(spoofed(false, 7), 20007)
+	raw.send(t, flow{src: src, dst: fe, proto: dataplane.TCP, tcpFlags: "S", seq: 4242, empty: true})
+	if f, ok := l.flowOf(src, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Replied }); !ok {
+		t.Fatalf("the spoofed SYN's flow shows no SYN-ACK within 3s: %+v", f)
+	}
+	before := l.stats()
+	start := time.Now()
+	who, err := harness.WhoTCP(l.client.NetNS, fe, 5*time.Second)
+	took := time.Since(start)
+	if err != nil || who != l.remote.Name {
+		t.Fatalf("a new flow beside the half-open one: %q, %v; want the remote backend %s after its SYN retransmit (counters %+v)",
+			who, err, l.remote.Name, l.stats())
+	}
+	after := l.stats()
+	if after.DropSnatPorts == before.DropSnatPorts || took < 800*time.Millisecond {
+		t.Errorf("the new flow got through in %s with %d SYNs dropped for want of a port: it took the port of a handshake "+
+			"answered a moment before, which a real client would have lost", took.Round(time.Millisecond), after.DropSnatPorts-before.DropSnatPorts)
+	}
+	if after.SnatTakeover == before.SnatTakeover {
+		t.Errorf("counters %+v: the retransmitted SYN got through without taking the half-open flow's port over", after)
+	}
+}
+
+// A new flow that must take a port over takes that of a flow that is over
+// (closed by a FIN from each side) rather than that of a flow that never
+// completed its handshake, even though the closed one lives longer: the
+// closed connection's ends are gone, and the half-open one may still be a
+// slow client's, and its backend still holds it.
+func TestSNATTakeoverPrefersAClosedFlow(t *testing.T) {
+	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61001}})
+	raw := newRawTCP(t, l.client.NetNS)
+	fe := netip.AddrPortFrom(nodeAddr(false), 30096)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
+
+	closed := requestAndClose(t, l, fe)
+	if f, ok := l.flowOf(closed, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Fin }); !ok {
+		t.Fatalf("the closed request's flow shows no FIN within 3s: %+v", f)
+	}
+	src := netip.AddrPortFrom(spoofed(false, 8), 20008)
+	raw.send(t, flow{src: src, dst: fe, proto: dataplane.TCP, tcpFlags: "S", seq: 4243, empty: true})
+	halfOpen, ok := l.flowOf(src, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Replied })
+	if !ok || !halfOpen.SNAT.IsValid() {
+		t.Fatalf("the spoofed SYN's flow shows no SYN-ACK on a SNAT port within 3s: %+v", halfOpen)
+	}
+	// Idle long enough that its port may be taken over at all.
+	time.Sleep(1200 * time.Millisecond)
+
+	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
+	if err != nil {
+		t.Fatalf("a third flow: %v (counters %+v)", err, l.stats())
+	}
+	defer c.Close()
+	client := netip.MustParseAddrPort(c.LocalAddr().String())
+	got, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.SNAT.IsValid() })
+	if !ok {
+		t.Fatalf("the third flow has no SNATed entry: %+v", got)
+	}
+	if got.SNAT == halfOpen.SNAT {
+		t.Errorf("the third flow took %s from the half-open flow; want the closed flow's port", got.SNAT)
+	}
+	if f, ok := l.flowOf(src, 0, func(f maps.ConntrackFlow) bool { return f.SNAT == halfOpen.SNAT }); !ok {
+		t.Errorf("the half-open flow lost its port %s: %+v", halfOpen.SNAT, f)
+	}
+}
+
+// A client that opens a connection again from the address and port of one
+// it has just reset gets the same SNAT port, as netfilter reopens a closed
+// tuple with its NAT mapping: the backend sees that connection again, not a
+// port another flow may have left a half-open connection on.
+func TestReopenedConnectionKeepsItsSNATPort(t *testing.T) {
+	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61007}})
+	fe := netip.AddrPortFrom(nodeAddr(false), 30098)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
+
+	local := netip.AddrPortFrom(clientAddr(false), 40123)
+	var ports []netip.AddrPort
+	for i := 0; i < 2; i++ {
+		c := dialFrom(t, l.client.NetNS, local, fe)
+		if greeting := readGreeting(t, c); !strings.HasPrefix(greeting, l.remote.Name) {
+			t.Fatalf("connection %d: greeting %q", i, greeting)
+		}
+		// Closed with a reset, so that the client keeps no TIME_WAIT
+		// and may connect from the same port at once.
+		if err := c.(*net.TCPConn).SetLinger(0); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		f, ok := l.flowOf(local, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Rst })
+		if !ok || !f.SNAT.IsValid() {
+			t.Fatalf("connection %d: no reset SNATed flow from %s: %+v", i, local, f)
+		}
+		ports = append(ports, f.SNAT)
+	}
+	if ports[0] != ports[1] {
+		t.Errorf("the reopened connection left from %s, the first from %s; want the same SNAT port", ports[1], ports[0])
+	}
+}
+
+// requestAndClose makes one request to fe and closes it from the client's
+// side (the echo server closes on its EOF, so a FIN goes each way); it
+// returns the client's address and port.
+func requestAndClose(t *testing.T, l *lan, fe netip.AddrPort) netip.AddrPort {
+	t.Helper()
+	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
+	if err != nil {
+		t.Fatalf("request to %s: %v (counters %+v)", fe, err, l.stats())
+	}
+	defer c.Close()
+	if greeting := readGreeting(t, c); !strings.HasPrefix(greeting, l.remote.Name) {
+		t.Fatalf("request to %s: greeting %q", fe, greeting)
+	}
+	return netip.MustParseAddrPort(c.LocalAddr().String())
+}
+
+func readGreeting(t *testing.T, c net.Conn) string {
+	t.Helper()
+	buf := make([]byte, 64)
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatalf("read the greeting from %s: %v", c.RemoteAddr(), err)
+	}
+	return string(buf[:n])
+}
+
+// dialFrom connects to fe from local, inside ns, with SO_REUSEADDR so
+// that the port can be bound again right after a reset.
+func dialFrom(t *testing.T, ns *harness.NetNS, local, fe netip.AddrPort) net.Conn {
+	t.Helper()
+	var c net.Conn
+	err := harness.Do(ns, func() error {
+		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(local),
+			Control: func(_, _ string, rc syscall.RawConn) error {
+				var serr error
+				err := rc.Control(func(fd uintptr) {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+				})
+				if err != nil {
+					return err
+				}
+				return serr
+			}}
+		var err error
+		c, err = d.Dial("tcp", fe.String())
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dial %s from %s: %v", fe, local, err)
+	}
+	return c
+}
