@@ -60,6 +60,38 @@ volatile const enum ct_flags btf_ct_flags = CT_F_REPLIED;
  * reply entry mirrors. */
 #define CT_F_STATE (CT_F_REPLIED | CT_F_FIN | CT_F_RST | CT_TCP_ESTABLISHED | CT_F_FIN_FWD | CT_F_FIN_REPLY)
 
+/*
+ * Two maps. A flow's entries live in kpr_ct_new until the flow has shown
+ * traffic both ways (ct_assured: TCP established, UDP answered), and then
+ * in kpr_conntrack, where ct_touch moves them. A SYN flood, spoofed or not,
+ * so churns only kpr_ct_new: when that is full its LRU evicts the oldest
+ * half-open flows, never an idle established one, as netfilter's full
+ * table drops unassured entries first (early drop). A key is in one map at
+ * most: every store of a new entry removes it from the other. Lookups try
+ * kpr_conntrack first, which holds most packets' flows.
+ */
+static __always_inline struct ct_value *ct_lookup(const struct ct_key *key)
+{
+	struct ct_value *v = bpf_map_lookup_elem(&kpr_conntrack, key);
+
+	if (!v)
+		v = bpf_map_lookup_elem(&kpr_ct_new, key);
+	return v;
+}
+
+/* Store the entry of a flow that has not shown traffic both ways yet. */
+static __always_inline long ct_store_new(const struct ct_key *key, const struct ct_value *v, __u64 flags)
+{
+	bpf_map_delete_elem(&kpr_conntrack, key);
+	return bpf_map_update_elem(&kpr_ct_new, key, v, flags);
+}
+
+static __always_inline void ct_delete(const struct ct_key *key)
+{
+	bpf_map_delete_elem(&kpr_conntrack, key);
+	bpf_map_delete_elem(&kpr_ct_new, key);
+}
+
 /* ct_key_of fills key for the flow saddr:sport -> daddr:dport in one
  * direction; the caller's key is zeroed, so its padding hashes alike. */
 static __always_inline void ct_key_of(struct ct_key *key, const __u32 *saddr, __u16 sport,
@@ -349,11 +381,39 @@ static __always_inline void ct_reply_key(struct ct_key *rkey, const struct ct_va
 }
 
 /*
+ * Move a flow that has just shown traffic both ways from kpr_ct_new to
+ * kpr_conntrack ("Two maps" above): ct and rev are its entries, key holds
+ * rev's key on entry, and the forward key is built from the client and the
+ * frontend rev names. One key buffer, rebuilt, since the ingress program's
+ * stack has no room for a second; ct and rev point to deleted entries on
+ * return. An entry that cannot be copied stays where it is.
+ */
+static __always_inline void ct_promote(struct ct_value *ct, struct ct_value *rev, struct ct_key *key,
+				       const __u32 client[4], __u16 client_port, __u8 proto)
+{
+	const struct ct_value *moved;
+
+	if (bpf_map_update_elem(&kpr_conntrack, key, rev, BPF_ANY))
+		return;
+	ct_key_of(key, client, client_port, rev->addr, rev->port, proto, CT_DIR_FORWARD);
+	if (bpf_map_update_elem(&kpr_conntrack, key, ct, BPF_ANY))
+		return;
+	bpf_map_delete_elem(&kpr_ct_new, key);
+	moved = bpf_map_lookup_elem(&kpr_conntrack, key);
+	if (!moved)
+		return;
+	ct_reply_key(key, moved, client, client_port, proto);
+	bpf_map_delete_elem(&kpr_ct_new, key);
+}
+
+/*
  * Note what a packet shows in the flow's forward entry and extend its
  * lifetime. A SNATed flow's reply entry gets the same lifetime, since it
  * holds the flow's port, and the same state, which says whether a new flow
  * may take the port over (nat.h). Both are written when the state changes,
- * and otherwise only when the lifetime gains CT_REFRESH_NS.
+ * and otherwise only when the lifetime gains CT_REFRESH_NS. A flow that
+ * shows traffic both ways for the first time moves to kpr_conntrack; ct
+ * then points to a deleted entry, so callers copy what they need first.
  */
 static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4], __u16 client_port,
 				     __u8 proto, __u8 new_flags, __u64 now)
@@ -361,6 +421,7 @@ static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4],
 	struct ct_key rkey = {};
 	struct ct_value *rev;
 	__u8 flags = ct->flags | new_flags;
+	int promote = !ct_assured(proto, ct->flags) && ct_assured(proto, flags);
 	__u64 expires;
 
 	expires = now + ct_lifetime_ns(proto, flags);
@@ -370,14 +431,18 @@ static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4],
 		return;
 	ct->flags = flags;
 	ct->expires_ns = expires;
-	if (!(flags & CT_F_SNAT))
+	if (!(flags & CT_F_SNAT) && !promote)
 		return;
 	ct_reply_key(&rkey, ct, client, client_port, proto);
-	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
-	if (rev) {
+	rev = ct_lookup(&rkey);
+	if (!rev)
+		return;
+	if (flags & CT_F_SNAT) {
 		rev->expires_ns = expires;
 		rev->flags |= flags & CT_F_STATE;
 	}
+	if (promote)
+		ct_promote(ct, rev, &rkey, client, client_port, proto);
 }
 
 /*
@@ -403,7 +468,7 @@ static __always_inline int ct_reply_free(const struct ct_value *old, const struc
 	if (old->port == p->dport && addr_eq(old->addr, p->daddr))
 		return 1;
 	ct_key_of(&okey, p->saddr, p->sport, old->addr, old->port, p->proto, CT_DIR_FORWARD);
-	ofwd = bpf_map_lookup_elem(&kpr_conntrack, &okey);
+	ofwd = ct_lookup(&okey);
 	return !ofwd || now > ofwd->expires_ns || (ofwd->flags & (CT_F_RST | CT_F_SNAT)) ||
 	       ofwd->port != rkey->sport || !addr_eq(ofwd->addr, rkey->saddr);
 }
@@ -455,7 +520,7 @@ static __always_inline int ct_forward_seen(struct __sk_buff *skb, struct ct_valu
 	tcp_seg_read(skb, p, &seg, 0);
 	if (p->tcp_flags & (TCP_FLAG_RST | TCP_FLAG_FIN)) {
 		ct_reply_key(&rkey, ct, p->saddr, p->sport, p->proto);
-		rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+		rev = ct_lookup(&rkey);
 		if (rev && !ct_in_window(rev, p, &seg)) {
 			STAT_INC(drop_out_of_window);
 			return -1;
@@ -491,7 +556,7 @@ static __always_inline int note_reply(struct __sk_buff *skb, struct ct_value *re
 		return 0;
 	}
 	ct_key_of(&fkey, client, client_port, from->addr, from->port, p->proto, CT_DIR_FORWARD);
-	fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
+	fwd = ct_lookup(&fkey);
 	if (fwd && (flags & (CT_F_FIN | CT_F_RST)) && !ct_in_window(fwd, p, &seg)) {
 		STAT_INC(drop_out_of_window);
 		return -1;

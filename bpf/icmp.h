@@ -164,7 +164,7 @@ static __always_inline int icmp_ingress(struct __sk_buff *skb, const struct pkt 
 	if (!parse_icmp_error(skb, p, &in))
 		return TC_PASS;
 	ct_key_of(&key, in.daddr, in.dport, in.saddr, in.sport, in.proto, CT_DIR_FORWARD);
-	ct = bpf_map_lookup_elem(&kpr_conntrack, &key);
+	ct = ct_lookup(&key);
 	if (ct) {
 		e = *ct;
 		err = (addr_eq(p->daddr, in.saddr) && rewrite_icmp_outer(skb, p, 1, p->daddr, e.addr)) ||
@@ -173,7 +173,7 @@ static __always_inline int icmp_ingress(struct __sk_buff *skb, const struct pkt 
 			err = rewrite_quoted(skb, p, &in, 1, in.daddr, e.nat_addr, in.dport, e.nat_port);
 	} else {
 		key.dir = CT_DIR_REPLY;
-		ct = bpf_map_lookup_elem(&kpr_conntrack, &key);
+		ct = ct_lookup(&key);
 		if (!ct || !(ct->flags & CT_F_SNAT))
 			return TC_PASS;
 		e = *ct; /* nat_addr:nat_port is the client, addr:port the frontend */
@@ -205,7 +205,7 @@ static __always_inline int icmp_egress(struct __sk_buff *skb, const struct pkt *
 	if (!parse_icmp_error(skb, p, &in))
 		return TC_PASS;
 	ct_key_of(&rkey, in.daddr, in.dport, in.saddr, in.sport, in.proto, CT_DIR_REPLY);
-	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+	rev = ct_lookup(&rkey);
 	if (!rev || (rev->flags & CT_F_SNAT))
 		return TC_PASS;
 	from = *rev;

@@ -271,6 +271,7 @@ const (
 	KprMapKprAffinityMatch  = "kpr_affinity_match"
 	KprMapKprBackends       = "kpr_backends"
 	KprMapKprConntrack      = "kpr_conntrack"
+	KprMapKprCtNew          = "kpr_ct_new"
 	KprMapKprFrags          = "kpr_frags"
 	KprMapKprMaglev         = "kpr_maglev"
 	KprMapKprNodeSeed       = "kpr_node_seed"
@@ -362,6 +363,7 @@ type KprMapSpecs struct {
 	KprAffinityMatch  *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends       *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack      *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprCtNew          *ebpf.MapSpec `ebpf:"kpr_ct_new"`
 	KprFrags          *ebpf.MapSpec `ebpf:"kpr_frags"`
 	KprMaglev         *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprNodeSeed       *ebpf.MapSpec `ebpf:"kpr_node_seed"`
@@ -413,6 +415,7 @@ type KprMaps struct {
 	KprAffinityMatch  *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends       *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack      *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprCtNew          *ebpf.Map `ebpf:"kpr_ct_new"`
 	KprFrags          *ebpf.Map `ebpf:"kpr_frags"`
 	KprMaglev         *ebpf.Map `ebpf:"kpr_maglev"`
 	KprNodeSeed       *ebpf.Map `ebpf:"kpr_node_seed"`
@@ -434,6 +437,7 @@ func (m *KprMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprCtNew,
 		m.KprFrags,
 		m.KprMaglev,
 		m.KprNodeSeed,

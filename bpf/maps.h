@@ -70,8 +70,9 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_affinity_match SEC(".maps");
 
-/* Conntrack of the tc programs (struct ct_key in types.h). Pinned, so flows
- * survive a restart of kpr. Sized like kube-proxy's minimum
+/* Conntrack of the tc programs (struct ct_key in types.h): the flows that
+ * have shown traffic both ways (kpr_ct_new holds the others). Pinned, so
+ * flows survive a restart of kpr. Sized like kube-proxy's minimum
  * nf_conntrack_max; two entries per flow. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -80,6 +81,18 @@ struct {
 	__uint(max_entries, 131072);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_conntrack SEC(".maps");
+
+/* The entries of the tc programs' flows that have not shown traffic both
+ * ways yet (ct.h, "Two maps"): a SYN flood churns this map's LRU, never
+ * kpr_conntrack's. Pinned and sized like it (the loader's
+ * MapSizes.ConntrackNew). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_ct_new SEC(".maps");
 
 /* IP fragments of the tc programs (struct frag_key in types.h): the ports
  * of each fragmented datagram's first fragment, for its later ones. An

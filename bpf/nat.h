@@ -162,16 +162,16 @@ static __always_inline int snat_take_over(struct ct_key *rkey, const struct ct_v
 	/* Looked up again: the holder may have been established meanwhile.
 	 * Its forward key is read before the update overwrites it (no copy
 	 * of the entry: the ingress program's stack is near its limit). */
-	old = bpf_map_lookup_elem(&kpr_conntrack, rkey);
+	old = ct_lookup(rkey);
 	if (!old || !snat_reclaimable(old, rkey->proto, now))
 		return -1;
 	ct_key_of(&fkey, old->nat_addr, old->nat_port, old->addr, old->port, rkey->proto, CT_DIR_FORWARD);
-	if (bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
+	if (ct_store_new(rkey, rev, BPF_ANY))
 		return -1;
-	fwd = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
+	fwd = ct_lookup(&fkey);
 	if (fwd && (fwd->flags & CT_F_SNAT) && fwd->nat_port == rkey->dport &&
 	    addr_eq(fwd->nat_addr, rkey->daddr))
-		bpf_map_delete_elem(&kpr_conntrack, &fkey);
+		ct_delete(&fkey);
 	STAT_INC(snat_takeover);
 	return 0;
 }
@@ -200,11 +200,12 @@ static __always_inline int snat_own_port(const struct ct_value *held, const stru
  * Store the reply entry of a SNATed flow under a free port of the SNAT
  * range: the flow's hash picks where to start, and taken ports are skipped.
  * A port whose holder expired, or was the new flow's own earlier flow, is
- * taken over. When SNAT_TRIES ports are all
- * held, the port of the first reclaimable holder in snat_victim_order is
- * taken over, so that half-open flows (a SYN flood, spoofed or not) never
- * keep a backend from new flows. Returns the port (network order) in rkey->dport,
- * or -1 when every port tried belongs to a live assured flow.
+ * taken over. When SNAT_TRIES ports are all held, the port of the first
+ * reclaimable holder in snat_victim_order is taken over, so that half-open
+ * flows (a SYN flood, spoofed or not) never keep a backend from new flows.
+ * The entry goes to kpr_ct_new, as the new flow's are (ct.h, "Two maps").
+ * Returns the port (network order) in rkey->dport, or -1 when no holder of
+ * a port tried may give it up.
  */
 static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 				      const struct ct_value *rev, __u64 now)
@@ -218,13 +219,13 @@ static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 
 	for (i = 0; i < SNAT_TRIES; i++) {
 		rkey->dport = bpf_htons((__u16)(snat_port_min + (start + i) % range));
-		if (!bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_NOEXIST))
-			return 0;
-		old = bpf_map_lookup_elem(&kpr_conntrack, rkey);
-		if (!old)
-			continue;
-		if ((now > old->expires_ns || snat_own_port(old, p)) &&
-		    !bpf_map_update_elem(&kpr_conntrack, rkey, rev, BPF_EXIST))
+		old = ct_lookup(rkey);
+		if (!old) {
+			if (!bpf_map_update_elem(&kpr_ct_new, rkey, rev, BPF_NOEXIST))
+				return 0;
+			continue; /* taken meanwhile, from another CPU */
+		}
+		if ((now > old->expires_ns || snat_own_port(old, p)) && !ct_store_new(rkey, rev, BPF_ANY))
 			return 0;
 		order = snat_victim_order(old, p->proto, now);
 		if (order && order < victim_order) {
@@ -260,7 +261,7 @@ static __always_inline int snat_reply(struct __sk_buff *skb, const struct pkt *p
 	if (!fib)
 		return -1; /* never: a per-CPU array's entry always exists */
 	ct_key_of(&rkey, p->saddr, p->sport, p->daddr, p->dport, p->proto, CT_DIR_REPLY);
-	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+	rev = ct_lookup(&rkey);
 	if (!rev || !(rev->flags & CT_F_SNAT))
 		return -1;
 	from = *rev;

@@ -20,6 +20,7 @@ const (
 	SockTermMapKprAffinityMatch = "kpr_affinity_match"
 	SockTermMapKprBackends      = "kpr_backends"
 	SockTermMapKprConntrack     = "kpr_conntrack"
+	SockTermMapKprCtNew         = "kpr_ct_new"
 	SockTermMapKprFrags         = "kpr_frags"
 	SockTermMapKprMaglev        = "kpr_maglev"
 	SockTermMapKprNodeSeed      = "kpr_node_seed"
@@ -86,6 +87,7 @@ type SockTermMapSpecs struct {
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprCtNew         *ebpf.MapSpec `ebpf:"kpr_ct_new"`
 	KprFrags         *ebpf.MapSpec `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprNodeSeed      *ebpf.MapSpec `ebpf:"kpr_node_seed"`
@@ -128,6 +130,7 @@ type SockTermMaps struct {
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprCtNew         *ebpf.Map `ebpf:"kpr_ct_new"`
 	KprFrags         *ebpf.Map `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
 	KprNodeSeed      *ebpf.Map `ebpf:"kpr_node_seed"`
@@ -146,6 +149,7 @@ func (m *SockTermMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprCtNew,
 		m.KprFrags,
 		m.KprMaglev,
 		m.KprNodeSeed,

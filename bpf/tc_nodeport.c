@@ -10,9 +10,10 @@
  *
  * kpr_tc_ingress looks a packet's destination up in kpr_services (the
  * external scope first, which exists for externalTrafficPolicy: Local, else
- * the internal one), picks a backend, records the flow in kpr_conntrack and
+ * the internal one), picks a backend, records the flow in kpr's conntrack
+ * (ct.h: kpr_ct_new, then kpr_conntrack once it shows traffic both ways) and
  * rewrites the destination (DNAT); the kernel then routes the packet to the
- * backend. kpr_tc_egress finds the backend's replies in kpr_conntrack and
+ * backend. kpr_tc_egress finds the backend's replies in the conntrack and
  * rewrites their source back to the frontend, so the client sees the
  * address it talked to.
  *
@@ -340,23 +341,23 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct pkt *p,
 		 * from them to the same backend may hold it (ct_reply_free),
 		 * and then this flow is refused. The backend could not tell
 		 * the two apart either: they are one connection to it. */
-		ct_reply_key(&rkey, fwd, p->saddr, p->sport, p->proto);
-		if (bpf_map_update_elem(&kpr_conntrack, &rkey, rev, BPF_NOEXIST)) {
-			const struct ct_value *old = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+		const struct ct_value *old;
 
-			if (old && !ct_reply_free(old, &rkey, p, now)) {
-				STAT_INC(drop_reply_taken);
-				return -1;
-			}
-			if (bpf_map_update_elem(&kpr_conntrack, &rkey, rev, BPF_ANY)) {
-				STAT_INC(drop_ct_insert);
-				return -1;
-			}
+		ct_reply_key(&rkey, fwd, p->saddr, p->sport, p->proto);
+		old = ct_lookup(&rkey);
+
+		if (old && !ct_reply_free(old, &rkey, p, now)) {
+			STAT_INC(drop_reply_taken);
+			return -1;
+		}
+		if (ct_store_new(&rkey, rev, BPF_ANY)) {
+			STAT_INC(drop_ct_insert);
+			return -1;
 		}
 	}
-	err = bpf_map_update_elem(&kpr_conntrack, fkey, fwd, BPF_ANY);
+	err = ct_store_new(fkey, fwd, BPF_ANY);
 	if (err) {
-		bpf_map_delete_elem(&kpr_conntrack, &rkey);
+		ct_delete(&rkey);
 		STAT_INC(drop_ct_insert);
 		return -1;
 	}
@@ -445,13 +446,14 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 	if (!to)
 		return TC_PASS; /* never: a per-CPU array's entries always exist */
 	now = bpf_ktime_get_ns();
-	ct = bpf_map_lookup_elem(&kpr_conntrack, &fkey);
+	ct = ct_lookup(&fkey);
 	if (ct && ct_usable(ct, &p, now)) {
 		ret = ct_forward_seen(skb, ct, &p);
 		if (ret < 0)
 			return TC_ACT_SHOT; /* a RST or FIN outside the window */
-		ct_touch(ct, p.saddr, p.sport, p.proto, ret, now);
+		/* Copied first: ct_touch may move the entry (ct.h). */
 		*to = *ct;
+		ct_touch(ct, p.saddr, p.sport, p.proto, ret, now);
 	} else {
 		/* Not a flow kpr knows (or one that is over): only traffic to
 		 * a frontend goes further, so nothing else ever depends on
@@ -521,7 +523,7 @@ int kpr_tc_egress(struct __sk_buff *skb)
 		return TC_PASS;
 
 	ct_key_of(&rkey, p.saddr, p.sport, p.daddr, p.dport, p.proto, CT_DIR_REPLY);
-	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+	rev = ct_lookup(&rkey);
 	if (!rev || (rev->flags & CT_F_SNAT))
 		return TC_PASS;
 	/* A copy: the forward lookup below may evict the entry rev points to. */

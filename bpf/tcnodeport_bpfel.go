@@ -20,6 +20,7 @@ const (
 	TcNodeportMapKprAffinityMatch  = "kpr_affinity_match"
 	TcNodeportMapKprBackends       = "kpr_backends"
 	TcNodeportMapKprConntrack      = "kpr_conntrack"
+	TcNodeportMapKprCtNew          = "kpr_ct_new"
 	TcNodeportMapKprFrags          = "kpr_frags"
 	TcNodeportMapKprMaglev         = "kpr_maglev"
 	TcNodeportMapKprNodeSeed       = "kpr_node_seed"
@@ -104,6 +105,7 @@ type TcNodeportMapSpecs struct {
 	KprAffinityMatch *ebpf.MapSpec `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.MapSpec `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.MapSpec `ebpf:"kpr_conntrack"`
+	KprCtNew         *ebpf.MapSpec `ebpf:"kpr_ct_new"`
 	KprFrags         *ebpf.MapSpec `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.MapSpec `ebpf:"kpr_maglev"`
 	KprNodeSeed      *ebpf.MapSpec `ebpf:"kpr_node_seed"`
@@ -162,6 +164,7 @@ type TcNodeportMaps struct {
 	KprAffinityMatch *ebpf.Map `ebpf:"kpr_affinity_match"`
 	KprBackends      *ebpf.Map `ebpf:"kpr_backends"`
 	KprConntrack     *ebpf.Map `ebpf:"kpr_conntrack"`
+	KprCtNew         *ebpf.Map `ebpf:"kpr_ct_new"`
 	KprFrags         *ebpf.Map `ebpf:"kpr_frags"`
 	KprMaglev        *ebpf.Map `ebpf:"kpr_maglev"`
 	KprNodeSeed      *ebpf.Map `ebpf:"kpr_node_seed"`
@@ -183,6 +186,7 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprAffinityMatch,
 		m.KprBackends,
 		m.KprConntrack,
+		m.KprCtNew,
 		m.KprFrags,
 		m.KprMaglev,
 		m.KprNodeSeed,

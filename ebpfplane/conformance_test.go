@@ -61,6 +61,7 @@ func tables(t *testing.T) []dataplanetest.Table {
 var notFilledByServices = map[string]string{
 	bpf.KprMapKprAffinity:       "LRU map the socket programs write per client; evicts the oldest when full",
 	bpf.KprMapKprConntrack:      "LRU map the tc programs write per flow; evicts the oldest when full",
+	bpf.KprMapKprCtNew:          "LRU map the tc programs write per flow until it shows traffic both ways; evicts the oldest when full",
 	bpf.KprMapKprFrags:          "LRU map the tc programs write per fragmented datagram; evicts the oldest when full",
 	bpf.KprMapKprSockRev:        "LRU map the socket programs write per socket; evicts the oldest when full",
 	bpf.KprMapKprTcAffinity:     "LRU map the tc programs write per client; evicts the oldest when full",

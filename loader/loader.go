@@ -21,8 +21,12 @@ type MapSizes struct {
 	RevNat   uint32 // one per frontend
 	SockRev  uint32 // per-socket reverse entries (LRU)
 	Affinity uint32 // session affinity entries (LRU)
-	// Conntrack entries of the tc programs (LRU), two per flow.
+	// Conntrack entries of the tc programs (LRU), two per flow, for the
+	// flows that have shown traffic both ways.
 	Conntrack uint32
+	// ConntrackNew are the tc programs' conntrack entries (LRU) of flows
+	// that have not shown traffic both ways yet, which a SYN flood fills.
+	ConntrackNew uint32
 	// SrcRanges are loadBalancerSourceRanges entries, one per range of
 	// each LoadBalancer IP.
 	SrcRanges uint32
@@ -270,6 +274,7 @@ func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
 	set(bpf.KprMapKprSockRev, s.SockRev)
 	set(bpf.KprMapKprAffinity, s.Affinity)
 	set(bpf.KprMapKprConntrack, s.Conntrack)
+	set(bpf.KprMapKprCtNew, s.ConntrackNew)
 	set(bpf.KprMapKprSrcRanges, s.SrcRanges)
 	set(bpf.KprMapKprFrags, s.Frags)
 }

@@ -57,8 +57,21 @@ type ConntrackFlow struct {
 	RevNatID  uint32
 }
 
-// ConntrackFlows lists the flows in m, a kpr_conntrack map.
-func ConntrackFlows(m *ebpf.Map) ([]ConntrackFlow, error) {
+// ConntrackFlows lists the flows in ms, the tc programs' conntrack maps
+// (kpr_conntrack and kpr_ct_new: a flow is in one of them).
+func ConntrackFlows(ms ...*ebpf.Map) ([]ConntrackFlow, error) {
+	var out []ConntrackFlow
+	for _, m := range ms {
+		flows, err := conntrackFlowsIn(m)
+		out = append(out, flows...)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func conntrackFlowsIn(m *ebpf.Map) ([]ConntrackFlow, error) {
 	now, err := monotonicNow()
 	if err != nil {
 		return nil, err
@@ -93,7 +106,7 @@ func ConntrackFlows(m *ebpf.Map) ([]ConntrackFlow, error) {
 	// An LRU map the programs write while it is read can abort the walk:
 	// what was read is still a true sample.
 	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return out, fmt.Errorf("read conntrack map: %w", err)
+		return out, fmt.Errorf("read conntrack map %s: %w", m, err)
 	}
 	return out, nil
 }
@@ -128,16 +141,31 @@ func monotonicNow() (uint64, error) {
 	return uint64(ts.Nano()), nil
 }
 
-// DeleteUDPFlows deletes from m, a kpr_conntrack map, the UDP flows that
-// the tc programs sent from one of removed's frontends to its backend,
-// both entries of each, and returns how many flows it deleted. It is the tc
-// counterpart of kube-proxy's conntrack cleanup: UDP has no connection to
-// end, so without it a client that keeps sending from one port stays on a
-// backend that has left (the programs' own liveness check only notices a
-// backend that is gone from every Service). A flow whose entries the
-// programs replace meanwhile is simply not found; an LRU walk aborted by
-// concurrent writes is retried once, and what it missed is reported.
-func DeleteUDPFlows(m *ebpf.Map, removed []dataplane.RemovedBackend) (int, error) {
+// DeleteUDPFlows deletes from ms, the tc programs' conntrack maps, the UDP
+// flows that the tc programs sent from one of removed's frontends to its
+// backend, both entries of each, and returns how many flows it deleted. It
+// is the tc counterpart of kube-proxy's conntrack cleanup: UDP has no
+// connection to end, so without it a client that keeps sending from one
+// port stays on a backend that has left (the programs' own liveness check
+// only notices a backend that is gone from every Service). A flow whose
+// entries the programs replace meanwhile is simply not found; an LRU walk
+// aborted by concurrent writes is retried once, and what it missed is
+// reported.
+func DeleteUDPFlows(removed []dataplane.RemovedBackend, ms ...*ebpf.Map) (int, error) {
+	deleted := 0
+	for _, m := range ms {
+		n, err := deleteUDPFlowsIn(m, removed)
+		deleted += n
+		if err != nil {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
+
+// deleteUDPFlowsIn is DeleteUDPFlows for one map, which holds both entries
+// of each of its flows.
+func deleteUDPFlowsIn(m *ebpf.Map, removed []dataplane.RemovedBackend) (int, error) {
 	if m == nil || len(removed) == 0 {
 		return 0, nil
 	}
@@ -212,5 +240,5 @@ func (lb *LB) DeleteUDPFlows(removed []dataplane.RemovedBackend) (int, error) {
 	if lb.readOnly {
 		return 0, errReadOnly
 	}
-	return DeleteUDPFlows(lb.conntrack, removed)
+	return DeleteUDPFlows(removed, lb.conntrack...)
 }

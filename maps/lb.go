@@ -140,9 +140,9 @@ type LB struct {
 	// maglev, when set (NewMaglev), writes the Maglev tables of the
 	// frontends the LB writes (--lb-algorithm maglev).
 	maglev *Maglev
-	// conntrack is the tc programs' kpr_conntrack, whose flows to
-	// removed UDP backends DeleteUDPFlows deletes; nil in memory.
-	conntrack *ebpf.Map
+	// conntrack are the tc programs' conntrack maps, whose flows to
+	// removed UDP backends DeleteUDPFlows deletes; none in memory.
+	conntrack []*ebpf.Map
 
 	// scan is the DriftScan in progress, if any, and touched the keys
 	// written during its current stage.
@@ -157,7 +157,7 @@ type LB struct {
 func New(m *bpf.KprMaps) (*LB, error) {
 	lb, err := newLB(bpfTables(m), newBPFTable[bpf.KprSrcRangeKey, uint8](m.KprSrcRanges), false)
 	if lb != nil {
-		lb.conntrack = m.KprConntrack
+		lb.conntrack = []*ebpf.Map{m.KprConntrack, m.KprCtNew}
 	}
 	return lb, err
 }

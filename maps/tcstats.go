@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"fmt"
 	"reflect"
 
 	"github.com/cilium/ebpf"
@@ -8,27 +9,46 @@ import (
 	"github.com/kpr-io/kpr/bpf"
 )
 
-// TCStatsReader reads the tc programs' kpr_conntrack and kpr_tc_stats maps
+// TCStatsReader reads the tc programs' conntrack maps and kpr_tc_stats
 // for the metrics at scrape time. It has metrics.TCReader's methods, so
 // that the collector reads the maps without depending on this package
 // (cmd/kpr hands one to metrics.NewTCCollector). Like ConntrackCounter it
 // is not safe for concurrent use; the collector serialises its scrapes.
 type TCStatsReader struct {
-	counter *ConntrackCounter
-	stats   *ebpf.Map
+	counters map[string]*ConntrackCounter
+	stats    *ebpf.Map
 }
 
-// NewTCStatsReader reads conntrack, a kpr_conntrack map, and stats, a
-// kpr_tc_stats map.
-func NewTCStatsReader(conntrack, stats *ebpf.Map) TCStatsReader {
-	return TCStatsReader{counter: NewConntrackCounter(conntrack), stats: stats}
+// NewTCStatsReader reads m's conntrack maps (kpr_conntrack and kpr_ct_new)
+// and its kpr_tc_stats.
+func NewTCStatsReader(m *bpf.KprMaps) TCStatsReader {
+	return TCStatsReader{counters: map[string]*ConntrackCounter{
+		bpf.KprMapKprConntrack: NewConntrackCounter(m.KprConntrack),
+		bpf.KprMapKprCtNew:     NewConntrackCounter(m.KprCtNew),
+	}, stats: m.KprTcStats}
 }
 
-// CountConntrack counts the conntrack map's entries, two per flow.
-func (r TCStatsReader) CountConntrack() (int, error) { return r.counter.Count() }
+// CountConntrack counts each conntrack map's entries, two per flow.
+func (r TCStatsReader) CountConntrack() (map[string]int, error) {
+	out := make(map[string]int, len(r.counters))
+	for name, c := range r.counters {
+		n, err := c.Count()
+		if err != nil {
+			return nil, fmt.Errorf("count the entries of %s: %w", name, err)
+		}
+		out[name] = n
+	}
+	return out, nil
+}
 
-// ConntrackMaxEntries is the conntrack map's capacity.
-func (r TCStatsReader) ConntrackMaxEntries() int { return r.counter.MaxEntries() }
+// ConntrackMaxEntries is each conntrack map's capacity.
+func (r TCStatsReader) ConntrackMaxEntries() map[string]int {
+	out := make(map[string]int, len(r.counters))
+	for name, c := range r.counters {
+		out[name] = c.MaxEntries()
+	}
+	return out
+}
 
 // Counters hands every counter of struct nat_stats, summed over CPUs, to
 // emit by its Go field name.

@@ -15,8 +15,8 @@ import (
 // the maps behind it.
 type fixedTCStats bpf.KprNatStats
 
-func (fixedTCStats) CountConntrack() (int, error) { return 0, nil }
-func (fixedTCStats) ConntrackMaxEntries() int     { return 1 }
+func (fixedTCStats) CountConntrack() (map[string]int, error) { return nil, nil }
+func (fixedTCStats) ConntrackMaxEntries() map[string]int     { return nil }
 func (s fixedTCStats) Counters(emit func(string, uint64)) error {
 	emitTCStats(bpf.KprNatStats(s), emit)
 	return nil

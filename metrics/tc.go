@@ -27,10 +27,12 @@ const ConntrackCountInterval = 10 * time.Second
 
 // TCReader reads the tc programs' maps at scrape time.
 type TCReader interface {
-	// CountConntrack counts the conntrack map's entries.
-	CountConntrack() (int, error)
-	// ConntrackMaxEntries is the conntrack map's capacity.
-	ConntrackMaxEntries() int
+	// CountConntrack counts the entries of each conntrack map, by the
+	// map's name: the eBPF backend keeps a flow in one map until it has
+	// shown traffic both ways and in another after.
+	CountConntrack() (map[string]int, error)
+	// ConntrackMaxEntries is each conntrack map's capacity, by its name.
+	ConntrackMaxEntries() map[string]int
 	// Counters calls emit once per counter the programs keep, summed over
 	// CPUs, named as the Go field of the eBPF backend's struct nat_stats
 	// (Translated, DropNoBackend, ...): tcCounters says which series each
@@ -66,10 +68,12 @@ var (
 	tcInsertFailuresDesc = prometheus.NewDesc("kpr_tc_conntrack_insert_failures_total",
 		"New flows whose conntrack entries could not be stored (each is also a kpr_tc_drops_total{reason=\"conntrack_insert\"})", nil, nil)
 	tcConntrackEntriesDesc = prometheus.NewDesc("kpr_tc_conntrack_entries",
-		"Entries in the tc programs' conntrack map, two per flow, counted at most every 10s; near kpr_tc_conntrack_max_entries "+
-			"the LRU map evicts live flows (raise with kpr run --map-size-conntrack)", nil, nil)
+		"Entries in the tc programs' conntrack maps, two per flow, counted at most every 10s: map kpr_conntrack holds the flows that showed "+
+			"traffic both ways, kpr_ct_new the others. Near kpr_tc_conntrack_max_entries kpr_conntrack's LRU evicts idle live flows "+
+			"(raise with kpr run --map-size-conntrack); kpr_ct_new's evicts half-open ones, as under a SYN flood (--map-size-conntrack-new)",
+		[]string{"map"}, nil)
 	tcConntrackMaxDesc = prometheus.NewDesc("kpr_tc_conntrack_max_entries",
-		"Capacity of the tc programs' conntrack map", nil, nil)
+		"Capacity of each of the tc programs' conntrack maps", []string{"map"}, nil)
 	tcReadErrorsDesc = prometheus.NewDesc("kpr_tc_map_read_errors_total",
 		"Scrapes that could not read a tc map; its series are left out of that scrape", nil, nil)
 )
@@ -110,7 +114,7 @@ type TCCollector struct {
 	now func() time.Time
 
 	mu         sync.Mutex
-	count      int
+	count      map[string]int
 	countValid bool
 	countedAt  time.Time
 	readErrors uint64
@@ -147,9 +151,13 @@ func (c *TCCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if c.countValid {
-		ch <- prometheus.MustNewConstMetric(tcConntrackEntriesDesc, prometheus.GaugeValue, float64(c.count))
+		for name, n := range c.count {
+			ch <- prometheus.MustNewConstMetric(tcConntrackEntriesDesc, prometheus.GaugeValue, float64(n), name)
+		}
 	}
-	ch <- prometheus.MustNewConstMetric(tcConntrackMaxDesc, prometheus.GaugeValue, float64(c.r.ConntrackMaxEntries()))
+	for name, n := range c.r.ConntrackMaxEntries() {
+		ch <- prometheus.MustNewConstMetric(tcConntrackMaxDesc, prometheus.GaugeValue, float64(n), name)
+	}
 	values := make(map[string]uint64, len(tcCounters))
 	if err := c.r.Counters(func(name string, v uint64) { values[name] = v }); err != nil {
 		c.readErrors++

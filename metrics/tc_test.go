@@ -11,14 +11,19 @@ import (
 // fakeTC reports every counter tcCounters names, from counters where set
 // and 0 otherwise, and the names in missing not at all.
 type fakeTC struct {
-	entries, counts int
+	entries, counts int // entries of kpr_conntrack; kpr_ct_new has one more
 	countErr        error
 	counters        map[string]uint64
 	missing         map[string]bool
 }
 
-func (f *fakeTC) CountConntrack() (int, error) { f.counts++; return f.entries, f.countErr }
-func (f *fakeTC) ConntrackMaxEntries() int     { return 131072 }
+func (f *fakeTC) CountConntrack() (map[string]int, error) {
+	f.counts++
+	return map[string]int{"kpr_conntrack": f.entries, "kpr_ct_new": f.entries + 1}, f.countErr
+}
+func (f *fakeTC) ConntrackMaxEntries() map[string]int {
+	return map[string]int{"kpr_conntrack": 131072, "kpr_ct_new": 65536}
+}
 func (f *fakeTC) Counters(emit func(string, uint64)) error {
 	for _, c := range tcCounters {
 		if !f.missing[c.field] {
@@ -35,18 +40,20 @@ func TestTCCollectorExportsCountersAndCachesTheCount(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	for name, v := range map[string]float64{
-		"kpr_tc_conntrack_entries":               6,
-		"kpr_tc_conntrack_max_entries":           131072,
-		"kpr_tc_translations_total/forward":      10,
-		"kpr_tc_translations_total/reply":        9,
-		"kpr_tc_drops_total/no_backend":          3,
-		"kpr_tc_drops_total/conntrack_insert":    2,
-		"kpr_tc_conntrack_insert_failures_total": 2,
-		"kpr_tc_drops_total/snat_ports":          0,
-		"kpr_tc_passed_total/cluster_ip_outside": 0,
-		"kpr_tc_redirected_packets_total":        0,
-		"kpr_tc_icmp_errors_sent_total/too_big":  4,
-		"kpr_tc_map_read_errors_total":           0,
+		"kpr_tc_conntrack_entries/kpr_conntrack":     6,
+		"kpr_tc_conntrack_entries/kpr_ct_new":        7,
+		"kpr_tc_conntrack_max_entries/kpr_conntrack": 131072,
+		"kpr_tc_conntrack_max_entries/kpr_ct_new":    65536,
+		"kpr_tc_translations_total/forward":          10,
+		"kpr_tc_translations_total/reply":            9,
+		"kpr_tc_drops_total/no_backend":              3,
+		"kpr_tc_drops_total/conntrack_insert":        2,
+		"kpr_tc_conntrack_insert_failures_total":     2,
+		"kpr_tc_drops_total/snat_ports":              0,
+		"kpr_tc_passed_total/cluster_ip_outside":     0,
+		"kpr_tc_redirected_packets_total":            0,
+		"kpr_tc_icmp_errors_sent_total/too_big":      4,
+		"kpr_tc_map_read_errors_total":               0,
 	} {
 		if got, ok := gatherValues(t, reg)[name]; !ok || got != v {
 			t.Errorf("%s = %v (exported: %v), want %v", name, got, ok, v)
@@ -57,11 +64,11 @@ func TestTCCollectorExportsCountersAndCachesTheCount(t *testing.T) {
 	// Within the interval the count is not taken again: scrapes stay cheap.
 	fake.entries = 8
 	now = now.Add(ConntrackCountInterval / 2)
-	if n := gatherValues(t, reg)["kpr_tc_conntrack_entries"]; n != 6 || fake.counts != counts {
+	if n := gatherValues(t, reg)["kpr_tc_conntrack_entries/kpr_conntrack"]; n != 6 || fake.counts != counts {
 		t.Errorf("within the interval: entries %v after %d counts, want the cached 6 after %d", n, fake.counts, counts)
 	}
 	now = now.Add(ConntrackCountInterval)
-	if n := gatherValues(t, reg)["kpr_tc_conntrack_entries"]; n != 8 {
+	if n := gatherValues(t, reg)["kpr_tc_conntrack_entries/kpr_conntrack"]; n != 8 {
 		t.Errorf("after the interval: entries %v, want a fresh 8", n)
 	}
 
@@ -69,7 +76,7 @@ func TestTCCollectorExportsCountersAndCachesTheCount(t *testing.T) {
 	fake.countErr = errors.New("boom")
 	now = now.Add(ConntrackCountInterval)
 	got := gatherValues(t, reg)
-	if _, ok := got["kpr_tc_conntrack_entries"]; ok || got["kpr_tc_map_read_errors_total"] != 1 {
+	if _, ok := got["kpr_tc_conntrack_entries/kpr_conntrack"]; ok || got["kpr_tc_map_read_errors_total"] != 1 {
 		t.Errorf("after a failed count: entries exported %v, read errors %v; want left out, 1", ok, got["kpr_tc_map_read_errors_total"])
 	}
 }

@@ -35,7 +35,7 @@ func addDumpConntrack(cmd *cobra.Command, g *globalFlags) {
 			return err
 		}
 		defer m.Close()
-		flows, err := maps.ConntrackFlows(m.KprConntrack)
+		flows, err := maps.ConntrackFlows(m.KprConntrack, m.KprCtNew)
 		if err != nil {
 			return err
 		}

@@ -366,33 +366,35 @@ func countKprFlood(l *lan, block netip.Prefix) (floodHeld, error) {
 		return floodHeld{}, err
 	}
 	held := floodHeld{Taken: true}
-	var k bpf.KprCtKey
-	var v bpf.KprCtValue
-	it := l.loaded.Maps.KprConntrack.Iterate()
-	for it.Next(&k, &v) {
-		if v.ExpiresNs < now {
-			continue
-		}
-		client := k.Saddr
-		snat := v.Flags&ctFlagSNAT != 0
-		if k.Dir == ctDirReply {
-			client = k.Daddr
-			if snat {
-				client = v.NatAddr
+	for _, m := range l.ctMaps() {
+		var k bpf.KprCtKey
+		var v bpf.KprCtValue
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			if v.ExpiresNs < now {
+				continue
+			}
+			client := k.Saddr
+			snat := v.Flags&ctFlagSNAT != 0
+			if k.Dir == ctDirReply {
+				client = k.Daddr
+				if snat {
+					client = v.NatAddr
+				}
+			}
+			if !block.Contains(netip.AddrFrom16(addrBytes(client)).Unmap()) {
+				continue
+			}
+			held.Entries++
+			if k.Dir == ctDirReply && snat {
+				held.SNATPorts++
 			}
 		}
-		if !block.Contains(netip.AddrFrom16(addrBytes(client)).Unmap()) {
-			continue
+		// An LRU map the programs write while it is read can abort the
+		// walk; one retry later would count other flows: report it.
+		if err := it.Err(); err != nil {
+			return held, fmt.Errorf("walk kpr's conntrack map %s: %w", m, err)
 		}
-		held.Entries++
-		if k.Dir == ctDirReply && snat {
-			held.SNATPorts++
-		}
-	}
-	// An LRU map the programs write while it is read can abort the walk;
-	// one retry later would count other flows: report it.
-	if err := it.Err(); err != nil {
-		return held, fmt.Errorf("walk kpr's conntrack map: %w", err)
 	}
 	return held, nil
 }

@@ -144,10 +144,27 @@ func (p *progs) stats() bpf.KprNatStats {
 	return sum
 }
 
-// flows lists the conntrack map's flows.
+// ctMaps are the programs' two conntrack maps: the flows that showed
+// traffic both ways, and the others.
+func (p *progs) ctMaps() []*ebpf.Map {
+	return []*ebpf.Map{p.loaded.Maps.KprConntrack, p.loaded.Maps.KprCtNew}
+}
+
+// ctLookup reads the conntrack entry under key, from whichever map has it.
+func (p *progs) ctLookup(key *bpf.KprCtKey, v *bpf.KprCtValue) error {
+	var err error
+	for _, m := range p.ctMaps() {
+		if err = m.Lookup(key, v); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// flows lists the conntrack maps' flows.
 func (p *progs) flows() []maps.ConntrackFlow {
 	p.t.Helper()
-	flows, err := maps.ConntrackFlows(p.loaded.Maps.KprConntrack)
+	flows, err := maps.ConntrackFlows(p.ctMaps()...)
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -161,23 +178,25 @@ func (p *progs) forwardEntry(f flow) (bpf.KprCtValue, bool) {
 	key.Saddr = addr16(f.src.Addr())
 	key.Daddr = addr16(f.dst.Addr())
 	var v bpf.KprCtValue
-	err := p.loaded.Maps.KprConntrack.Lookup(&key, &v)
+	err := p.ctLookup(&key, &v)
 	return v, err == nil
 }
 
-// flushConntrack empties the conntrack map.
+// flushConntrack empties the conntrack maps.
 func (p *progs) flushConntrack() {
 	p.t.Helper()
-	var k bpf.KprCtKey
-	var keys []bpf.KprCtKey
-	it := p.loaded.Maps.KprConntrack.Iterate()
-	var v bpf.KprCtValue
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	for _, k := range keys {
-		if err := p.loaded.Maps.KprConntrack.Delete(&k); err != nil {
-			p.t.Fatal(err)
+	for _, m := range p.ctMaps() {
+		var k bpf.KprCtKey
+		var keys []bpf.KprCtKey
+		it := m.Iterate()
+		var v bpf.KprCtValue
+		for it.Next(&k, &v) {
+			keys = append(keys, k)
+		}
+		for _, k := range keys {
+			if err := m.Delete(&k); err != nil {
+				p.t.Fatal(err)
+			}
 		}
 	}
 }

@@ -178,11 +178,16 @@ func TestKprRunFollowsNodeDevicesAndAddresses(t *testing.T) {
 			t.Errorf("kpr_tc_drops_total{reason=\"no_backend\"} = %v after connecting to %s, want at least 1", metric(`kpr_tc_drops_total{reason="no_backend"}`), dropped)
 		}
 		// The count is cached for 10s.
-		if !eventually(15*time.Second, func() bool { return metric("kpr_tc_conntrack_entries") >= 2 }) {
-			t.Errorf("kpr_tc_conntrack_entries = %v with a flow open, want at least 2 (both directions)", metric("kpr_tc_conntrack_entries"))
+		// An established flow is in kpr_conntrack (bpf/ct.h, "Two maps").
+		established := `kpr_tc_conntrack_entries{map="kpr_conntrack"}`
+		if !eventually(15*time.Second, func() bool { return metric(established) >= 2 }) {
+			t.Errorf("%s = %v with a flow open, want at least 2 (both directions)", established, metric(established))
 		}
-		if got := metric("kpr_tc_conntrack_max_entries"); got <= 0 {
-			t.Errorf("kpr_tc_conntrack_max_entries = %v, want the map's capacity", got)
+		for _, m := range []string{"kpr_conntrack", "kpr_ct_new"} {
+			series := `kpr_tc_conntrack_max_entries{map="` + m + `"}`
+			if got := metric(series); got <= 0 {
+				t.Errorf("%s = %v, want the map's capacity", series, got)
+			}
 		}
 	})
 }

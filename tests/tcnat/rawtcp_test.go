@@ -107,7 +107,7 @@ func (p *progs) replyExpiresIn(f maps.ConntrackFlow) (time.Duration, bool) {
 		key.Daddr, key.Dport = addr16(f.SNAT.Addr()), htons(f.SNAT.Port())
 	}
 	var v bpf.KprCtValue
-	if err := p.loaded.Maps.KprConntrack.Lookup(&key, &v); err != nil {
+	if err := p.ctLookup(&key, &v); err != nil {
 		return 0, false
 	}
 	return time.Duration(int64(v.ExpiresNs) - int64(monotonicNow(p.t))), true

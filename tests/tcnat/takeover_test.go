@@ -183,3 +183,48 @@ func dialFrom(t *testing.T, ns *harness.NetNS, local, fe netip.AddrPort) net.Con
 	}
 	return c
 }
+
+// A SYN flood, spoofed, many times larger than the conntrack maps, leaves
+// an idle established connection alone: the flood's half-open flows churn
+// kpr_ct_new, and the connection's entries sit in kpr_conntrack, which the
+// flood never writes. With one map for both, the flood's entries evicted
+// the connection's, and its next segment was not translated.
+func TestSYNFloodLeavesIdleEstablishedFlows(t *testing.T) {
+	l := buildLAN(t, 1)
+	l.loadKpr(t, loader.TCOptions{}, loader.MapSizes{Conntrack: 256, ConntrackNew: 256})
+	raw := newRawTCP(t, l.client.NetNS)
+	fe := netip.AddrPortFrom(nodeAddr(false), 30099)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
+
+	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if greeting := readGreeting(t, c); !strings.HasPrefix(greeting, l.remote.Name) {
+		t.Fatalf("greeting %q", greeting)
+	}
+	client := netip.MustParseAddrPort(c.LocalAddr().String())
+	if f, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Established }); !ok {
+		t.Fatalf("the connection is not established in kpr's conntrack: %+v", f)
+	}
+
+	const flood = 4096 // 16 times the entries of either map
+	for i := 0; i < flood; i++ {
+		raw.send(t, flow{src: netip.AddrPortFrom(spoofed(false, i), uint16(20000+i%40000)), dst: fe, proto: dataplane.TCP,
+			tcpFlags: "S", seq: uint32(i+1) * 7919, empty: true})
+	}
+	if s := l.stats(); s.NewFlows < flood/2 {
+		t.Fatalf("counters %+v: the flood opened %d flows, want most of its %d SYNs", s, s.NewFlows, flood)
+	}
+
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "ping\n" {
+		t.Fatalf("after %d spoofed SYNs the idle connection echoes %q, %v; want ping (counters %+v)", flood, buf[:n], err, l.stats())
+	}
+}

@@ -329,7 +329,8 @@ func TestFailedConntrackInsertDropsOnlyTheNewFlow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ct := spec.Maps[bpf.TcNodeportMapKprConntrack]
+	// New flows' entries go to kpr_ct_new (bpf/ct.h).
+	ct := spec.Maps[bpf.TcNodeportMapKprCtNew]
 	ct.Type, ct.MaxEntries, ct.Pinning = ebpf.Hash, 1, ebpf.PinNone
 	// Every other pinned map is the loaded dataplane's, found by the
 	// name in KprMaps' struct tags.
@@ -338,12 +339,14 @@ func TestFailedConntrackInsertDropsOnlyTheNewFlow(t *testing.T) {
 	for i := 0; i < loadedMaps.NumField(); i++ {
 		name := loadedMaps.Type().Field(i).Tag.Get("ebpf")
 		if ms := spec.Maps[name]; ms != nil && ms.Pinning == ebpf.PinByName {
-			replacements[name] = loadedMaps.Field(i).Interface().(*ebpf.Map)
+			m := loadedMaps.Field(i).Interface().(*ebpf.Map)
+			ms.MaxEntries = m.MaxEntries() // as the loader sized it
+			replacements[name] = m
 		}
 	}
 	var objs struct {
 		Ingress   *ebpf.Program `ebpf:"kpr_tc_ingress"`
-		Conntrack *ebpf.Map     `ebpf:"kpr_conntrack"`
+		Conntrack *ebpf.Map     `ebpf:"kpr_ct_new"`
 	}
 	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements})
 	if err != nil {
