@@ -71,12 +71,16 @@ var notFilledByServices = map[string]string{
 	bpf.KprMapKprTraceFrontends: "written by `kpr trace` sessions, not by Services",
 	bpf.KprMapKprTraceOn:        "written by `kpr trace` sessions, not by Services",
 	bpf.KprMapKprTraceRings:     "written by `kpr trace` sessions, not by Services",
-	// The Maglev tables are written with each change, but a frontend
-	// whose table does not fit is still served, its new flows picked
-	// at random, and the failure logged (maps.Maglev.OnError): nothing
-	// fails and nothing is refused. Writing them needs the kernel's maps
-	// of maps, which the in-memory LB does not have.
-	bpf.KprMapKprMaglev: "a frontend without room for its Maglev table is served without one (maps.Maglev.OnError)",
+	// The Maglev tables are written with each change, one per frontend
+	// and scope, keyed by the frontend's reverse-NAT id: the loader sizes
+	// kpr_maglev at maps.MaglevEntriesPerRevNat entries per entry of
+	// kpr_rev_nat (maps.MaglevMaxEntries), so a Service that would
+	// overfill it is refused by kpr_rev_nat first, which is a table of
+	// the suite. Writing them needs the kernel's maps of maps, which the
+	// in-memory LB does not have: TestMaglevTablesFitEveryFrontendRevNatAdmits
+	// fills a real one.
+	bpf.KprMapKprMaglev: "sized from kpr_rev_nat (two entries per reverse-NAT id, one per scope): " +
+		"a Service is refused by kpr_rev_nat before its tables could lack room",
 }
 
 // The conformance suite fills every map of bpf.KprMaps that Services fill,

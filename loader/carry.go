@@ -59,6 +59,7 @@ var sizeFlags = map[string]string{
 	bpf.KprMapKprAffinityMatch: "--map-size-services",
 	bpf.KprMapKprBackends:      "--map-size-backends",
 	bpf.KprMapKprRevNat:        "--map-size-revnat",
+	bpf.KprMapKprMaglev:        "--map-size-revnat",
 	bpf.KprMapKprSockRev:       "--map-size-sockrev",
 	bpf.KprMapKprAffinity:      "--map-size-affinity",
 	bpf.KprMapKprSrcRanges:     "--map-size-src-ranges",
@@ -73,6 +74,7 @@ var lostWithout = map[string]string{
 	bpf.KprMapKprSockRev:       "UDP sockets connected before now see replies from the backend's address, not the Service's",
 	bpf.KprMapKprAffinity:      "clients with session affinity may be sent to another backend once",
 	bpf.KprMapKprFrags:         "fragmented datagrams in flight lose their later fragments once",
+	bpf.KprMapKprMaglev:        "new flows to Maglev frontends pick backends at random until the first reconcile rewrites their tables",
 }
 
 // prepareCarryOver finds every pinned map under bpfRoot that spec no longer
@@ -153,7 +155,13 @@ func prepareOne(ms *ebpf.MapSpec, pin string, log *zap.Logger) (*carryOver, erro
 		old.Close()
 		return nil, fmt.Errorf("create map %s to carry %s over: %w", ms.Name, pin, err)
 	}
-	c.entries, err = maps.CopyEntries(c.new, keys, vals, convert)
+	if isMapOfMaps(old.Type()) {
+		// Read, an entry's value is the inner map's id; written, the
+		// kernel takes a file descriptor of it.
+		c.entries, err = maps.CopyInnerMaps(c.new, keys, vals)
+	} else {
+		c.entries, err = maps.CopyEntries(c.new, keys, vals, convert)
+	}
 	if err != nil && !isLRU(old.Type()) { // a full LRU map: the rest was evicted
 		c.close()
 		return nil, fmt.Errorf("copy entries of %s into its new map: %w", pin, err)
@@ -236,6 +244,8 @@ func (c *carryOver) close() {
 func carryPin(pin string) string { return pin + "_carry" }
 
 func isLRU(t ebpf.MapType) bool { return t == ebpf.LRUHash || t == ebpf.LRUCPUHash }
+
+func isMapOfMaps(t ebpf.MapType) bool { return t == ebpf.HashOfMaps || t == ebpf.ArrayOfMaps }
 
 // specDiffs lists how old differs from ms in what the kernel knows.
 func specDiffs(old *ebpf.Map, ms *ebpf.MapSpec) []string {

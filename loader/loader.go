@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/maps"
 )
 
 // MapSizes sets the max_entries of kpr's maps. Zero keeps the default
@@ -256,6 +257,10 @@ func hostNetNSCookie(path string, log *zap.Logger) (uint64, error) {
 	return 0, fmt.Errorf("host network namespace: %w", err)
 }
 
+// SizeMaps sets the requested sizes on spec's maps as Load does, for
+// tests and tools that create kpr's maps themselves.
+func SizeMaps(spec *ebpf.CollectionSpec, s MapSizes) { applySizes(spec, s) }
+
 // applySizes sets the requested sizes on spec's copy of the shared maps.
 // Every object is sized the same, so that each accepts the maps the hooks
 // were loaded with.
@@ -271,6 +276,15 @@ func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
 	set(bpf.KprMapKprAffinityMatch, s.Services)
 	set(bpf.KprMapKprBackends, s.Backends)
 	set(bpf.KprMapKprRevNat, s.RevNat)
+	// Every entry of kpr_maglev is keyed by a reverse-NAT id the LB
+	// holds, and a scope: sized from kpr_rev_nat, it has room for the
+	// tables of every frontend kpr_rev_nat admits, so a Service is
+	// refused there (MapFull, naming --map-size-revnat) before any
+	// frontend could lack room for its table. Only the outer map is
+	// sized; its InnerMap, the arrays' template, stays as compiled.
+	if rev := spec.Maps[bpf.KprMapKprRevNat]; rev != nil {
+		set(bpf.KprMapKprMaglev, maps.MaglevMaxEntries(rev.MaxEntries))
+	}
 	set(bpf.KprMapKprSockRev, s.SockRev)
 	set(bpf.KprMapKprAffinity, s.Affinity)
 	set(bpf.KprMapKprConntrack, s.Conntrack)

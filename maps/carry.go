@@ -1,6 +1,13 @@
 package maps
 
-import "github.com/cilium/ebpf"
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/cilium/ebpf"
+)
 
 // The two writes of carrying a pinned map over into a new one of another
 // size or layout (loader/carry.go decides when and in which order). They
@@ -40,4 +47,33 @@ func CopyMissing(src, dst *ebpf.Map, convert func([]byte) []byte) int {
 		}
 	}
 	return copied
+}
+
+// CopyInnerMaps writes keys into dst, a map of maps, each pointing at the
+// inner map whose id ids holds (a map of maps reads as the ids of its
+// inner maps, and is written with file descriptors of them), and returns
+// how many it wrote. An inner map gone since its id was read is skipped:
+// its entry is gone from the old map too. It stops at the first error.
+func CopyInnerMaps(dst *ebpf.Map, keys, ids [][]byte) (int, error) {
+	n := 0
+	for i := range keys {
+		if len(ids[i]) != 4 {
+			return n, fmt.Errorf("an inner map id of %d bytes, want 4", len(ids[i]))
+		}
+		id := ebpf.MapID(binary.NativeEndian.Uint32(ids[i]))
+		inner, err := ebpf.NewMapFromID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("open inner map %d: %w", id, err)
+		}
+		err = dst.Put(keys[i], inner)
+		inner.Close()
+		if err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }

@@ -474,6 +474,11 @@ func validate(svc Service) error {
 	if svc.Proto != dataplane.TCP && svc.Proto != dataplane.UDP {
 		return fmt.Errorf("service %s: protocol %s is not supported by the eBPF dataplane", svc.VIP, svc.Proto)
 	}
+	// Two scopes a frontend at most: kpr_maglev is sized for as many
+	// tables per reverse-NAT id (MaglevEntriesPerRevNat).
+	if svc.Scope != ScopeInternal && svc.Scope != ScopeExternal {
+		return fmt.Errorf("service %s: scope %d is neither internal nor external", svc.VIP, svc.Scope)
+	}
 	for _, b := range svc.Backends {
 		if !b.Addr.IsValid() || b.Addr.Zone() != "" || b.Addr.Is4() != svc.Addr.Unmap().Is4() || b.Port == 0 {
 			return fmt.Errorf("service %s: backend %s is invalid, zoned or of the wrong IP family", svc.VIP, b)

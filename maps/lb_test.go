@@ -375,7 +375,10 @@ func TestInvalidServicesAreRefusedWithoutWriting(t *testing.T) {
 	// The maps hold no zone, so a zoned backend would come back as
 	// another one after a restart.
 	zoned := svcFor("fd00::10", 80, "[fe80::1%eth0]:80")
-	err := lb.Upsert(mixed, sctp, good, zoned)
+	// kpr_maglev has room for two scopes a frontend.
+	scoped := svcFor("10.96.0.4", 80, "10.244.0.2:80")
+	scoped.Scope = ScopeExternal + 1
+	err := lb.Upsert(mixed, sctp, good, zoned, scoped)
 	if err == nil {
 		t.Fatal("invalid services accepted")
 	}
@@ -384,6 +387,9 @@ func TestInvalidServicesAreRefusedWithoutWriting(t *testing.T) {
 	}
 	if _, ok := lb.Get(zoned.VIPKey); ok {
 		t.Fatal("service with a zoned backend written")
+	}
+	if _, ok := lb.Get(scoped.VIPKey); ok {
+		t.Fatal("service of a third scope written")
 	}
 	if !lb.Matches(good) {
 		t.Fatal("a valid service in the same batch was not written")

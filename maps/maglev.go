@@ -3,6 +3,7 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"sort"
 	"strconv"
@@ -27,6 +28,15 @@ import (
 // The LB writes the tables as part of each change, in the order write.go
 // promises; SyncAll repairs them. Like the LB, it is not safe for
 // concurrent use.
+//
+// Every entry of kpr_maglev is keyed by a reverse-NAT id the LB holds for
+// a frontend, and a scope: at most MaglevEntriesPerRevNat per id. A table
+// is published after its reverse-NAT entry is written and removed before
+// the id is freed; a frontend whose id changes loses its old entry before
+// it gets the new one; and NewMaglev removes the entries of a kpr before
+// it that no frontend of the LB has. So kpr_maglev, sized by
+// MaglevMaxEntries from kpr_rev_nat, cannot fill before kpr_rev_nat
+// refuses a Service.
 type Maglev struct {
 	lb    *LB
 	outer *ebpf.Map
@@ -36,6 +46,9 @@ type Maglev struct {
 	// wrote it; tables are the arrays those entries point at, by content.
 	held   map[VIPKey]heldTable
 	tables map[string]*maglevTable
+	// found are the entries a kpr before this one wrote for frontends
+	// the LB still has, until this Maglev replaces or removes them.
+	found map[bpf.KprMaglevKey]bool
 	// OnError, when set, hears of a table the LB's write could not bring
 	// up to date: its frontend is still served, its new flows picked at
 	// random until a SyncAll writes it.
@@ -59,6 +72,20 @@ type maglevTable struct {
 	refs int
 }
 
+// MaglevEntriesPerRevNat is how many entries of kpr_maglev one
+// reverse-NAT id keys at most: one per scope of its frontend
+// (ScopeInternal and ScopeExternal; the LB refuses any other).
+const MaglevEntriesPerRevNat = 2
+
+// MaglevMaxEntries is the size kpr_maglev needs beside a kpr_rev_nat of
+// revNat entries (--map-size-revnat): room for a table of every frontend
+// and scope the LB can admit. The loader sizes kpr_maglev so; a Service
+// with one frontend more is refused by kpr_rev_nat (MapFullError) before
+// any frontend could lack room for its table.
+func MaglevMaxEntries(revNat uint32) uint32 {
+	return uint32(min(uint64(revNat)*MaglevEntriesPerRevNat, math.MaxUint32))
+}
+
 // NewMaglev returns the writer of outer (kpr_maglev) for tables of size
 // slots and the cluster's seed, which must be the tc programs'
 // maglev_table_size and maglev_seed (loader.TCOptions), and makes lb
@@ -66,14 +93,66 @@ type maglevTable struct {
 // table it finds: the first write of a frontend replaces its table, with
 // the same content where nothing changed, and SyncAll writes every
 // frontend's and removes the tables of frontends the LB no longer has.
+// The tables of frontends the LB does not have, or that call for none,
+// it removes at once, so that they take no room from the tables written
+// before the next SyncAll.
 func NewMaglev(lb *LB, outer *ebpf.Map, size uint32, seed uint64) (*Maglev, error) {
 	if err := maglev.ValidateTableSize(size); err != nil {
 		return nil, err
 	}
 	mg := &Maglev{lb: lb, outer: outer, size: size, seed: seed,
-		held: map[VIPKey]heldTable{}, tables: map[string]*maglevTable{}}
+		held: map[VIPKey]heldTable{}, tables: map[string]*maglevTable{}, found: map[bpf.KprMaglevKey]bool{}}
+	present, err := mg.present()
+	if err != nil {
+		return nil, err
+	}
+	wanted := mg.wantedKeys(lb.Keys())
+	for k := range present {
+		if wanted[k] {
+			mg.found[k] = true
+		} else if err := mg.remove(k); err != nil {
+			return nil, err
+		}
+	}
 	lb.maglev = mg
 	return mg, nil
+}
+
+// present reads the keys kpr_maglev holds.
+func (mg *Maglev) present() (map[bpf.KprMaglevKey]bool, error) {
+	present := map[bpf.KprMaglevKey]bool{}
+	var k bpf.KprMaglevKey
+	var id uint32
+	it := mg.outer.Iterate()
+	for it.Next(&k, &id) {
+		present[k] = true
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read BPF map %s: %w", bpf.KprMapKprMaglev, err)
+	}
+	return present, nil
+}
+
+// wantedKeys are the entries of kpr_maglev the LB's state of keys calls
+// for.
+func (mg *Maglev) wantedKeys(keys []VIPKey) map[bpf.KprMaglevKey]bool {
+	wanted := map[bpf.KprMaglevKey]bool{}
+	for _, k := range keys {
+		st := mg.lb.svcs[k]
+		if _, ok := mg.want(st); ok {
+			wanted[bpf.KprMaglevKey{RevNatId: st.revNat, Scope: uint8(k.Scope)}] = true
+		}
+	}
+	return wanted
+}
+
+// remove deletes the entry k, which this Maglev does not hold.
+func (mg *Maglev) remove(k bpf.KprMaglevKey) error {
+	if err := mg.outer.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete a stale Maglev table: %w", err)
+	}
+	delete(mg.found, k)
+	return nil
 }
 
 // report passes a failed table write to OnError.
@@ -110,8 +189,9 @@ func (mg *Maglev) sync(keys ...VIPKey) error {
 	var wants []VIPKey
 	for _, k := range keys {
 		k.Addr = k.Addr.Unmap()
-		if _, ok := mg.want(mg.lb.svcs[k]); !ok {
-			errs = append(errs, mg.drop(k))
+		st := mg.lb.svcs[k]
+		if _, ok := mg.want(st); !ok {
+			errs = append(errs, mg.drop(k, revNatOf(st)))
 			continue
 		}
 		wants = append(wants, k)
@@ -120,6 +200,14 @@ func (mg *Maglev) sync(keys ...VIPKey) error {
 		errs = append(errs, mg.syncTo(k, mg.lb.svcs[k]))
 	}
 	return errors.Join(errs...)
+}
+
+// revNatOf is the reverse-NAT id of st; 0 for none.
+func revNatOf(st *svcState) uint32 {
+	if st == nil {
+		return 0
+	}
+	return st.revNat
 }
 
 // wantTable is the table a frontend's state calls for: the backend ids of
@@ -155,14 +243,24 @@ func (mg *Maglev) want(st *svcState) (wantTable, bool) {
 func (mg *Maglev) syncTo(k VIPKey, st *svcState) error {
 	w, ok := mg.want(st)
 	if !ok {
-		return mg.drop(k)
+		return mg.drop(k, revNatOf(st))
 	}
 	w.key = bpf.KprMaglevKey{RevNatId: st.revNat, Scope: uint8(k.Scope)}
 	return mg.put(k, w.key, w.ids, w.addr)
 }
 
-// drop removes the frontend's table, if it has one.
-func (mg *Maglev) drop(vip VIPKey) error {
+// drop removes the frontend's table, if it has one: the one this Maglev
+// wrote, and the one a kpr before it left under the frontend's
+// reverse-NAT id revNat (0 for none), which would otherwise keep its room
+// in kpr_maglev after the id is freed.
+func (mg *Maglev) drop(vip VIPKey, revNat uint32) error {
+	if revNat != 0 {
+		if k := (bpf.KprMaglevKey{RevNatId: revNat, Scope: uint8(vip.Scope)}); mg.found[k] {
+			if err := mg.remove(k); err != nil {
+				return err
+			}
+		}
+	}
 	h, ok := mg.held[vip]
 	if !ok {
 		return nil
@@ -189,24 +287,46 @@ func (mg *Maglev) put(vip VIPKey, key bpf.KprMaglevKey, ids []uint32, addrs []ba
 		if t, err = mg.build(vip, sig, ids, addrs); err != nil {
 			// The table the frontend had names backends it no longer
 			// has all of: the backend slots serve it better.
-			return errors.Join(err, mg.drop(vip))
+			return errors.Join(err, mg.drop(vip, key.RevNatId))
 		}
 		mg.tables[sig] = t
+	}
+	moved := had && old.key != key
+	if moved {
+		// The frontend's reverse-NAT id changed (the maps were changed
+		// behind kpr's back). The old entry goes first, so that one
+		// frontend never takes two: lookups by the old id pick at
+		// random in the meantime, as they would once the new entry
+		// replaced the old.
+		if err := mg.outer.Delete(old.key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			if t.refs == 0 {
+				mg.unref(t)
+			}
+			return fmt.Errorf("delete the old Maglev table entry of %s: %w", vip.VIP, err)
+		}
+		delete(mg.held, vip) // its table's reference goes below, once t is safe
 	}
 	if err := mg.outer.Put(key, t.m); err != nil {
 		if t.refs == 0 {
 			mg.unref(t)
 		}
-		return fmt.Errorf("publish the Maglev table of %s (%w); its new flows are picked at random until a retry: "+
-			"if kpr_maglev is full, fewer Services can use --lb-algorithm maglev", vip.VIP, err)
+		if moved {
+			mg.unref(old.table)
+		}
+		// kpr_maglev has room for a table of every frontend kpr_rev_nat
+		// admits (MaglevMaxEntries): kpr's own writes cannot fill it.
+		why := "kpr_maglev has room for it (it is sized from --map-size-revnat), so the kernel refused the entry for another reason; " +
+			"for ENOMEM, check the node's free memory (and, on kernels before 5.11, the memlock limit of kpr's process)"
+		if errors.Is(err, unix.E2BIG) {
+			why = "kpr_maglev is full, which kpr's own tables cannot make it (it is sized from --map-size-revnat): " +
+				"something outside kpr wrote it; the next reconcile removes the entries no frontend calls for"
+		}
+		return fmt.Errorf("publish the Maglev table of %s (%w): %s; its new flows are picked at random until the next reconcile retries",
+			vip.VIP, err, why)
 	}
+	delete(mg.found, key)
 	t.refs++
 	if had {
-		if old.key != key {
-			if err := mg.outer.Delete(old.key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("delete the old Maglev table entry of %s: %w", vip.VIP, err)
-			}
-		}
 		mg.unref(old.table)
 	}
 	mg.held[vip] = heldTable{key: key, table: t}
@@ -279,41 +399,55 @@ func tableSig(ids []uint32) string {
 }
 
 // SyncAll syncs every frontend the LB has and removes every entry of
-// kpr_maglev this Maglev did not write: tables of frontends deleted while
-// kpr was down, or of a kpr that used other backends. An entry removed
-// behind kpr's back is written again.
+// kpr_maglev no frontend calls for: tables of frontends deleted behind
+// kpr's back, or of a kpr that used other backends. Those go before any
+// table is written, so that the tables written find the room they free.
+// An entry removed behind kpr's back is written again.
 func (mg *Maglev) SyncAll() error {
-	present := map[bpf.KprMaglevKey]bool{}
-	var k bpf.KprMaglevKey
-	var id uint32
-	it := mg.outer.Iterate()
-	for it.Next(&k, &id) {
-		present[k] = true
+	present, err := mg.present()
+	if err != nil {
+		return err
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read BPF map %s: %w", bpf.KprMapKprMaglev, err)
+	keys := mg.lb.Keys()
+	wanted := mg.wantedKeys(keys)
+	var errs []error
+	for k := range present {
+		if wanted[k] {
+			continue
+		}
+		if err := mg.remove(k); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(present, k)
 	}
+	// What is gone from kpr_maglev, by the deletes above or behind kpr's
+	// back, this Maglev no longer holds: sync writes it again if wanted.
 	for vip, h := range mg.held {
 		if !present[h.key] {
 			delete(mg.held, vip)
 			mg.unref(h.table)
 		}
 	}
-	err := mg.sync(mg.lb.Keys()...)
+	for k := range mg.found {
+		if !present[k] {
+			delete(mg.found, k)
+		}
+	}
+	errs = append(errs, mg.sync(keys...))
+	// A table found that is still not this Maglev's belongs to a frontend
+	// whose write failed just now: it may name backends the frontend no
+	// longer has, and the backend slots serve it better.
 	wrote := map[bpf.KprMaglevKey]bool{}
 	for _, h := range mg.held {
 		wrote[h.key] = true
 	}
-	var errs []error
 	for k := range present {
-		if wrote[k] {
-			continue
-		}
-		if err := mg.outer.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete a stale Maglev table: %w", err))
+		if wanted[k] && !wrote[k] {
+			errs = append(errs, mg.remove(k))
 		}
 	}
-	return errors.Join(append(errs, err)...)
+	return errors.Join(errs...)
 }
 
 // RemoveMaglevTables empties outer (kpr_maglev), for --lb-algorithm

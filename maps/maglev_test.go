@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
@@ -23,14 +24,17 @@ type maglevMaps struct {
 	failed []error
 }
 
-func newMaglevMaps(t *testing.T) *maglevMaps {
+func newMaglevMaps(t *testing.T) *maglevMaps { return newMaglevMapsSized(t, 64) }
+
+// newMaglevMapsSized is newMaglevMaps with a kpr_maglev of entries.
+func newMaglevMapsSized(t *testing.T, entries uint32) *maglevMaps {
 	spec, err := bpf.LoadTcNodeport()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ms := spec.Maps[bpf.KprMapKprMaglev].Copy()
 	ms.Pinning = ebpf.PinNone
-	ms.MaxEntries = 64
+	ms.MaxEntries = entries
 	outer, err := ebpf.NewMap(ms)
 	if err != nil {
 		t.Skipf("create %s (needs root, or CAP_BPF): %v", bpf.KprMapKprMaglev, err)
@@ -188,5 +192,136 @@ func TestFailedWriteRestoresMaglevTables(t *testing.T) {
 	}
 	if len(f.failed) > 0 {
 		t.Errorf("table writes failed: %v", errors.Join(f.failed...))
+	}
+}
+
+// innerTable is an array as kpr_maglev takes them, for entries written
+// behind the Maglev's back.
+func innerTable(t *testing.T) *ebpf.Map {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: maglev.MinTableSize, Flags: unix.BPF_F_INNER_MAP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// A new Maglev (a restarted kpr) removes at once the entries of kpr_maglev
+// that no frontend of the LB calls for, and keeps those of its frontends
+// until it writes them: only those count against the room MaglevMaxEntries
+// gives.
+func TestNewMaglevRemovesTablesNoFrontendCallsFor(t *testing.T) {
+	f := newMaglevMaps(t)
+	web := svcFor("198.51.100.10", 80, "10.244.0.1:8080")
+	web.Kind = dataplane.LoadBalancer
+	cluster := svcFor("10.96.0.1", 80, "10.244.0.1:8080")
+	if err := f.lb.Upsert(web, cluster); err != nil {
+		t.Fatal(err)
+	}
+	webKey := bpf.KprMaglevKey{RevNatId: f.lb.svcs[web.VIPKey].revNat, Scope: uint8(web.Scope)}
+	before := f.tables()[webKey]
+	// Left by a kpr before: a frontend gone since, and a ClusterIP.
+	gone := bpf.KprMaglevKey{RevNatId: 999, Scope: uint8(ScopeExternal)}
+	clusterKey := bpf.KprMaglevKey{RevNatId: f.lb.svcs[cluster.VIPKey].revNat, Scope: uint8(cluster.Scope)}
+	for _, k := range []bpf.KprMaglevKey{gone, clusterKey} {
+		if err := f.outer.Put(k, innerTable(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.mg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lb := f.fakeMaps.lb()
+	mg, err := NewMaglev(lb, f.outer, maglev.MinTableSize, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mg.Close()
+	tables := f.tables()
+	if len(tables) != 1 || len(tables[webKey]) != len(before) {
+		t.Errorf("after NewMaglev kpr_maglev holds %v, want only the table of %s", tables, web.VIP)
+	}
+	// Deleting the frontend removes the table the kpr before wrote.
+	if err := lb.Delete(web.VIPKey); err != nil {
+		t.Fatal(err)
+	}
+	if tables := f.tables(); len(tables) != 0 {
+		t.Errorf("after the frontend was deleted kpr_maglev holds %v, want nothing", tables)
+	}
+}
+
+// SyncAll removes the entries no frontend calls for before it writes a
+// table, so that one written behind kpr's back takes no room from the
+// frontends' tables; and it removes the tables of frontends the LB lost
+// when it re-read the maps.
+func TestSyncAllMakesRoomBeforeWriting(t *testing.T) {
+	f := newMaglevMapsSized(t, 2)
+	web := svcFor("198.51.100.10", 80, "10.244.0.1:8080")
+	web.Kind = dataplane.LoadBalancer
+	if err := f.lb.Upsert(web); err != nil {
+		t.Fatal(err)
+	}
+	webKey := bpf.KprMaglevKey{RevNatId: f.lb.svcs[web.VIPKey].revNat, Scope: uint8(web.Scope)}
+	if err := f.outer.Delete(webKey); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uint32{900, 901} {
+		if err := f.outer.Put(bpf.KprMaglevKey{RevNatId: id}, innerTable(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.mg.SyncAll(); err != nil {
+		t.Fatalf("SyncAll over a full kpr_maglev: %v", err)
+	}
+	if tables := f.tables(); len(tables) != 1 || tables[webKey] == nil {
+		t.Errorf("after SyncAll kpr_maglev holds %v, want the table of %s alone", tables, web.VIP)
+	}
+
+	// The master goes behind kpr's back; the LB re-reads the maps.
+	f.services.check, f.backends.check, f.revNat.check = nil, nil, nil
+	delete(f.services.data, web.bpfKey(0))
+	if err := f.lb.Resync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.mg.SyncAll(); err != nil {
+		t.Fatal(err)
+	}
+	if tables := f.tables(); len(tables) != 0 {
+		t.Errorf("after SyncAll kpr_maglev holds %v for a frontend the LB no longer has, want nothing", tables)
+	}
+}
+
+// A frontend whose reverse-NAT id changed (its entry in kpr_rev_nat was
+// lost behind kpr's back) loses the entry of its old id before it gets
+// the new one: it never takes two entries of kpr_maglev.
+func TestMovedFrontendNeverTakesTwoEntries(t *testing.T) {
+	f := newMaglevMapsSized(t, 2)
+	web := svcFor("198.51.100.10", 80, "10.244.0.1:8080")
+	web.Kind = dataplane.LoadBalancer
+	// api keeps the next id taken, so that web gets another one.
+	api := svcFor("198.51.100.11", 80, "10.244.0.2:8080")
+	api.Kind = dataplane.LoadBalancer
+	if err := f.lb.Upsert(web, api); err != nil {
+		t.Fatal(err)
+	}
+	old := f.lb.svcs[web.VIPKey].revNat
+	f.services.check, f.backends.check, f.revNat.check = nil, nil, nil
+	delete(f.revNat.data, old)
+	if err := f.lb.Resync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.lb.Upsert(web); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.failed) > 0 {
+		t.Fatalf("table writes failed: %v", errors.Join(f.failed...))
+	}
+	now := f.lb.svcs[web.VIPKey].revNat
+	if now == old {
+		t.Fatalf("the frontend kept reverse-NAT id %d: the test checks nothing", old)
+	}
+	if tables := f.tables(); len(tables) != 2 || tables[bpf.KprMaglevKey{RevNatId: now, Scope: uint8(web.Scope)}] == nil {
+		t.Errorf("kpr_maglev holds %v, want the tables of api and of web's id %d", tables, now)
 	}
 }

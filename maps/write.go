@@ -55,7 +55,10 @@ import (
 // once, then slots, affinity matches, source ranges, Maglev tables,
 // reverse-NAT entries and the backends nothing points at. A table goes
 // before the reverse-NAT id it is keyed by is freed, so that it never
-// serves another frontend given that id.
+// serves another frontend given that id, and so that kpr_maglev never
+// holds more than MaglevEntriesPerRevNat entries per id the LB holds:
+// sized by MaglevMaxEntries, it has room for every frontend kpr_rev_nat
+// admits.
 
 var errReadOnly = errors.New("maps opened read-only: only the control plane writes them")
 
@@ -470,8 +473,9 @@ func (lb *LB) dropTables(plans []*plan) {
 		return
 	}
 	for _, p := range plans {
-		if _, ok := lb.maglev.want(lb.svcs[p.svc.VIPKey]); !ok {
-			lb.maglev.report(lb.maglev.drop(p.svc.VIPKey))
+		st := lb.svcs[p.svc.VIPKey]
+		if _, ok := lb.maglev.want(st); !ok {
+			lb.maglev.report(lb.maglev.drop(p.svc.VIPKey, st.revNat))
 		}
 	}
 }
@@ -765,10 +769,11 @@ func (lb *LB) Delete(keys ...VIPKey) error {
 		return err
 	}
 	for _, key := range gone {
-		lb.svcEntries -= 1 + len(lb.svcs[key].slots)
+		st := lb.svcs[key]
+		lb.svcEntries -= 1 + len(st.slots)
 		delete(lb.svcs, key)
 		if lb.maglev != nil {
-			lb.maglev.report(lb.maglev.drop(key))
+			lb.maglev.report(lb.maglev.drop(key, st.revNat))
 		}
 	}
 	var errs []error

@@ -160,7 +160,7 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
 	fl.Uint32Var(&f.sizes.Services, "map-size-services", 0, "entries of the service map (frontends plus backend slots); 0 keeps the default 262144")
 	fl.Uint32Var(&f.sizes.Backends, "map-size-backends", 0, "entries of the backend map; 0 keeps the default 131072")
-	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend); 0 keeps the default 131072")
+	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend; the Maglev table map gets twice as many); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.SockRev, "map-size-sockrev", 0, "entries of the per-socket reverse map (LRU); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
 	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map of flows that showed traffic both ways (LRU, two per flow); 0 keeps the default 131072")

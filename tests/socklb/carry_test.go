@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
@@ -56,9 +57,33 @@ func (f *fixture) pinnedMaxEntries(t *testing.T, name string) uint32 {
 // Restarting with larger --map-size-* values carries every map over: no
 // `kpr cleanup`, the same Services translate, connects made throughout the
 // restart all succeed, and the larger maps take what the small ones could
-// not.
+// not. kpr_maglev, sized from --map-size-revnat, grows with kpr_rev_nat
+// and keeps its tables.
 func TestGrowingTheMapsCarriesTheirContentsOver(t *testing.T) {
 	f := newFixture(t, 2, smallSizes)
+	if got := f.pinnedMaxEntries(t, bpf.KprMapKprMaglev); got != 2*smallSizes.RevNat {
+		t.Errorf("pinned kpr_maglev has max_entries %d beside a kpr_rev_nat of %d, want %d", got, smallSizes.RevNat, 2*smallSizes.RevNat)
+	}
+	// A Maglev table, as `kpr run --lb-algorithm maglev` publishes one:
+	// the map of maps reads as the table's id, and must be carried as
+	// the table itself.
+	maglevKey := bpf.KprMaglevKey{RevNatId: 1, Scope: uint8(maps.ScopeExternal)}
+	table, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 251, Flags: unix.BPF_F_INNER_MAP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer table.Close()
+	if err := table.Put(uint32(0), uint32(7)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.loaded.Maps.KprMaglev.Put(maglevKey, table); err != nil {
+		t.Fatal(err)
+	}
+	tableInfo, err := table.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tableID, _ := tableInfo.ID()
 	tcpVIP := netip.AddrPortFrom(families[0].vip, 80)
 	udpVIP := netip.AddrPortFrom(families[0].vip, 53)
 	f.service(tcpVIP.Addr(), tcpVIP.Port(), dataplane.TCP, f.pods...)
@@ -119,13 +144,20 @@ func TestGrowingTheMapsCarriesTheirContentsOver(t *testing.T) {
 	for name, want := range map[string]uint32{
 		bpf.KprMapKprServices: 1024, bpf.KprMapKprAffinityMatch: 1024, bpf.KprMapKprBackends: 512,
 		bpf.KprMapKprRevNat: 256, bpf.KprMapKprSockRev: 1024, bpf.KprMapKprAffinity: 512,
+		bpf.KprMapKprMaglev: 512,
 	} {
 		if got := f.pinnedMaxEntries(t, name); got != want {
 			t.Errorf("pinned %s has max_entries %d, want %d", name, got, want)
 		}
 	}
-	if n := logs.FilterMessageSnippet("carrying a pinned map over").Len(); n != 6 {
-		t.Errorf("%d maps logged as carried over, want 6: %v", n, logs.All())
+	if n := logs.FilterMessageSnippet("carrying a pinned map over").Len(); n != 7 {
+		t.Errorf("%d maps logged as carried over, want 7: %v", n, logs.All())
+	}
+	var carriedID uint32
+	if err := f.loaded.Maps.KprMaglev.Lookup(maglevKey, &carriedID); err != nil {
+		t.Errorf("the Maglev table's entry was not carried over: %v", err)
+	} else if ebpf.MapID(carriedID) != tableID {
+		t.Errorf("the carried kpr_maglev entry points at map %d, want the table %d", carriedID, tableID)
 	}
 	if after := fmt.Sprint(f.lb.List()); after != before {
 		t.Fatalf("the Services changed across the restart:\nbefore %s\nafter  %s", before, after)
