@@ -62,13 +62,17 @@ volatile const enum ct_flags btf_ct_flags = CT_F_REPLIED;
 
 /*
  * Two maps. A flow's entries live in kpr_ct_new until the flow has shown
- * traffic both ways (ct_assured: TCP established, UDP answered), and then
- * in kpr_conntrack, where ct_touch moves them. A SYN flood, spoofed or not,
- * so churns only kpr_ct_new: when that is full its LRU evicts the oldest
- * half-open flows, never an idle established one, as netfilter's full
- * table drops unassured entries first (early drop). A key is in one map at
- * most: every store of a new entry removes it from the other. Lookups try
- * kpr_conntrack first, which holds most packets' flows.
+ * traffic both ways (ct_assured: TCP established, UDP answered), then in
+ * kpr_conntrack, and in kpr_ct_new again once a TCP flow is over (reset,
+ * or closed by a FIN from each side) and only waits out its closing time;
+ * ct_touch moves them. A SYN flood, spoofed or not, and clients that open
+ * a connection per request so churn only kpr_ct_new: when that is full its
+ * LRU evicts the oldest half-open or closed flows, never an idle
+ * established one, as netfilter's full table drops unassured entries and
+ * those of closing connections first (early_drop, tcp_can_early_drop). A
+ * key is in one map at most: every store of a new entry removes it from
+ * the other. Lookups try kpr_conntrack first, which holds most packets'
+ * flows.
  */
 static __always_inline struct ct_value *ct_lookup(const struct ct_key *key)
 {
@@ -381,29 +385,33 @@ static __always_inline void ct_reply_key(struct ct_key *rkey, const struct ct_va
 }
 
 /*
- * Move a flow that has just shown traffic both ways from kpr_ct_new to
- * kpr_conntrack ("Two maps" above): ct and rev are its entries, key holds
- * rev's key on entry, and the forward key is built from the client and the
- * frontend rev names. One key buffer, rebuilt, since the ingress program's
- * stack has no room for a second; ct and rev point to deleted entries on
- * return. An entry that cannot be copied stays where it is.
+ * Move a flow between the maps ("Two maps" above): to kpr_conntrack when it
+ * has just shown traffic both ways (to_new 0), back to kpr_ct_new when it
+ * is over (to_new 1). ct and rev are its entries, key holds rev's key on
+ * entry, and the forward key is built from the client and the frontend rev
+ * names. One key buffer, rebuilt, since the ingress program's stack has no
+ * room for a second; ct and rev point to deleted entries on return. An
+ * entry that cannot be copied stays where it is. to_new is a constant at
+ * each call, so each move names its two maps directly.
  */
-static __always_inline void ct_promote(struct ct_value *ct, struct ct_value *rev, struct ct_key *key,
-				       const __u32 client[4], __u16 client_port, __u8 proto)
+static __always_inline void ct_move(struct ct_value *ct, struct ct_value *rev, struct ct_key *key,
+				    const __u32 client[4], __u16 client_port, __u8 proto, int to_new)
 {
+	void *to = to_new ? (void *)&kpr_ct_new : (void *)&kpr_conntrack;
+	void *from = to_new ? (void *)&kpr_conntrack : (void *)&kpr_ct_new;
 	const struct ct_value *moved;
 
-	if (bpf_map_update_elem(&kpr_conntrack, key, rev, BPF_ANY))
+	if (bpf_map_update_elem(to, key, rev, BPF_ANY))
 		return;
 	ct_key_of(key, client, client_port, rev->addr, rev->port, proto, CT_DIR_FORWARD);
-	if (bpf_map_update_elem(&kpr_conntrack, key, ct, BPF_ANY))
+	if (bpf_map_update_elem(to, key, ct, BPF_ANY))
 		return;
-	bpf_map_delete_elem(&kpr_ct_new, key);
-	moved = bpf_map_lookup_elem(&kpr_conntrack, key);
+	bpf_map_delete_elem(from, key);
+	moved = bpf_map_lookup_elem(to, key);
 	if (!moved)
 		return;
 	ct_reply_key(key, moved, client, client_port, proto);
-	bpf_map_delete_elem(&kpr_ct_new, key);
+	bpf_map_delete_elem(from, key);
 }
 
 /*
@@ -412,8 +420,9 @@ static __always_inline void ct_promote(struct ct_value *ct, struct ct_value *rev
  * holds the flow's port, and the same state, which says whether a new flow
  * may take the port over (nat.h). Both are written when the state changes,
  * and otherwise only when the lifetime gains CT_REFRESH_NS. A flow that
- * shows traffic both ways for the first time moves to kpr_conntrack; ct
- * then points to a deleted entry, so callers copy what they need first.
+ * shows traffic both ways for the first time moves to kpr_conntrack, and
+ * one that this packet ends moves back to kpr_ct_new; ct then points to a
+ * deleted entry, so callers copy what they need first.
  */
 static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4], __u16 client_port,
 				     __u8 proto, __u8 new_flags, __u64 now)
@@ -421,7 +430,10 @@ static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4],
 	struct ct_key rkey = {};
 	struct ct_value *rev;
 	__u8 flags = ct->flags | new_flags;
-	int promote = !ct_assured(proto, ct->flags) && ct_assured(proto, flags);
+	int over = proto == IPPROTO_TCP && ct_closed(flags);
+	int was_live = ct_assured(proto, ct->flags) && !(proto == IPPROTO_TCP && ct_closed(ct->flags));
+	int promote = !ct_assured(proto, ct->flags) && ct_assured(proto, flags) && !over;
+	int demote = was_live && over;
 	__u64 expires;
 
 	expires = now + ct_lifetime_ns(proto, flags);
@@ -431,7 +443,7 @@ static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4],
 		return;
 	ct->flags = flags;
 	ct->expires_ns = expires;
-	if (!(flags & CT_F_SNAT) && !promote)
+	if (!(flags & CT_F_SNAT) && !promote && !demote)
 		return;
 	ct_reply_key(&rkey, ct, client, client_port, proto);
 	rev = ct_lookup(&rkey);
@@ -442,7 +454,9 @@ static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4],
 		rev->flags |= flags & CT_F_STATE;
 	}
 	if (promote)
-		ct_promote(ct, rev, &rkey, client, client_port, proto);
+		ct_move(ct, rev, &rkey, client, client_port, proto, 0);
+	else if (demote)
+		ct_move(ct, rev, &rkey, client, client_port, proto, 1);
 }
 
 /*

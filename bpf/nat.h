@@ -168,9 +168,12 @@ static __always_inline int snat_take_over(struct ct_key *rkey, const struct ct_v
 	ct_key_of(&fkey, old->nat_addr, old->nat_port, old->addr, old->port, rkey->proto, CT_DIR_FORWARD);
 	if (ct_store_new(rkey, rev, BPF_ANY))
 		return -1;
+	/* The forward key names the client and the frontend only: a client
+	 * that reused its port for a new connection may have got the same
+	 * port toward another backend, and that flow is not the holder's. */
 	fwd = ct_lookup(&fkey);
 	if (fwd && (fwd->flags & CT_F_SNAT) && fwd->nat_port == rkey->dport &&
-	    addr_eq(fwd->nat_addr, rkey->daddr))
+	    addr_eq(fwd->nat_addr, rkey->daddr) && fwd->port == rkey->sport && addr_eq(fwd->addr, rkey->saddr))
 		ct_delete(&fkey);
 	STAT_INC(snat_takeover);
 	return 0;

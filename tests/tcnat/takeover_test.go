@@ -228,3 +228,122 @@ func TestSYNFloodLeavesIdleEstablishedFlows(t *testing.T) {
 		t.Fatalf("after %d spoofed SYNs the idle connection echoes %q, %v; want ping (counters %+v)", flood, buf[:n], err, l.stats())
 	}
 }
+
+// Connections that open, serve one request and close, many times more than
+// the conntrack maps hold, leave an idle established connection alone: a
+// flow that is over moves back to kpr_ct_new for its closing time, as
+// netfilter's full table drops closing connections first. With closed flows
+// kept in kpr_conntrack, a client opening a connection per request evicted
+// the idle connection's entries within seconds (at 6,000 requests a second
+// and 120 s of closing time, 1.4 million entries want the 131,072 places).
+func TestClosedConnectionsLeaveIdleEstablishedFlows(t *testing.T) {
+	l := buildLAN(t, 1)
+	l.loadKpr(t, loader.TCOptions{}, loader.MapSizes{Conntrack: 256, ConntrackNew: 256})
+	fe := netip.AddrPortFrom(nodeAddr(false), 30097)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
+
+	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if greeting := readGreeting(t, c); !strings.HasPrefix(greeting, l.remote.Name) {
+		t.Fatalf("greeting %q", greeting)
+	}
+	client := netip.MustParseAddrPort(c.LocalAddr().String())
+	if f, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Established }); !ok {
+		t.Fatalf("the connection is not established in kpr's conntrack: %+v", f)
+	}
+
+	const closed = 600 // 1,200 entries: more than four times either map
+	for i := 0; i < closed; i++ {
+		requestAndClose(t, l, fe)
+	}
+
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "ping\n" {
+		t.Fatalf("after %d closed connections the idle connection echoes %q, %v; want ping (counters %+v)", closed, buf[:n], err, l.stats())
+	}
+}
+
+// A takeover removes the forward entry of the flow whose port it takes, and
+// no other: when the backends changed between two connections from the
+// same client address and port, the second may hold the same SNAT port
+// toward its own backend under the same forward key, and a new flow that
+// takes the first one's port must leave it alone.
+func TestSNATTakeoverSparesTheClientsNextConnection(t *testing.T) {
+	l := buildLAN(t, 2)
+	l.loadKpr(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61000}}, fixtureSizes)
+	raw := newRawTCP(t, l.client.NetNS)
+	fe := netip.AddrPortFrom(nodeAddr(false), 30094)
+	first := netip.AddrPortFrom(l.remotes[0].IPv4, echoPort)
+	second := netip.AddrPortFrom(l.remotes[1].IPv4, echoPort)
+	local := netip.AddrPortFrom(clientAddr(false), 40125)
+
+	// The first connection, to the first pod, reset by the client: its
+	// port is free to take over.
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, first)
+	c := dialFrom(t, l.client.NetNS, local, fe)
+	if greeting := readGreeting(t, c); !strings.HasPrefix(greeting, l.remotes[0].Name) {
+		t.Fatalf("first connection: greeting %q", greeting)
+	}
+	if err := c.(*net.TCPConn).SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if f, ok := l.flowOf(local, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Rst }); !ok {
+		t.Fatalf("the first connection is not reset in kpr's conntrack: %+v", f)
+	}
+
+	// The second, from the same port, to the second pod: the same SNAT
+	// port, toward another backend.
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, second, first)
+	var live net.Conn
+	for i := 0; live == nil; i++ {
+		c := dialFrom(t, l.client.NetNS, local, fe)
+		greeting := readGreeting(t, c)
+		if strings.HasPrefix(greeting, l.remotes[1].Name) {
+			live = c
+			break
+		}
+		// The flow hash sent it to the first pod again: reset, and
+		// move the pods' order until the hash picks the second.
+		_ = c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+		if i == 8 {
+			t.Fatalf("connections from %s never reach %s", local, l.remotes[1].Name)
+		}
+		l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, first, second)
+	}
+	defer live.Close()
+	if f, ok := l.flowOf(local, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Established && f.Backend == second }); !ok {
+		t.Fatalf("the second connection is not established to %s in kpr's conntrack: %+v", second, f)
+	}
+
+	// Spoofed SYNs until one is sent to the first pod and takes the reset
+	// connection's port.
+	before := l.stats()
+	for i := 0; l.stats().SnatTakeover == before.SnatTakeover; i++ {
+		if i == 64 {
+			t.Fatalf("64 spoofed SYNs took no port over (counters %+v)", l.stats())
+		}
+		raw.send(t, flow{src: netip.AddrPortFrom(spoofed(false, 40+i), uint16(21000+i)), dst: fe, proto: dataplane.TCP,
+			tcpFlags: "S", seq: uint32(i+1) * 104729, empty: true})
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	_ = live.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := live.Write([]byte("ping\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	n, err := live.Read(buf)
+	if err != nil || string(buf[:n]) != "ping\n" {
+		t.Fatalf("after a takeover of the earlier connection's port the second connection echoes %q, %v; want ping (counters %+v)", buf[:n], err, l.stats())
+	}
+}
