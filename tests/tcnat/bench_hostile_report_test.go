@@ -34,9 +34,12 @@ type hostileWindow struct {
 	SentRate float64 // SYN/s sent
 	// The legitimate client's requests during the flood.
 	Served, Failed int
-	Elapsed        time.Duration
-	During, After  floodHeld
-	Note           string
+	// Slow counts the served requests that waited out a retransmission
+	// timeout (a lost SYN or SYN-ACK: TCP's first RTO is 1 s).
+	Slow          int
+	Elapsed       time.Duration
+	During, After floodHeld
+	Note          string
 }
 
 func (w *hostileWindow) reqRate() float64 {

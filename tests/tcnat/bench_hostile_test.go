@@ -284,7 +284,7 @@ func (r *hostileRig) run(tb testing.TB, rates []int, flood, after time.Duration,
 				tb.Fatalf("%s at %d SYN/s: %v", s.name, rate, err)
 			}
 			w := &hostileWindow{Side: s.name, Rate: rate, Sent: sent, SentRate: float64(sent) / floodTime.Seconds(),
-				Served: len(legit.latencies), Failed: legit.failed, Elapsed: legit.elapsed, During: during}
+				Served: len(legit.latencies), Failed: legit.failed, Slow: legit.slowerThan(900 * time.Millisecond), Elapsed: legit.elapsed, During: during}
 			if legit.failed > 0 {
 				w.Note = "first failure: " + legit.firstErr.Error()
 			}
@@ -293,8 +293,8 @@ func (r *hostileRig) run(tb testing.TB, rates []int, flood, after time.Duration,
 				w.Note = strings.TrimPrefix(fmt.Sprintf("%s; kpr: %d SNAT ports taken over, drops: %s",
 					w.Note, a.SnatTakeover-before.SnatTakeover, movedDrops(before, a)), "; ")
 			}
-			fmt.Printf("%-16s %5d SYN/s (sent %.0f/s): legitimate %6.0f req/s, %d served, %d failed; flood holds %d entries, %d SNAT ports  %s\n",
-				s.name, rate, w.SentRate, w.reqRate(), w.Served, w.Failed, during.Entries, during.SNATPorts, w.Note)
+			fmt.Printf("%-16s %5d SYN/s (sent %.0f/s): legitimate %6.0f req/s, %d served (%d slow), %d failed; flood holds %d entries, %d SNAT ports  %s\n",
+				s.name, rate, w.SentRate, w.reqRate(), w.Served, w.Slow, w.Failed, during.Entries, during.SNATPorts, w.Note)
 			res.windows = append(res.windows, w)
 			pending.Add(1)
 			time.AfterFunc(time.Until(stopped.Add(after)), func() {

@@ -588,3 +588,9 @@ func waitFD(fd int, events int16, deadline time.Time) error {
 		return err
 	}
 }
+
+// slowerThan counts the completed requests that took at least d.
+func (r roundResult) slowerThan(d time.Duration) int {
+	i, _ := slices.BinarySearch(r.latencies, d)
+	return len(r.latencies) - i
+}
