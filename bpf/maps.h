@@ -84,13 +84,21 @@ struct {
 
 /* The entries of the tc programs' flows that have not shown traffic both
  * ways yet (ct.h, "Two maps"): a SYN flood churns this map's LRU, never
- * kpr_conntrack's. Pinned and sized like it (the loader's
- * MapSizes.ConntrackNew). */
+ * kpr_conntrack's. Pinned; sized by the loader's MapSizes.ConntrackNew.
+ *
+ * One LRU list per CPU (BPF_F_NO_COMMON_LRU): a CPU that needs room evicts
+ * the oldest entries it inserted itself. With the common list, a flood
+ * that keeps this map full made CPUs take free entries from each other,
+ * and a legitimate flow lost the entries it had stored microseconds
+ * before its backend's SYN-ACK came back (the hostile benchmark: a few
+ * dozen connections a minute waited out a SYN retransmission, or failed).
+ * The kernel splits max_entries evenly over the possible CPUs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct ct_key);
 	__type(value, struct ct_value);
 	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_ct_new SEC(".maps");
 

@@ -124,6 +124,14 @@ static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 pr
 		return 1;
 	if (ct_assured(proto, held->flags))
 		return 0;
+	/* The client acknowledged the backend's answer: the three-way
+	 * handshake is complete (netfilter's ESTABLISHED, assured), though
+	 * the backend has sent no segment of its own yet. It may not speak
+	 * first, or its accept queue may be full and drop that ACK for a
+	 * while; the client already uses the connection. A spoofed SYN's flow
+	 * never gets this far. */
+	if (proto == IPPROTO_TCP && (held->flags & (CT_F_REPLIED | CT_F_ACK_FWD)) == (CT_F_REPLIED | CT_F_ACK_FWD))
+		return 0;
 	/* expires_ns is the last packet's time plus the lifetime its flags
 	 * give (ct_touch). */
 	return now + ct_lifetime_ns(proto, held->flags) >= held->expires_ns + SNAT_TAKEOVER_IDLE_NS;

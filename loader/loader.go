@@ -291,4 +291,22 @@ func applySizes(spec *ebpf.CollectionSpec, s MapSizes) {
 	set(bpf.KprMapKprCtNew, s.ConntrackNew)
 	set(bpf.KprMapKprSrcRanges, s.SrcRanges)
 	set(bpf.KprMapKprFrags, s.Frags)
+	roundPerCPULRUs(spec)
+}
+
+// roundPerCPULRUs rounds the size of every LRU map with one list per CPU
+// (BPF_F_NO_COMMON_LRU, kpr_ct_new) up to a multiple of the possible CPUs,
+// as the kernel does when it creates one: the spec then says what the
+// kernel reports, and a pinned map of the same request is adopted on the
+// next start rather than carried over into a new one.
+func roundPerCPULRUs(spec *ebpf.CollectionSpec) {
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil || cpus < 1 {
+		return // the kernel rounds; the next start carries the map over
+	}
+	for _, ms := range spec.Maps {
+		if ms.Type == ebpf.LRUHash && ms.Flags&unix.BPF_F_NO_COMMON_LRU != 0 && ms.MaxEntries%uint32(cpus) != 0 {
+			ms.MaxEntries += uint32(cpus) - ms.MaxEntries%uint32(cpus)
+		}
+	}
 }

@@ -165,7 +165,7 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
 	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map of flows that showed traffic both ways (LRU, two per flow); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.ConntrackNew, "map-size-conntrack-new", 0, "entries of the tc programs' conntrack map of flows that have not shown traffic both ways yet, "+
-		"which a SYN flood churns (LRU, two per flow); 0 keeps the default 65536")
+		"which a SYN flood churns (LRU, two per flow, split evenly over the possible CPUs and rounded up to a multiple of them); 0 keeps the default 65536")
 	fl.Uint32Var(&f.sizes.SrcRanges, "map-size-src-ranges", 0, "entries of the loadBalancerSourceRanges map (one per range of each LoadBalancer IP); 0 keeps the default 65536")
 	fl.Uint32Var(&f.sizes.Frags, "map-size-frags", 0, "entries of the tc programs' map of fragmented datagrams in flight (LRU, one per datagram until its last fragment); 0 keeps the default 16384")
 	fl.StringSliceVar(&f.devices, "devices", nil, "network devices (of --host-netns) whose traffic from other machines to NodePorts, ExternalIPs and "+

@@ -153,16 +153,16 @@ func orNone(s []string) string {
 func (r *hostileResults) markdown() string {
 	var b strings.Builder
 	after := r.after.Round(time.Second)
-	fmt.Fprintf(&b, "| flood SYN/s (sent) | side | legitimate req/s | success | failed | flood's conntrack entries: during / %s after | flood's SNAT ports: during / %s after |\n", after, after)
-	b.WriteString("|---:|---|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| flood SYN/s (sent) | side | legitimate req/s | success | failed | slow (≥ 0.9 s) | flood's conntrack entries: during / %s after | flood's SNAT ports: during / %s after |\n", after, after)
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, rate := range r.rates {
 		for _, side := range r.sides {
 			w := r.window(side, rate)
 			if w == nil {
 				continue
 			}
-			fmt.Fprintf(&b, "| %d (%.0f) | %s | %.0f | %.3f %% | %d | %d / %s | %d / %s |\n",
-				rate, w.SentRate, side, w.reqRate(), 100*w.successRate(), w.Failed,
+			fmt.Fprintf(&b, "| %d (%.0f) | %s | %.0f | %.3f %% | %d | %d | %d / %s | %d / %s |\n",
+				rate, w.SentRate, side, w.reqRate(), 100*w.successRate(), w.Failed, w.Slow,
 				w.During.Entries, heldAfter(w.After, w.After.Entries), w.During.SNATPorts, heldAfter(w.After, w.After.SNATPorts))
 		}
 	}
@@ -293,7 +293,7 @@ func TestHostileReportJudgesTargets(t *testing.T) {
 		t.Errorf("a flood never counted again met the target")
 	}
 	md := r.markdown()
-	for _, s := range []string{"| 500 (0) | kpr | 100 | 100.000 % | 0 | 0 / — | 0 / — |", "| iptables-legacy | 500 |", "| kpr | 2000 |"} {
+	for _, s := range []string{"| 500 (0) | kpr | 100 | 100.000 % | 0 | 0 | 0 / — | 0 / — |", "| iptables-legacy | 500 |", "| kpr | 2000 |"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q:\n%s", s, md)
 		}

@@ -290,8 +290,11 @@ func (r *hostileRig) run(tb testing.TB, rates []int, flood, after time.Duration,
 			}
 			if s.kpr() {
 				a := s.lan.stats()
-				w.Note = strings.TrimPrefix(fmt.Sprintf("%s; kpr: %d SNAT ports taken over, drops: %s",
-					w.Note, a.SnatTakeover-before.SnatTakeover, movedDrops(before, a)), "; ")
+				// A segment of no flow kpr knows (tcp_midstream) goes to
+				// the node, which resets it: a legitimate connection
+				// whose entries were lost shows here.
+				w.Note = strings.TrimPrefix(fmt.Sprintf("%s; kpr: %d SNAT ports taken over, %d segments of no known flow passed, drops: %s",
+					w.Note, a.SnatTakeover-before.SnatTakeover, a.Midstream-before.Midstream, movedDrops(before, a)), "; ")
 			}
 			fmt.Printf("%-16s %5d SYN/s (sent %.0f/s): legitimate %6.0f req/s, %d served (%d slow), %d failed; flood holds %d entries, %d SNAT ports  %s\n",
 				s.name, rate, w.SentRate, w.reqRate(), w.Served, w.Slow, w.Failed, during.Entries, during.SNATPorts, w.Note)

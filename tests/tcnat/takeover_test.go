@@ -1,6 +1,7 @@
 package tcnat
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"runtime"
@@ -352,5 +353,75 @@ func TestSNATTakeoverSparesTheClientsNextConnection(t *testing.T) {
 	n, err := live.Read(buf)
 	if err != nil || string(buf[:n]) != "ping\n" {
 		t.Fatalf("after a takeover of the earlier connection's port the second connection echoes %q, %v; want ping (counters %+v)", buf[:n], err, l.stats())
+	}
+}
+
+// A flow whose client acknowledged the backend's SYN-ACK has completed the
+// three-way handshake (netfilter's ESTABLISHED, which it assures), even
+// while the backend has sent nothing since: a server that does not speak
+// first, or one whose accept queue is full and drops that ACK for a while.
+// Its client already uses the connection, so a new flow never takes its
+// port over, however long it stays quiet; spoofed SYNs, which never
+// acknowledge anything, find no port and are dropped. Taken over, the
+// connection's next segment found no flow and the node reset it (the
+// hostile benchmark's one failed request at 500 SYN/s).
+func TestSNATTakeoverSparesACompletedHandshake(t *testing.T) {
+	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61000}})
+	raw := newRawTCP(t, l.client.NetNS)
+	const quietPort = 9099
+	var ln net.Listener
+	if err := harness.Do(l.remote.NetNS, func() (err error) {
+		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", quietPort))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fe := netip.AddrPortFrom(nodeAddr(false), 30093)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), quietPort)...)
+
+	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	client := netip.MustParseAddrPort(c.LocalAddr().String())
+	if f, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Replied }); !ok || f.Established {
+		t.Fatalf("the connection's flow: %+v (found %v); want answered, not established (the backend has sent no segment of its own)", f, ok)
+	}
+	time.Sleep(1500 * time.Millisecond) // past the idle time a half-open flow keeps its port
+
+	before := l.stats()
+	for i := 0; i < 16; i++ {
+		raw.send(t, flow{src: netip.AddrPortFrom(spoofed(false, i), uint16(20000+i)), dst: fe, proto: dataplane.TCP,
+			tcpFlags: "S", seq: uint32(i+1) * 7919, empty: true})
+	}
+	after := l.stats()
+	if after.SnatTakeover != before.SnatTakeover {
+		t.Errorf("counters %+v: a spoofed SYN took the port of a connection whose handshake completed", after)
+	}
+	// The client speaks first; the backend must get it on the same
+	// connection.
+	if _, err := c.Write([]byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = ln.(*net.TCPListener).SetDeadline(time.Now().Add(3 * time.Second))
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_ = s.SetDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 16)
+	n, err := s.Read(buf)
+	if err != nil || string(buf[:n]) != "hello\n" {
+		t.Fatalf("the backend read %q, %v; want hello (counters %+v)", buf[:n], err, l.stats())
+	}
+	if _, err := s.Write([]byte("hi\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if n, err = c.Read(buf); err != nil || string(buf[:n]) != "hi\n" {
+		t.Fatalf("the client read %q, %v; want hi (counters %+v)", buf[:n], err, l.stats())
 	}
 }

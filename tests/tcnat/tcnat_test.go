@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
@@ -332,6 +333,7 @@ func TestFailedConntrackInsertDropsOnlyTheNewFlow(t *testing.T) {
 	// New flows' entries go to kpr_ct_new (bpf/ct.h).
 	ct := spec.Maps[bpf.TcNodeportMapKprCtNew]
 	ct.Type, ct.MaxEntries, ct.Pinning = ebpf.Hash, 1, ebpf.PinNone
+	ct.Flags &^= unix.BPF_F_NO_COMMON_LRU // an LRU map's flag
 	// Every other pinned map is the loaded dataplane's, found by the
 	// name in KprMaps' struct tags.
 	replacements := map[string]*ebpf.Map{}
