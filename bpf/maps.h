@@ -87,11 +87,11 @@ struct {
  * kpr_conntrack's. Pinned; sized by the loader's MapSizes.ConntrackNew.
  *
  * One LRU list per CPU (BPF_F_NO_COMMON_LRU): a CPU that needs room evicts
- * the oldest entries it inserted itself. With the common list, a flood
- * that keeps this map full made CPUs take free entries from each other,
- * and a legitimate flow lost the entries it had stored microseconds
- * before its backend's SYN-ACK came back (the hostile benchmark: a few
- * dozen connections a minute waited out a SYN retransmission, or failed).
+ * the oldest entries it inserted itself. With the common list, under a
+ * flood that kept this map full, legitimate flows lost the entries they
+ * had stored microseconds before their backend's SYN-ACK came back (seen
+ * with tcpdump in the hostile benchmark: a few dozen connections a minute
+ * waited out a SYN retransmission, or failed; none with a list per CPU).
  * The kernel splits max_entries evenly over the possible CPUs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -68,3 +68,47 @@ func TestMaglevMapFollowsTheRevNatSize(t *testing.T) {
 		})
 	}
 }
+
+// kpr_ct_new has one LRU list per CPU, and the kernel rounds the size of
+// such a map up to a multiple of the possible CPUs. Every object asks for
+// the rounded size, so the spec equals what the kernel reports and a
+// pinned map is adopted on the next start, not carried over each time.
+func TestPerCPULRUSizeIsWhatTheKernelCreates(t *testing.T) {
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := uint32(4*cpus + 1)
+	want := uint32(5 * cpus)
+	if cpus == 1 {
+		want = asked
+	}
+	for _, load := range objects {
+		spec, err := load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		applySizes(spec, MapSizes{ConntrackNew: asked})
+		ms := spec.Maps[bpf.KprMapKprCtNew]
+		if ms == nil {
+			continue // an object without the tc programs' maps
+		}
+		if ms.Flags&unix.BPF_F_NO_COMMON_LRU == 0 {
+			t.Fatalf("kpr_ct_new has flags %#x: want one LRU list per CPU", ms.Flags)
+		}
+		if ms.MaxEntries != want {
+			t.Fatalf("kpr_ct_new asked for %d entries on %d possible CPUs has max_entries %d, want %d", asked, cpus, ms.MaxEntries, want)
+		}
+		cp := ms.Copy()
+		cp.Pinning = ebpf.PinNone
+		m, err := ebpf.NewMap(cp)
+		if err != nil {
+			t.Skipf("create %s (needs root, or CAP_BPF): %v", bpf.KprMapKprCtNew, err)
+		}
+		got := m.MaxEntries()
+		m.Close()
+		if got != ms.MaxEntries {
+			t.Errorf("the kernel's kpr_ct_new has max_entries %d, the spec %d", got, ms.MaxEntries)
+		}
+	}
+}

@@ -81,12 +81,7 @@ func TestSNATTakeoverPrefersAClosedFlow(t *testing.T) {
 	// Idle long enough that its port may be taken over at all.
 	time.Sleep(1200 * time.Millisecond)
 
-	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
-	if err != nil {
-		t.Fatalf("a third flow: %v (counters %+v)", err, l.stats())
-	}
-	defer c.Close()
-	client := netip.MustParseAddrPort(c.LocalAddr().String())
+	_, client := dialFrontend(t, l, fe)
 	got, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.SNAT.IsValid() })
 	if !ok {
 		t.Fatalf("the third flow has no SNATed entry: %+v", got)
@@ -130,6 +125,33 @@ func TestReopenedConnectionKeepsItsSNATPort(t *testing.T) {
 	if ports[0] != ports[1] {
 		t.Errorf("the reopened connection left from %s, the first from %s; want the same SNAT port", ports[1], ports[0])
 	}
+}
+
+// dialFrontend connects the client to fe, or fails the test; the
+// connection is closed when the test ends. It returns the connection and
+// the client's address and port.
+func dialFrontend(t *testing.T, l *lan, fe netip.AddrPort) (net.Conn, netip.AddrPort) {
+	t.Helper()
+	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
+	if err != nil {
+		t.Fatalf("connect to %s: %v (counters %+v)", fe, err, l.stats())
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, netip.MustParseAddrPort(c.LocalAddr().String())
+}
+
+// establishedConn is a connection to fe that has read the remote pod's
+// greeting and that kpr's conntrack shows established.
+func establishedConn(t *testing.T, l *lan, fe netip.AddrPort) net.Conn {
+	t.Helper()
+	c, client := dialFrontend(t, l, fe)
+	if greeting := readGreeting(t, c); !strings.HasPrefix(greeting, l.remote.Name) {
+		t.Fatalf("greeting %q", greeting)
+	}
+	if f, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Established }); !ok {
+		t.Fatalf("the connection is not established in kpr's conntrack: %+v", f)
+	}
+	return c
 }
 
 // requestAndClose makes one request to fe and closes it from the client's
@@ -198,18 +220,7 @@ func TestSYNFloodLeavesIdleEstablishedFlows(t *testing.T) {
 	fe := netip.AddrPortFrom(nodeAddr(false), 30099)
 	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
 
-	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if greeting := readGreeting(t, c); !strings.HasPrefix(greeting, l.remote.Name) {
-		t.Fatalf("greeting %q", greeting)
-	}
-	client := netip.MustParseAddrPort(c.LocalAddr().String())
-	if f, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Established }); !ok {
-		t.Fatalf("the connection is not established in kpr's conntrack: %+v", f)
-	}
+	c := establishedConn(t, l, fe)
 
 	const flood = 4096 // 16 times the entries of either map
 	for i := 0; i < flood; i++ {
@@ -250,18 +261,7 @@ func TestClosedConnectionsLeaveIdleEstablishedFlows(t *testing.T) {
 	fe := netip.AddrPortFrom(nodeAddr(false), 30097)
 	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
 
-	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if greeting := readGreeting(t, c); !strings.HasPrefix(greeting, l.remote.Name) {
-		t.Fatalf("greeting %q", greeting)
-	}
-	client := netip.MustParseAddrPort(c.LocalAddr().String())
-	if f, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Established }); !ok {
-		t.Fatalf("the connection is not established in kpr's conntrack: %+v", f)
-	}
+	c := establishedConn(t, l, fe)
 
 	closed := int(ctSize) // two entries each: twice either map
 	for i := 0; i < closed; i++ {
@@ -380,12 +380,7 @@ func TestSNATTakeoverSparesACompletedHandshake(t *testing.T) {
 	fe := netip.AddrPortFrom(nodeAddr(false), 30093)
 	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), quietPort)...)
 
-	c, err := harness.DialTCP(l.client.NetNS, fe, 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	client := netip.MustParseAddrPort(c.LocalAddr().String())
+	c, client := dialFrontend(t, l, fe)
 	if f, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Replied }); !ok || f.Established {
 		t.Fatalf("the connection's flow: %+v (found %v); want answered, not established (the backend has sent no segment of its own)", f, ok)
 	}
