@@ -420,3 +420,48 @@ func TestSNATTakeoverSparesACompletedHandshake(t *testing.T) {
 		t.Fatalf("the client read %q, %v; want hi (counters %+v)", buf[:n], err, l.stats())
 	}
 }
+
+// A flow that has just closed keeps its port for a moment: the client's
+// last ACK may still be on its way to the backend, whose connection would
+// then drop a new SYN on the same ends, and that SYN's client would wait
+// out a retransmission. A spoofed SYN right after the close finds the only
+// port held and is dropped; one sent after the moment takes the port over.
+func TestSNATTakeoverWaitsForAClosedFlowsLastPackets(t *testing.T) {
+	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61000}})
+	raw := newRawTCP(t, l.client.NetNS)
+	fe := netip.AddrPortFrom(nodeAddr(false), 30091)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
+
+	closed := requestAndClose(t, l, fe)
+	if f, ok := l.flowOf(closed, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Fin }); !ok {
+		t.Fatalf("the closed request's flow shows no FIN within 3s: %+v", f)
+	}
+	// The backend's FIN follows the client's within a millisecond or two
+	// (the echo server closes on its EOF): then the flow is closed.
+	time.Sleep(30 * time.Millisecond)
+	// Each SYN is counted as a takeover or as a drop for want of a
+	// port, once the node has processed it.
+	verdict := func(i int) (took bool) {
+		before := l.stats()
+		raw.send(t, flow{src: netip.AddrPortFrom(spoofed(false, 60+i), uint16(22060+i)), dst: fe, proto: dataplane.TCP,
+			tcpFlags: "S", seq: uint32(7001 + i), empty: true})
+		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			s := l.stats()
+			if s.SnatTakeover != before.SnatTakeover {
+				return true
+			}
+			if s.DropSnatPorts != before.DropSnatPorts {
+				return false
+			}
+		}
+		t.Fatalf("spoofed SYN %d: neither taken over nor dropped within 1s (counters %+v)", i, l.stats())
+		return false
+	}
+	if verdict(0) {
+		t.Errorf("a SYN right after a close took its port; want it dropped for want of a port")
+	}
+	time.Sleep(400 * time.Millisecond)
+	if !verdict(1) {
+		t.Errorf("a SYN 400 ms after the close did not take the closed flow's port")
+	}
+}
