@@ -277,6 +277,7 @@ const (
 	KprMapKprNodeSeed       = "kpr_node_seed"
 	KprMapKprRevNat         = "kpr_rev_nat"
 	KprMapKprServices       = "kpr_services"
+	KprMapKprSnatClaims     = "kpr_snat_claims"
 	KprMapKprSockRev        = "kpr_sock_rev"
 	KprMapKprSockStats      = "kpr_sock_stats"
 	KprMapKprSrcRanges      = "kpr_src_ranges"
@@ -369,6 +370,7 @@ type KprMapSpecs struct {
 	KprNodeSeed       *ebpf.MapSpec `ebpf:"kpr_node_seed"`
 	KprRevNat         *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices       *ebpf.MapSpec `ebpf:"kpr_services"`
+	KprSnatClaims     *ebpf.MapSpec `ebpf:"kpr_snat_claims"`
 	KprSockRev        *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
 	KprSockStats      *ebpf.MapSpec `ebpf:"kpr_sock_stats"`
 	KprSrcRanges      *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
@@ -421,6 +423,7 @@ type KprMaps struct {
 	KprNodeSeed       *ebpf.Map `ebpf:"kpr_node_seed"`
 	KprRevNat         *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices       *ebpf.Map `ebpf:"kpr_services"`
+	KprSnatClaims     *ebpf.Map `ebpf:"kpr_snat_claims"`
 	KprSockRev        *ebpf.Map `ebpf:"kpr_sock_rev"`
 	KprSockStats      *ebpf.Map `ebpf:"kpr_sock_stats"`
 	KprSrcRanges      *ebpf.Map `ebpf:"kpr_src_ranges"`
@@ -443,6 +446,7 @@ func (m *KprMaps) Close() error {
 		m.KprNodeSeed,
 		m.KprRevNat,
 		m.KprServices,
+		m.KprSnatClaims,
 		m.KprSockRev,
 		m.KprSockStats,
 		m.KprSrcRanges,

@@ -102,6 +102,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kpr_ct_new SEC(".maps");
 
+/* SNAT ports being taken over (nat.h, snat_take_over), keyed by the reply
+ * entry's key: a CPU inserts its claim with BPF_NOEXIST before it looks at
+ * the holder a last time and overwrites it, and deletes the claim at once,
+ * so two CPUs never give one port to two new flows. An entry lives for a
+ * few instructions; a claim that cannot be inserted (another CPU's, or a
+ * full map) leaves the port to its holder. Seen in the hostile benchmark,
+ * where two SYNs of a flood on two CPUs took one port, and the legitimate
+ * flow among them lost its reply entry. Pinned, so that every device's
+ * programs share the claims as they share the ports. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_key);
+	__type(value, __u32);
+	__uint(max_entries, 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_snat_claims SEC(".maps");
+
 /* IP fragments of the tc programs (struct frag_key in types.h): the ports
  * of each fragmented datagram's first fragment, for its later ones. An
  * entry is needed only while its datagram's fragments pass (well under the

@@ -153,56 +153,6 @@ static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 pr
 }
 
 /*
- * Which reclaimable holder a new flow takes the port of, when every port it
- * tried is held: the lowest of these, a flow that is over before one that
- * never completed its handshake (which may still be a slow client's), and
- * within each the one idle longest, whose entry expires first (every holder
- * of a class has the same lifetime): a flow that closed a moment ago may
- * still have its last ACK on the way to the backend, which would answer a
- * new SYN on the same ports with a challenge ACK. 0 for a holder that is
- * not reclaimable.
- */
-static __always_inline __u64 snat_victim_order(const struct ct_value *held, __u8 proto, __u64 now)
-{
-	if (!snat_reclaimable(held, proto, now))
-		return 0;
-	return held->expires_ns + (ct_closed(held->flags) ? 0 : (1ULL << 62));
-}
-
-/*
- * Give the port in rkey->dport, held by a reclaimable flow, to the new flow
- * whose reply entry is rev. The flow that held it loses its forward entry
- * too, unless that has moved on to another port: its next segment is then
- * a new flow (or one of no flow kpr knows) rather than sent out from a port
- * that is no longer its own. Returns 0 on success.
- */
-static __always_inline int snat_take_over(struct ct_key *rkey, const struct ct_value *rev, __u64 now)
-{
-	struct ct_key fkey = {};
-	const struct ct_value *old;
-	const struct ct_value *fwd;
-
-	/* Looked up again: the holder may have been established meanwhile.
-	 * Its forward key is read before the update overwrites it (no copy
-	 * of the entry: the ingress program's stack is near its limit). */
-	old = ct_lookup(rkey);
-	if (!old || !snat_reclaimable(old, rkey->proto, now))
-		return -1;
-	ct_key_of(&fkey, old->nat_addr, old->nat_port, old->addr, old->port, rkey->proto, CT_DIR_FORWARD);
-	if (ct_store_new(rkey, rev, BPF_ANY))
-		return -1;
-	/* The forward key names the client and the frontend only: a client
-	 * that reused its port for a new connection may have got the same
-	 * port toward another backend, and that flow is not the holder's. */
-	fwd = ct_lookup(&fkey);
-	if (fwd && (fwd->flags & CT_F_SNAT) && fwd->nat_port == rkey->dport &&
-	    addr_eq(fwd->nat_addr, rkey->daddr) && fwd->port == rkey->sport && addr_eq(fwd->addr, rkey->saddr))
-		ct_delete(&fkey);
-	STAT_INC(snat_takeover);
-	return 0;
-}
-
-/*
  * Whether held, a reply entry under a port a new flow tries, is that of an
  * earlier flow with the new flow's own client address and port and
  * frontend: a connection that the client has ended (this is its new SYN,
@@ -222,16 +172,92 @@ static __always_inline int snat_own_port(const struct ct_value *held, const stru
 	       addr_eq(held->addr, p->daddr);
 }
 
+/* snat_victim_order of a holder whose port is free to take without a
+ * takeover: it expired, or it is the new flow's own earlier flow. */
+#define SNAT_FREE_ORDER 1
+
+/*
+ * Which held port a new flow takes, when every port it tried is held: the
+ * lowest of these. A port whose holder expired, or was the new flow's own
+ * earlier flow, first. Then a reclaimable holder (a takeover): a flow that
+ * is over before one that never completed its handshake (which may still
+ * be a slow client's), and within each the one idle longest, whose entry
+ * expires first (every holder of a class has the same lifetime). 0 for a
+ * holder that may keep its port.
+ */
+static __always_inline __u64 snat_victim_order(const struct ct_value *held, const struct pkt *p, __u64 now)
+{
+	if (now > held->expires_ns || snat_own_port(held, p))
+		return SNAT_FREE_ORDER;
+	if (!snat_reclaimable(held, p->proto, now))
+		return 0;
+	return held->expires_ns + (ct_closed(held->flags) ? 0 : (1ULL << 62));
+}
+
+/*
+ * Give the port in rkey->dport, held by a flow snat_victim_order picked,
+ * to the new flow whose reply entry is rev. This CPU claims the port first
+ * (kpr_snat_claims) and looks at the holder again under the claim: another
+ * CPU may have just given the port to a flow of its own, which is not to be
+ * taken, or the holder may have been established meanwhile. A holder taken
+ * over loses its forward entry too, unless that has moved on to another
+ * port: its next segment is then a new flow (or one of no flow kpr knows)
+ * rather than sent out from a port that is no longer its own. The claim
+ * keeps other takers out, not the holder's own packets, which write its
+ * entry only in the few instructions between the last look and the store.
+ * Returns 0 on success.
+ */
+static __always_inline int snat_take_over(const struct pkt *p, struct ct_key *rkey, const struct ct_value *rev,
+					  __u64 now)
+{
+	struct ct_key fkey = {};
+	const struct ct_value *old;
+	const struct ct_value *fwd;
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u64 order;
+	long err;
+
+	if (bpf_map_update_elem(&kpr_snat_claims, rkey, &cpu, BPF_NOEXIST))
+		return -1;
+	old = ct_lookup(rkey);
+	order = old ? snat_victim_order(old, p, now) : SNAT_FREE_ORDER;
+	if (!order) {
+		bpf_map_delete_elem(&kpr_snat_claims, rkey);
+		return -1;
+	}
+	/* The holder's forward key is read before the store overwrites it (no
+	 * copy of the entry: the ingress program's stack is near its limit). */
+	if (order != SNAT_FREE_ORDER)
+		ct_key_of(&fkey, old->nat_addr, old->nat_port, old->addr, old->port, rkey->proto, CT_DIR_FORWARD);
+	/* A holder gone since the look (its LRU evicted it) leaves a free
+	 * slot, which a CPU without a claim may fill: never overwritten. */
+	err = ct_store_new(rkey, rev, old ? BPF_ANY : BPF_NOEXIST);
+	bpf_map_delete_elem(&kpr_snat_claims, rkey);
+	if (err)
+		return -1;
+	if (order == SNAT_FREE_ORDER)
+		return 0;
+	/* The forward key names the client and the frontend only: a client
+	 * that reused its port for a new connection may have got the same
+	 * port toward another backend, and that flow is not the holder's. */
+	fwd = ct_lookup(&fkey);
+	if (fwd && (fwd->flags & CT_F_SNAT) && fwd->nat_port == rkey->dport &&
+	    addr_eq(fwd->nat_addr, rkey->daddr) && fwd->port == rkey->sport && addr_eq(fwd->addr, rkey->saddr))
+		ct_delete(&fkey);
+	STAT_INC(snat_takeover);
+	return 0;
+}
+
 /*
  * Store the reply entry of a SNATed flow under a free port of the SNAT
  * range: the flow's hash picks where to start, and taken ports are skipped.
- * A port whose holder expired, or was the new flow's own earlier flow, is
- * taken over. When SNAT_TRIES ports are all held, the port of the first
- * reclaimable holder in snat_victim_order is taken over, so that half-open
- * flows (a SYN flood, spoofed or not) never keep a backend from new flows.
- * The entry goes to kpr_ct_new, as the new flow's are (ct.h, "Two maps").
- * Returns the port (network order) in rkey->dport, or -1 when no holder of
- * a port tried may give it up.
+ * When a port's holder expired, or was the new flow's own earlier flow,
+ * that port is taken; when SNAT_TRIES ports are all held, the port of the
+ * first reclaimable holder in snat_victim_order is taken over, so that
+ * half-open flows (a SYN flood, spoofed or not) never keep a backend from
+ * new flows. The entry goes to kpr_ct_new, as the new flow's are (ct.h,
+ * "Two maps"). Returns the port (network order) in rkey->dport, or -1 when
+ * no holder of a port tried may give it up.
  */
 static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 				      const struct ct_value *rev, __u64 now)
@@ -251,18 +277,18 @@ static __always_inline int snat_store(const struct pkt *p, struct ct_key *rkey,
 				return 0;
 			continue; /* taken meanwhile, from another CPU */
 		}
-		if ((now > old->expires_ns || snat_own_port(old, p)) && !ct_store_new(rkey, rev, BPF_ANY))
-			return 0;
-		order = snat_victim_order(old, p->proto, now);
+		order = snat_victim_order(old, p, now);
 		if (order && order < victim_order) {
 			victim_order = order;
 			victim = rkey->dport;
+			if (order == SNAT_FREE_ORDER)
+				break;
 		}
 	}
 	if (!victim)
 		return -1;
 	rkey->dport = victim;
-	return snat_take_over(rkey, rev, now);
+	return snat_take_over(p, rkey, rev, now);
 }
 
 static __always_inline int snat_port(__u16 port)

@@ -26,6 +26,7 @@ const (
 	SockTermMapKprNodeSeed      = "kpr_node_seed"
 	SockTermMapKprRevNat        = "kpr_rev_nat"
 	SockTermMapKprServices      = "kpr_services"
+	SockTermMapKprSnatClaims    = "kpr_snat_claims"
 	SockTermMapKprSockRev       = "kpr_sock_rev"
 	SockTermMapKprSockTerm      = "kpr_sock_term"
 	SockTermMapKprSrcRanges     = "kpr_src_ranges"
@@ -93,6 +94,7 @@ type SockTermMapSpecs struct {
 	KprNodeSeed      *ebpf.MapSpec `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
+	KprSnatClaims    *ebpf.MapSpec `ebpf:"kpr_snat_claims"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
 	KprSockTerm      *ebpf.MapSpec `ebpf:"kpr_sock_term"`
 	KprSrcRanges     *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
@@ -136,6 +138,7 @@ type SockTermMaps struct {
 	KprNodeSeed      *ebpf.Map `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
+	KprSnatClaims    *ebpf.Map `ebpf:"kpr_snat_claims"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
 	KprSockTerm      *ebpf.Map `ebpf:"kpr_sock_term"`
 	KprSrcRanges     *ebpf.Map `ebpf:"kpr_src_ranges"`
@@ -155,6 +158,7 @@ func (m *SockTermMaps) Close() error {
 		m.KprNodeSeed,
 		m.KprRevNat,
 		m.KprServices,
+		m.KprSnatClaims,
 		m.KprSockRev,
 		m.KprSockTerm,
 		m.KprSrcRanges,

@@ -26,6 +26,7 @@ const (
 	TcNodeportMapKprNodeSeed       = "kpr_node_seed"
 	TcNodeportMapKprRevNat         = "kpr_rev_nat"
 	TcNodeportMapKprServices       = "kpr_services"
+	TcNodeportMapKprSnatClaims     = "kpr_snat_claims"
 	TcNodeportMapKprSockRev        = "kpr_sock_rev"
 	TcNodeportMapKprSrcRanges      = "kpr_src_ranges"
 	TcNodeportMapKprTcAffinity     = "kpr_tc_affinity"
@@ -111,6 +112,7 @@ type TcNodeportMapSpecs struct {
 	KprNodeSeed      *ebpf.MapSpec `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.MapSpec `ebpf:"kpr_services"`
+	KprSnatClaims    *ebpf.MapSpec `ebpf:"kpr_snat_claims"`
 	KprSockRev       *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
 	KprSrcRanges     *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.MapSpec `ebpf:"kpr_tc_affinity"`
@@ -170,6 +172,7 @@ type TcNodeportMaps struct {
 	KprNodeSeed      *ebpf.Map `ebpf:"kpr_node_seed"`
 	KprRevNat        *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices      *ebpf.Map `ebpf:"kpr_services"`
+	KprSnatClaims    *ebpf.Map `ebpf:"kpr_snat_claims"`
 	KprSockRev       *ebpf.Map `ebpf:"kpr_sock_rev"`
 	KprSrcRanges     *ebpf.Map `ebpf:"kpr_src_ranges"`
 	KprTcAffinity    *ebpf.Map `ebpf:"kpr_tc_affinity"`
@@ -192,6 +195,7 @@ func (m *TcNodeportMaps) Close() error {
 		m.KprNodeSeed,
 		m.KprRevNat,
 		m.KprServices,
+		m.KprSnatClaims,
 		m.KprSockRev,
 		m.KprSrcRanges,
 		m.KprTcAffinity,

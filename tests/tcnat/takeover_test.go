@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
@@ -439,24 +441,7 @@ func TestSNATTakeoverWaitsForAClosedFlowsLastPackets(t *testing.T) {
 	// The backend's FIN follows the client's within a millisecond or two
 	// (the echo server closes on its EOF): then the flow is closed.
 	time.Sleep(30 * time.Millisecond)
-	// Each SYN is counted as a takeover or as a drop for want of a
-	// port, once the node has processed it.
-	verdict := func(i int) (took bool) {
-		before := l.stats()
-		raw.send(t, flow{src: netip.AddrPortFrom(spoofed(false, 60+i), uint16(22060+i)), dst: fe, proto: dataplane.TCP,
-			tcpFlags: "S", seq: uint32(7001 + i), empty: true})
-		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			s := l.stats()
-			if s.SnatTakeover != before.SnatTakeover {
-				return true
-			}
-			if s.DropSnatPorts != before.DropSnatPorts {
-				return false
-			}
-		}
-		t.Fatalf("spoofed SYN %d: neither taken over nor dropped within 1s (counters %+v)", i, l.stats())
-		return false
-	}
+	verdict := func(i int) bool { return spoofedSYNTakesAPort(t, l, raw, fe, 60+i) }
 	if verdict(0) {
 		t.Errorf("a SYN right after a close took its port; want it dropped for want of a port")
 	}
@@ -464,4 +449,86 @@ func TestSNATTakeoverWaitsForAClosedFlowsLastPackets(t *testing.T) {
 	if !verdict(1) {
 		t.Errorf("a SYN 400 ms after the close did not take the closed flow's port")
 	}
+}
+
+// spoofedSYNTakesAPort sends a spoofed SYN (source number i) to fe and
+// reports whether the node took a SNAT port over for it (true) or dropped
+// it for want of a port (false), as its counters show once it has been
+// processed.
+func spoofedSYNTakesAPort(t *testing.T, l *lan, raw *rawTCP, fe netip.AddrPort, i int) bool {
+	t.Helper()
+	before := l.stats()
+	raw.send(t, flow{src: netip.AddrPortFrom(spoofed(false, i), uint16(22000+i)), dst: fe, proto: dataplane.TCP,
+		tcpFlags: "S", seq: uint32(7000 + i), empty: true})
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		s := l.stats()
+		if s.SnatTakeover != before.SnatTakeover {
+			return true
+		}
+		if s.DropSnatPorts != before.DropSnatPorts {
+			return false
+		}
+	}
+	t.Fatalf("spoofed SYN %d: neither taken over nor dropped within 1s (counters %+v)", i, l.stats())
+	return false
+}
+
+// A port that another CPU is taking over at this moment (its claim in
+// kpr_snat_claims) is not taken over again: with two CPUs taking one port,
+// both new flows believed they had it and one lost its replies. The test
+// plays the other CPU by writing its claim; without it, the same SYN takes
+// the port, and no claim is left behind.
+func TestSNATTakeoverLeavesAClaimedPort(t *testing.T) {
+	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61000}})
+	raw := newRawTCP(t, l.client.NetNS)
+	fe := netip.AddrPortFrom(nodeAddr(false), 30092)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
+
+	closed := requestAndClose(t, l, fe)
+	if f, ok := l.flowOf(closed, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Fin }); !ok {
+		t.Fatalf("the closed request's flow shows no FIN within 3s: %+v", f)
+	}
+	time.Sleep(400 * time.Millisecond) // the closed flow's port is reclaimable
+
+	claims := l.loaded.Maps.KprSnatClaims
+	key, ok := snatReplyKey(t, l, 61000)
+	if !ok {
+		t.Fatalf("no reply entry holds SNAT port 61000 after the closed request")
+	}
+	if err := claims.Update(&key, uint32(99), ebpf.UpdateNoExist); err != nil {
+		t.Fatalf("write another CPU's claim: %v", err)
+	}
+	if spoofedSYNTakesAPort(t, l, raw, fe, 70) {
+		t.Errorf("a SYN took over a port that another CPU had claimed")
+	}
+	if err := claims.Delete(&key); err != nil {
+		t.Fatalf("delete the claim: %v (the program deleted a claim it did not make?)", err)
+	}
+	if !spoofedSYNTakesAPort(t, l, raw, fe, 71) {
+		t.Errorf("a SYN did not take over the closed flow's port once no claim was on it")
+	}
+	var k bpf.KprCtKey
+	var v uint32
+	if it := claims.Iterate(); it.Next(&k, &v) {
+		t.Errorf("a claim was left behind after the takeover: %+v by CPU %d", k, v)
+	}
+}
+
+// snatReplyKey finds the reply entry that holds SNAT port port.
+func snatReplyKey(t *testing.T, l *lan, port uint16) (bpf.KprCtKey, bool) {
+	t.Helper()
+	for _, m := range []*ebpf.Map{l.loaded.Maps.KprCtNew, l.loaded.Maps.KprConntrack} {
+		var k bpf.KprCtKey
+		var v bpf.KprCtValue
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			if k.Dir == 1 && k.Dport == htons(port) && v.Flags&ctFlagSNAT != 0 {
+				return k, true
+			}
+		}
+		if err := it.Err(); err != nil {
+			t.Fatalf("read %s: %v", m, err)
+		}
+	}
+	return bpf.KprCtKey{}, false
 }
