@@ -194,6 +194,11 @@ static __always_inline __u64 snat_victim_order(const struct ct_value *held, cons
 	return held->expires_ns + (ct_closed(held->flags) ? 0 : (1ULL << 62));
 }
 
+/* The value of every claim: nothing reads it. A global rather than a
+ * stack slot, since the ingress program's stack has no 8 bytes to spare on
+ * Linux 5.10, whose verifier rounds each frame up to 32 bytes. */
+static const __u32 snat_claimed = 1;
+
 /*
  * Give the port in rkey->dport, held by a flow snat_victim_order picked,
  * to the new flow whose reply entry is rev. This CPU claims the port first
@@ -213,11 +218,10 @@ static __always_inline int snat_take_over(const struct pkt *p, struct ct_key *rk
 	struct ct_key fkey = {};
 	const struct ct_value *old;
 	const struct ct_value *fwd;
-	__u32 cpu = bpf_get_smp_processor_id();
 	__u64 order;
 	long err;
 
-	if (bpf_map_update_elem(&kpr_snat_claims, rkey, &cpu, BPF_NOEXIST))
+	if (bpf_map_update_elem(&kpr_snat_claims, rkey, &snat_claimed, BPF_NOEXIST))
 		return -1;
 	old = ct_lookup(rkey);
 	order = old ? snat_victim_order(old, p, now) : SNAT_FREE_ORDER;
