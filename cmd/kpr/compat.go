@@ -96,7 +96,8 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 	fl.StringVar(&k.contentType, "kube-api-content-type", "", "encoding of requests to the API server: application/vnd.kubernetes.protobuf (the default) or application/json")
 	fl.IntVarP(&k.verbosity, "v", "v", 0, "kube-proxy's (klog's) log verbosity: kpr logs the V(n) lines up to it, its own debug lines at 4 and client-go's as in kube-proxy; "+
 		"the same as --log-level=N, which wins when both are given")
-	fl.StringVar(&k.loggingFormat, "logging-format", "", "kube-proxy's log format: text or json, the same as --log-format, which wins when both are given")
+	fl.StringVar(&k.loggingFormat, "logging-format", "", "kube-proxy's log format: text (kpr's text lines, without klog's header) or json, "+
+		"the same as --log-format, which wins when both are given")
 	fl.DurationVar(&k.iptablesSync, "iptables-sync-period", 0, "kube-proxy's --sync-period (unless --proxy-mode is ipvs)")
 	fl.DurationVar(&k.iptablesMinSync, "iptables-min-sync-period", 0, "kube-proxy's --min-sync-period (unless --proxy-mode is ipvs)")
 	fl.DurationVar(&k.ipvsSync, "ipvs-sync-period", 0, "kube-proxy's --sync-period with --proxy-mode ipvs")
