@@ -30,6 +30,8 @@ type kubeProxyFlags struct {
 	burst       int32
 	contentType string
 	verbosity   int
+	// loggingFormat is --logging-format, kube-proxy's --log-format.
+	loggingFormat string
 	// kube-proxy's per-mode periods; resolve maps those of the mode kpr
 	// runs onto --sync-period and --min-sync-period.
 	iptablesSync, iptablesMinSync, ipvsSync, ipvsMinSync time.Duration
@@ -58,7 +60,8 @@ type kubeProxyFlags struct {
 // Each is a setting of a mechanism kpr does not have: iptables marks and
 // conntrack sysctls (the conntrack timeouts kube-proxy also has are kpr
 // flags of its own: they set the tc programs' conntrack lifetimes), IPVS, the OOM score (the
-// kubelet's job for a Pod), the config watcher, component-base logging.
+// kubelet's job for a Pod), the config watcher, component-base logging's
+// streams, buffers and per-file verbosity (its format and -v are kpr's).
 var kubeProxyOnlyFlags = map[string]bool{
 	"config-sync-period":              false,
 	"feature-gates":                   false,
@@ -68,7 +71,6 @@ var kubeProxyOnlyFlags = map[string]bool{
 	"log-json-split-stream":           true,
 	"log-text-info-buffer-size":       false,
 	"log-text-split-stream":           true,
-	"logging-format":                  false,
 	"oom-score-adj":                   false,
 	"show-hidden-metrics-for-version": false,
 	"vmodule":                         false,
@@ -92,7 +94,10 @@ func addKubeProxyFlags(fl *pflag.FlagSet, k *kubeProxyFlags) {
 	fl.Float32Var(&k.qps, "kube-api-qps", 0, "requests per second to the API server; 0 keeps client-go's default (5)")
 	fl.Int32Var(&k.burst, "kube-api-burst", 0, "request burst to the API server; 0 keeps client-go's default (10)")
 	fl.StringVar(&k.contentType, "kube-api-content-type", "", "encoding of requests to the API server: application/vnd.kubernetes.protobuf (the default) or application/json")
-	fl.IntVarP(&k.verbosity, "v", "v", 0, "kube-proxy's log verbosity: 4 or more means --log-level debug")
+	fl.IntVarP(&k.verbosity, "v", "v", 0, "kube-proxy's (klog's) log verbosity: kpr logs the V(n) lines up to it, its own debug lines at 4 and client-go's as in kube-proxy; "+
+		"the same as --log-level=N, which wins when both are given")
+	fl.StringVar(&k.loggingFormat, "logging-format", "", "kube-proxy's log format: text (kpr's text lines, without klog's header) or json, "+
+		"the same as --log-format, which wins when both are given")
 	fl.DurationVar(&k.iptablesSync, "iptables-sync-period", 0, "kube-proxy's --sync-period (unless --proxy-mode is ipvs)")
 	fl.DurationVar(&k.iptablesMinSync, "iptables-min-sync-period", 0, "kube-proxy's --min-sync-period (unless --proxy-mode is ipvs)")
 	fl.DurationVar(&k.ipvsSync, "ipvs-sync-period", 0, "kube-proxy's --sync-period with --proxy-mode ipvs")
@@ -239,18 +244,19 @@ func resolveKubeProxyFlags(k *kubeProxyFlags, f *runFlags, g *globalFlags, chang
 	}
 
 	if changed("v") && !changed("log-level") {
-		g.logLevel = logLevelForVerbosity(k.verbosity)
+		level, err := verbositySetting("-v", k.verbosity)
+		if err != nil {
+			return nil, err
+		}
+		g.logLevel = level
+	}
+	if changed("logging-format") && !changed("log-format") {
+		if err := checkLogFormat("--logging-format", k.loggingFormat); err != nil {
+			return nil, err
+		}
+		g.logFormat = k.loggingFormat
 	}
 	return ignored, nil
-}
-
-// logLevelForVerbosity maps klog's verbosity onto kpr's levels: by klog's
-// convention 4 and above is debugging output.
-func logLevelForVerbosity(v int) string {
-	if v >= 4 {
-		return "debug"
-	}
-	return "info"
 }
 
 // kubeProxyArgs lets kpr be started with a kube-proxy command line, which

@@ -290,16 +290,25 @@ func applyKubeProxyConfig(cfg *kubeproxyconfig.KubeProxyConfiguration, f *runFla
 		}
 	}
 
-	if !changed("log-level") && !changed("v") {
-		apply("log-level", "logging.verbosity", func() { g.logLevel = logLevelForVerbosity(int(cfg.Logging.Verbosity)) })
+	// The file's logging section yields to kpr's own flags and to
+	// kube-proxy's, which kube-proxy copies over it.
+	if v := int(cfg.Logging.Verbosity); v != 0 && !changed("log-level") && !changed("v") {
+		level, err := verbositySetting("--config: logging.verbosity", v)
+		if err != nil {
+			return nil, err
+		}
+		g.logLevel = level
 	}
 	consume("logging.verbosity")
-	switch cfg.Logging.Format {
-	case "json", "text":
-		apply("log-format", "logging.format", func() {
-			g.logFormat = map[string]string{"json": "json", "text": "console"}[cfg.Logging.Format]
-		})
+	if format := cfg.Logging.Format; format != "" {
+		if err := checkLogFormat("--config: logging.format", format); err != nil {
+			return nil, err
+		}
+		if !changed("logging-format") {
+			apply("log-format", "logging.format", func() { g.logFormat = format })
+		}
 	}
+	consume("logging.format")
 
 	unsupported := make([]string, 0, len(set))
 	for path, value := range set {

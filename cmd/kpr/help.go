@@ -17,6 +17,7 @@ var kubeProxyFlagStatus = map[string]string{
 	"proxy-mode":               "mapped",
 	"bind-address":             "mapped",
 	"v":                        "mapped",
+	"logging-format":           "mapped",
 	"iptables-sync-period":     "mapped",
 	"iptables-min-sync-period": "mapped",
 	"ipvs-sync-period":         "mapped",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/go-logr/zapr"
@@ -48,8 +49,11 @@ func newRootCommandFor(g *globalFlags, f *runFlags) *cobra.Command {
 	// kube-proxy's flags take _ for - (--proxy_mode), and so do kpr's.
 	root.SetGlobalNormalizationFunc(wordSepNormalize)
 	root.PersistentFlags().StringVar(&g.bpfRoot, "bpf-root", leftovers.DefaultRoot, "bpffs directory holding kpr's pinned maps and links")
-	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "json", "log format: json or console")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: error, warn, info (klog's -v=0), debug (-v=4), "+
+		"or a klog verbosity from 0 to 10, which shows the V(n) lines up to it; given, it wins over kube-proxy's -v and the config file's logging.verbosity")
+	root.PersistentFlags().StringVar(&g.logFormat, "log-format", logFormatJSON, "log format: json, Kubernetes components' JSON lines "+
+		"(ts in ms since the epoch, caller, msg, v for the verbosity, err, then the fields), or text, one readable line per entry "+
+		"(console is the same); given, it wins over kube-proxy's --logging-format and the config file's logging.format")
 	root.AddCommand(newRunCommand(g, f), newProbeCommand(), newCleanupCommand(g), newStatusCommand(g), newExplainCommand(g))
 	for _, m := range modes {
 		if m.commands != nil {
@@ -65,36 +69,28 @@ func wordSepNormalize(_ *pflag.FlagSet, name string) pflag.NormalizedName {
 	return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
 }
 
-// logger builds the zap logger the flags ask for and routes client-go's
-// klog output into it, so every line kpr prints is structured alike.
+// logger builds the logger the flags ask for, writing to stderr.
 func (g *globalFlags) logger() (*zap.Logger, error) {
-	level, err := zapcore.ParseLevel(g.logLevel)
-	if err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	var cfg zap.Config
-	switch g.logFormat {
-	case "json":
-		cfg = zap.NewProductionConfig()
-	case "console":
-		// The development config's readable lines, without its
-		// development behaviour: a daemon's warnings carry no stack trace
-		// (errors still do) and DPanic does not panic.
-		cfg = zap.NewDevelopmentConfig()
-		cfg.Development = false
-	default:
-		return nil, fmt.Errorf("--log-format %q: want json or console", g.logFormat)
-	}
-	cfg.Level = zap.NewAtomicLevelAt(level)
-	// The production config samples by message text: past 100 lines a
-	// second with one message, it drops all but every 100th, however
-	// their fields differ (one line per refused Service in a burst).
-	cfg.Sampling = nil
-	log, err := cfg.Build()
+	return g.loggerTo(zapcore.Lock(os.Stderr))
+}
+
+// loggerTo builds the logger the flags ask for, writing to w, and routes
+// client-go's klog output into it, so every line kpr prints is structured
+// alike and -v shows client-go's V(n) lines as kube-proxy's -v does.
+func (g *globalFlags) loggerTo(w zapcore.WriteSyncer) (*zap.Logger, error) {
+	level, err := parseLogLevel(g.logLevel)
 	if err != nil {
 		return nil, err
 	}
-	klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
+	log, clientGo, err := newLoggers(w, g.logFormat, level)
+	if err != nil {
+		return nil, err
+	}
+	// klog drops a V(n) line before it reaches the logger unless its own
+	// verbosity is n or more.
+	var v klog.Level
+	_ = v.Set(strconv.Itoa(verbosityOf(level)))
+	klog.SetLogger(zapr.NewLogger(clientGo))
 	return log, nil
 }
 

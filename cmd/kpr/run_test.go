@@ -1,18 +1,13 @@
 package main
 
 import (
-	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"runtime/debug"
 	runtimemetrics "runtime/metrics"
 	"strings"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/kpr-io/kpr/desired"
 	"github.com/kpr-io/kpr/metrics"
@@ -104,57 +99,5 @@ func TestStartupGCCollectsMoreOnlyDuringTheFirstSync(t *testing.T) {
 	tuneStartupGC(t.Context(), synced, first, false)
 	if p := currentGCPercent(); p != 77 {
 		t.Fatalf("with GOGC set: GC percent %d, want it left at 77", p)
-	}
-}
-
-// TestJSONLogsKeepEveryLine checks that --log-format json drops no line
-// of a burst that shares one message (the production config's sampling
-// kept one in a hundred past the first hundred a second).
-func TestJSONLogsKeepEveryLine(t *testing.T) {
-	out := captureStderr(t, globalFlags{logLevel: "info", logFormat: "json"}, func(log *zap.Logger) {
-		for i := range 300 {
-			log.Info("Refused a Service", zap.Int("service", i))
-		}
-	})
-	if n := strings.Count(out, "Refused a Service"); n != 300 {
-		t.Errorf("a burst of 300 lines left %d in the JSON log", n)
-	}
-}
-
-// captureStderr runs fn with the logger g builds and returns what it
-// wrote (zap opens "stderr" when the logger is built).
-func captureStderr(t *testing.T, g globalFlags, fn func(*zap.Logger)) string {
-	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stderr := os.Stderr
-	os.Stderr = w
-	log, err := g.logger()
-	os.Stderr = stderr
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan []byte)
-	go func() {
-		b, _ := io.ReadAll(r)
-		done <- b
-	}()
-	fn(log)
-	_ = log.Sync()
-	w.Close()
-	return string(<-done)
-}
-
-// TestConsoleWarningsCarryNoStackTrace checks that --log-format console,
-// the format operators read, prints a warning as one line: a stack trace
-// under every warning buried the log (errors keep theirs).
-func TestConsoleWarningsCarryNoStackTrace(t *testing.T) {
-	out := captureStderr(t, globalFlags{logLevel: "info", logFormat: "console"}, func(log *zap.Logger) {
-		log.Warn("a warning", zap.Error(errors.New("why")))
-	})
-	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "a warning") {
-		t.Errorf("a console warning printed %d lines, want the one line:\n%s", len(lines), out)
 	}
 }

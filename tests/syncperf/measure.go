@@ -24,7 +24,7 @@ const (
 )
 
 // LogArgs are the `kpr run` flags the measurements need: JSON logs carry
-// timestamps with sub-microsecond resolution (the console format has ms).
+// timestamps with sub-microsecond resolution (the text format has ms).
 var LogArgs = []string{"--log-format", "json"}
 
 // Startup is one start of `kpr run`, all times measured from just before
@@ -179,11 +179,11 @@ func (st *Startup) readLog(ctx context.Context, p *kprproc.Process, started time
 			st.Watching = watching.At.Sub(started)
 			st.CachesSynced = synced.At.Sub(started)
 			st.FirstSyncLogged = first.At.Sub(started)
-			took, ok := first.Fields["took"].(float64) // zap's JSON encodes durations in seconds
+			took, ok := first.duration("took")
 			if !ok {
-				return fmt.Errorf("kpr's %q line has no numeric took field: %v", msgFirstSync, first.Fields)
+				return fmt.Errorf("kpr's %q line has no took duration: %v", msgFirstSync, first.Fields)
 			}
-			st.FirstSyncTook = time.Duration(took * float64(time.Second))
+			st.FirstSyncTook = took
 			return nil
 		}
 		if err := pause(ctx, p, 20*time.Millisecond); err != nil {
@@ -201,9 +201,9 @@ func FullSyncDurations(log string) []time.Duration {
 	var out []time.Duration
 	for _, line := range parseLogLines(log) {
 		full, _ := line.Fields["full"].(bool)
-		took, ok := line.Fields["took"].(float64)
+		took, ok := line.duration("took")
 		if line.Fields["msg"] == msgSynced && full && ok {
-			out = append(out, time.Duration(took*float64(time.Second)))
+			out = append(out, took)
 		}
 	}
 	return out
@@ -219,9 +219,9 @@ const msgPassDone = "Periodic full reconcile done in steps"
 func LongestReconcileSteps(log string) []time.Duration {
 	var out []time.Duration
 	for _, line := range parseLogLines(log) {
-		longest, ok := line.Fields["longestStep"].(float64)
+		longest, ok := line.duration("longestStep")
 		if line.Fields["msg"] == msgPassDone && ok {
-			out = append(out, time.Duration(longest*float64(time.Second)))
+			out = append(out, longest)
 		}
 	}
 	return out
@@ -231,6 +231,14 @@ func LongestReconcileSteps(log string) []time.Duration {
 type logLine struct {
 	At     time.Time
 	Fields map[string]any
+}
+
+// duration reads a duration field, which the JSON log writes as Go
+// prints durations ("1.5ms").
+func (l logLine) duration(key string) (time.Duration, bool) {
+	s, _ := l.Fields[key].(string)
+	d, err := time.ParseDuration(s)
+	return d, err == nil
 }
 
 // parseLog returns the first line of each message in a JSON log.
@@ -257,12 +265,12 @@ func parseLogLines(text string) []logLine {
 			continue
 		}
 		msg, _ := fields["msg"].(string)
-		ts, ok := fields["ts"].(float64) // zap's production encoder: seconds since the epoch
+		ts, ok := fields["ts"].(float64) // Kubernetes components' JSON: milliseconds since the epoch
 		if msg == "" || !ok {
 			continue
 		}
-		sec, frac := math.Modf(ts)
-		out = append(out, logLine{At: time.Unix(int64(sec), int64(frac*1e9)), Fields: fields})
+		ms, frac := math.Modf(ts)
+		out = append(out, logLine{At: time.UnixMilli(int64(ms)).Add(time.Duration(frac * float64(time.Millisecond))), Fields: fields})
 	}
 	return out
 }
