@@ -12,8 +12,9 @@
 # is given rather than an unverified one; pin them with
 #   docker buildx imagetools inspect golang:1.26.8-trixie
 # and FROM golang:1.26.8-trixie@sha256:<digest> where a registry is at hand.
-# 1.26.8 is go.mod's toolchain; Debian 13.8 is the trixie point release the
-# runtime packages of `make image` came from.
+# 1.26.8 is go.mod's toolchain line (tests/release checks that they agree);
+# Debian 13.8 is the trixie point release the runtime packages of
+# `make image` came from.
 
 FROM golang:1.26.8-trixie AS build
 WORKDIR /src

@@ -6,7 +6,7 @@ export GOFLAGS := -buildvcs=false
 
 -include tests/tools/tools.mk
 
-.PHONY: all build image deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
+.PHONY: all build image release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
 
 all: build
 
@@ -37,6 +37,32 @@ image: build
 	cd hack/image && $(GO) run . -rootfs $(abspath $(IMAGE_ROOTFS)) -kpr $(abspath $(KPR_BIN)) \
 		-version '$(VERSION)' -ref '$(IMAGE_REF)' -o $(abspath $(IMAGE_ARCHIVE))
 	rm -rf $(IMAGE_ROOTFS)
+
+## release: a versioned release in RELEASE_DIR (docs/releasing.md), every
+## file stamped with VERSION, the tag v0.x.y: the static binary
+## (kpr-linux-<arch>, as make build), the image archive (make image, tagged
+## and labelled VERSION), the chart packaged with version 0.x.y and
+## appVersion v0.x.y (tests/deploy/helm/package-chart, Helm's Go library;
+## the committed Chart.yaml is left as it is), and SHA256SUMS of the three.
+## release-check refuses a VERSION that is not a tag on a clean tree
+## (hack/release-check.sh), before anything is built, unless
+## RELEASE_ALLOW_DIRTY=1, for a trial (then an untagged VERSION gives the
+## chart version 0.0.0-VERSION). The binary and image are of this machine's
+## architecture: hack/image-rootfs.sh takes Debian's packages of it.
+RELEASE_DIR ?= dist/$(VERSION)
+RELEASE_ARCH = $(shell $(GO) env GOARCH)
+release: release-check
+	rm -rf $(RELEASE_DIR)
+	mkdir -p $(RELEASE_DIR)
+	$(MAKE) --no-print-directory image VERSION='$(VERSION)' \
+		KPR_BIN=$(RELEASE_DIR)/kpr-linux-$(RELEASE_ARCH) IMAGE_ARCHIVE=$(RELEASE_DIR)/kpr-image-linux-$(RELEASE_ARCH).tar
+	cd tests/deploy/helm && $(GO) run ./package-chart -chart $(abspath deploy/helm/kpr) -version '$(VERSION)' -o $(abspath $(RELEASE_DIR)) \
+		-dev=$(if $(filter 1,$(RELEASE_ALLOW_DIRTY)),true,false)
+	cd $(RELEASE_DIR) && sha256sum kpr-linux-$(RELEASE_ARCH) kpr-image-linux-$(RELEASE_ARCH).tar kpr-*.tgz >SHA256SUMS
+	@echo "release: $(RELEASE_DIR):" && cat $(RELEASE_DIR)/SHA256SUMS
+
+release-check:
+	@hack/release-check.sh '$(VERSION)'
 
 ## deps: Debian packages the BPF build and the tests need (only what is missing)
 deps:

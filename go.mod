@@ -1,6 +1,13 @@
 module github.com/kpr-io/kpr
 
-go 1.26.8
+// go is the oldest Go that kpr and its dependencies accept (theirs ask for
+// 1.26.0 at most); toolchain is the Go kpr is built and released with, as
+// in the Dockerfile, the README and CI (tests/release checks they agree).
+// They differ on purpose: the go command drops a toolchain line that
+// equals the go line.
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
 	github.com/cilium/ebpf v0.22.0

@@ -1,4 +1,5 @@
-// Module of the Helm chart's rendering test: helm.sh/helm/v3 and its
+// Module of the Helm chart's rendering test, and of the chart's packaging
+// for `make release` (package-chart): helm.sh/helm/v3 and its
 // dependencies stay out of kpr's product go.mod, as kustomize's do
 // (tests/deploy/kustomize). `make test` runs it.
 module github.com/kpr-io/kpr/tests/deploy/helm
@@ -66,7 +67,7 @@ require (
 	dario.cat/mergo v1.0.1 // indirect
 	github.com/BurntSushi/toml v1.6.0 // indirect
 	github.com/Masterminds/goutils v1.1.1 // indirect
-	github.com/Masterminds/semver/v3 v3.5.0 // indirect
+	github.com/Masterminds/semver/v3 v3.5.0
 	github.com/Masterminds/sprig/v3 v3.3.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -1,6 +1,3 @@
-// Package helm renders deploy/helm/kpr with Helm's Go library, as `helm
-// template` does, checks the result against a real API server, and
-// checks that the chart's defaults deploy what the kustomize base does.
 package helm
 
 import (
@@ -39,9 +36,16 @@ var oldestKube = &chartutil.KubeVersion{Version: "v1.19.0", Major: "1", Minor: "
 // defaults, for the Kubernetes version kube, and returns its objects.
 func renderChart(t *testing.T, namespace string, vals map[string]any, kube *chartutil.KubeVersion) []*unstructured.Unstructured {
 	t.Helper()
-	chrt, err := loader.Load(deploy.ChartDir())
+	return renderChartAt(t, deploy.ChartDir(), namespace, vals, kube)
+}
+
+// renderChartAt is renderChart for the chart at path, a directory or a
+// packaged .tgz.
+func renderChartAt(t *testing.T, path, namespace string, vals map[string]any, kube *chartutil.KubeVersion) []*unstructured.Unstructured {
+	t.Helper()
+	chrt, err := loader.Load(path)
 	if err != nil {
-		t.Fatalf("load the chart: %v", err)
+		t.Fatalf("load the chart %s: %v", path, err)
 	}
 	install := action.NewInstall(&action.Configuration{Log: t.Logf})
 	install.ClientOnly, install.DryRun, install.Replace = true, true, true
