@@ -140,6 +140,13 @@ func (s *ProxyServer) Healthy() bool {
 	return st.Healthy && eligible
 }
 
+// Live reports what /livez would answer: syncs are keeping up, whatever
+// becomes of the node.
+func (s *ProxyServer) Live() bool {
+	st, _ := s.status()
+	return st.Healthy
+}
+
 // Handler serves /healthz and /livez.
 func (s *ProxyServer) Handler() http.Handler {
 	mux := http.NewServeMux()

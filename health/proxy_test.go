@@ -53,6 +53,11 @@ func expectCodes(t *testing.T, s *ProxyServer, healthz, livez int) {
 	if code, _ := probeProxy(t, s, "/livez"); code != livez {
 		t.Errorf("/livez = %d, want %d", code, livez)
 	}
+	// Live is /livez's verdict, which kpr status reads through the
+	// daemon's /kpr/status.
+	if live := s.Live(); live != (livez == 200) {
+		t.Errorf("Live() = %v with /livez %d", live, livez)
+	}
 }
 
 func TestQueuedChangeTimesOut(t *testing.T) {

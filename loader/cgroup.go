@@ -117,8 +117,7 @@ func linkCgroupID(l link.Link) uint64 {
 
 // unpinLinks detaches every program pinned under bpfRoot's link directory:
 // unpinning and closing the last reference detaches it.
-func unpinLinks(bpfRoot string) []error {
-	var errs []error
+func unpinLinks(bpfRoot string) (unpinned int, errs []error) {
 	links, _ := filepath.Glob(filepath.Join(linkDir(bpfRoot), "*"))
 	forward, reverse := splitReverseHooks(links)
 	for i, pin := range slices.Concat(forward, reverse) {
@@ -135,10 +134,12 @@ func unpinLinks(bpfRoot string) []error {
 		}
 		if err := l.Unpin(); err != nil {
 			errs = append(errs, fmt.Errorf("unpin %s: %w", pin, err))
+		} else {
+			unpinned++
 		}
 		l.Close()
 	}
-	return errs
+	return unpinned, errs
 }
 
 // reverseHookGrace is how long Cleanup keeps the hooks that translate

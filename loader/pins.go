@@ -83,17 +83,29 @@ func OpenPinnedMaps(bpfRoot string) (*bpf.KprMaps, error) {
 // Cleanup detaches every kpr program and removes every pin under bpfRoot.
 // It is safe to run when nothing is loaded.
 func Cleanup(bpfRoot string) error {
+	_, err := removePins(bpfRoot)
+	return err
+}
+
+// removePins is Cleanup, also counting the pins it removed (links and
+// maps), so that `kpr cleanup` can tell removing something from finding
+// nothing.
+func removePins(bpfRoot string) (int, error) {
 	if bpfRoot == "" {
 		bpfRoot = DefaultBPFRoot
 	}
-	errs := unpinLinks(bpfRoot)
+	removed, errs := unpinLinks(bpfRoot)
 	names, err := pinnedMapNames()
 	if err != nil {
-		return errors.Join(append(errs, err)...)
+		return removed, errors.Join(append(errs, err)...)
 	}
 	for _, name := range names {
 		for _, pin := range []string{name, carryPin(name)} {
-			if err := os.Remove(filepath.Join(bpfRoot, pin)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			err := os.Remove(filepath.Join(bpfRoot, pin))
+			switch {
+			case err == nil:
+				removed++
+			case !errors.Is(err, os.ErrNotExist):
 				errs = append(errs, fmt.Errorf("remove map pin: %w", err))
 			}
 		}
@@ -103,16 +115,17 @@ func Cleanup(bpfRoot string) error {
 			errs = append(errs, fmt.Errorf("remove %s: %w", dir, err))
 		}
 	}
-	return errors.Join(errs...)
+	return removed, errors.Join(errs...)
 }
 
 // RemoveLeftovers is the eBPF mode's part of a switch to another mode and
 // of `kpr cleanup`: Cleanup. The pins are their own record of what the
-// mode wrote, so it always runs (Found), and where nothing is pinned it
-// has nothing to do.
+// mode wrote: Found says some were there, Count how many (links and maps)
+// went.
 func RemoveLeftovers(bpfRoot string) (leftovers.Removed, error) {
-	if err := Cleanup(bpfRoot); err != nil {
-		return leftovers.Removed{Found: true}, fmt.Errorf("cleanup of %s: %w", bpfRoot, err)
+	n, err := removePins(bpfRoot)
+	if err != nil {
+		return leftovers.Removed{Found: true, Count: n}, fmt.Errorf("cleanup of %s: %w", bpfRoot, err)
 	}
-	return leftovers.Removed{Found: true}, nil
+	return leftovers.Removed{Found: n > 0, Count: n}, nil
 }

@@ -1,10 +1,22 @@
 package loader
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/kpr-io/kpr/bpf"
+	"github.com/kpr-io/kpr/dataplane/leftovers"
 )
+
+// Removing the eBPF mode's pins counts them, and finds nothing where
+// nothing is pinned: the mode switch logs, and kpr cleanup prints, only
+// what went (TestCleanupSaysWhatItRemoved has the count of one pin).
+func TestRemoveLeftoversFindsNothingWhereNothingIsPinned(t *testing.T) {
+	got, err := RemoveLeftovers(filepath.Join(t.TempDir(), "none"))
+	if err != nil || got != (leftovers.Removed{}) {
+		t.Errorf("no pins: %+v, %v; want nothing found", got, err)
+	}
+}
 
 // Every object must declare each pinned map as the hooks' object does
 // (bpf/maps.h): the loader hands the other objects the maps the hooks were

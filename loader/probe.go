@@ -141,6 +141,19 @@ func (r Report) RequireSocketLB() error {
 	return nil
 }
 
+// Denied are the features whose probe the kernel refused (EPERM, EACCES)
+// rather than lacked: every one that loads a program or map, for a
+// process without the privilege to.
+func (r Report) Denied() []Feature {
+	var denied []Feature
+	for _, f := range r.Features {
+		if !f.Supported && permissionDenied(f.Error) {
+			denied = append(denied, f)
+		}
+	}
+	return denied
+}
+
 // KernelRelease is the running kernel's release, as uname -r prints it.
 func KernelRelease() string {
 	var uts unix.Utsname

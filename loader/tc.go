@@ -652,8 +652,9 @@ func removeEmptyClsact(iface netlink.Link) error {
 // CleanupTC removes kpr's tc programs from devices in the calling thread's
 // network namespace: the tcx links pinned under bpfRoot, and kpr's clsact
 // filters (with the qdisc, once empty). Empty devices means every device.
-// Cleanup removes the tcx links too, but cannot see the filters.
-func CleanupTC(bpfRoot string, devices []string) error {
+// Cleanup removes the tcx links too, but cannot see the filters. removed
+// counts the links and filters that went.
+func CleanupTC(bpfRoot string, devices []string) (removed int, err error) {
 	if bpfRoot == "" {
 		bpfRoot = DefaultBPFRoot
 	}
@@ -661,13 +662,15 @@ func CleanupTC(bpfRoot string, devices []string) error {
 	for _, pin := range tcPins(bpfRoot) {
 		if err := removeTCXPin(pin); err != nil {
 			errs = append(errs, err)
+			continue
 		}
+		removed++
 	}
 	var ifaces []netlink.Link
 	if len(devices) == 0 {
 		all, err := netlink.LinkList()
 		if err != nil {
-			return errors.Join(append(errs, fmt.Errorf("list devices: %w", err))...)
+			return removed, errors.Join(append(errs, fmt.Errorf("list devices: %w", err))...)
 		}
 		ifaces = all
 	}
@@ -684,10 +687,14 @@ func CleanupTC(bpfRoot string, devices []string) error {
 	}
 	for _, iface := range ifaces {
 		for _, d := range tcDirections {
-			if err := removeLegacyFilter(iface, d); err != nil {
+			found, err := removeLegacyFilterOf(iface, d)
+			if err != nil {
 				errs = append(errs, err)
+			}
+			if found {
+				removed++
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return removed, errors.Join(errs...)
 }

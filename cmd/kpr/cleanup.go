@@ -17,7 +17,10 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 		Long: "cleanup removes the dataplane that `kpr run` leaves in place on exit, whichever mode wrote it: " +
 			"the pinned programs, maps and links of the eBPF mode, any kpr program still linked to --cgroup-root, " +
 			"and what kpr's netfilter modes recorded writing in the node's network namespace (--host-netns): the iptables mode's " +
-			"KUBE-* chains, the IPVS mode's virtual servers, dummy interface, ipsets and chains. Services stop being translated at once.",
+			"KUBE-* chains, the IPVS mode's virtual servers, dummy interface, ipsets and chains. Services stop being translated at once. " +
+			"It prints a line for each kind of state it removed, or says there was nothing to remove." +
+			exitCodesHelp("everything found was removed, or there was nothing to remove", exitNeedsRoot),
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
 			if kubeProxy {
@@ -38,15 +41,40 @@ func newCleanupCommand(g *globalFlags) *cobra.Command {
 }
 
 // cleanupKpr removes what every mode of kpr left on the node that run
-// describes.
+// describes, and says what went, or that nothing was there: a script (or
+// an operator) that ran it on the wrong --bpf-root or --host-netns learns
+// it from the output.
 func cleanupKpr(out io.Writer, g *globalFlags, run runFlags) error {
 	at := dataplaneAt{bpfRoot: g.bpfRoot, run: run}
-	line := func(l string) { fmt.Fprintln(out, l) }
-	if err := removeEveryModeState(line, at); err != nil {
+	removed := 0
+	line := func(l string) {
+		removed++
+		fmt.Fprintln(out, l)
+	}
+	err := removeKpr(line, out, at)
+	if err == nil && removed == 0 {
+		fmt.Fprintf(out, "nothing to remove: kpr left no state under %s, on the devices, on the cgroup or in the netfilter tables of %s\n",
+			at.bpfRoot, netnsName(run.hostNetNS))
+	}
+	return asNeedsRoot(err, hasPrivilege(), "cleanup", "remove kpr's state under "+at.bpfRoot+" and in "+netnsName(run.hostNetNS))
+}
+
+// removeKpr is cleanupKpr's work: each removal is a line on removed,
+// warnings go to out.
+func removeKpr(removed func(line string), out io.Writer, at dataplaneAt) error {
+	if err := removeEveryModeState(removed, at); err != nil {
 		return err
 	}
-	removeKeepNAT(out, run.hostNetNS)
-	return sweepEveryMode(line, at)
+	removeKeepNAT(removed, out, at.run.hostNetNS)
+	return sweepEveryMode(removed, at)
+}
+
+// netnsName names the network namespace of --host-netns for a message.
+func netnsName(hostNetNS string) string {
+	if hostNetNS == "" {
+		return "this network namespace"
+	}
+	return "the network namespace " + hostNetNS
 }
 
 // cleanupAsKubeProxy is kube-proxy's --cleanup: every proxy mode's state

@@ -43,10 +43,13 @@ var ebpfMode = mode{
 		return newEBPFDataplane(g, f, m, log)
 	},
 	leftovers: modeLeftovers{
-		remove:  func(at dataplaneAt) (leftovers.Removed, error) { return loader.RemoveLeftovers(at.bpfRoot) },
-		state:   "any pinned programs and maps of an earlier eBPF-mode kpr",
-		removed: func(_ int, at dataplaneAt) string { return "removed kpr dataplane pinned under " + at.bpfRoot },
-		sweep:   sweepEBPF,
+		remove:     func(at dataplaneAt) (leftovers.Removed, error) { return loader.RemoveLeftovers(at.bpfRoot) },
+		state:      "the pinned programs and maps of an earlier eBPF-mode kpr",
+		countField: "pins",
+		removed: func(n int, at dataplaneAt) string {
+			return fmt.Sprintf("removed kpr's eBPF dataplane pinned under %s (pins removed: %d)", at.bpfRoot, n)
+		},
+		sweep: sweepEBPF,
 	},
 	inspect:  func(at dataplaneAt) (dataplane.Inspector, error) { return ebpfplane.OpenInspector(at.bpfRoot) },
 	attached: func(at dataplaneAt) dataplane.Inspection { return ebpfplane.InspectLinks(at.bpfRoot, at.run.hostNetNS) },
@@ -117,7 +120,15 @@ func sweepEBPF(at dataplaneAt, out func(line string)) error {
 	if len(devices) > 0 {
 		where = strings.Join(devices, ",")
 	}
-	if err := at.run.inHostNetNS(func() error { return loader.CleanupTC(at.bpfRoot, devices) }); err != nil {
+	var removed int
+	err := at.run.inHostNetNS(func() (err error) {
+		removed, err = loader.CleanupTC(at.bpfRoot, devices)
+		return err
+	})
+	if removed > 0 {
+		out(fmt.Sprintf("removed %d attachments of kpr's tc programs (clsact filters, tcx links) from %s", removed, where))
+	}
+	if err != nil {
 		return fmt.Errorf("remove kpr's tc programs from %s: %w", where, err)
 	}
 	cgroupRoot := at.run.ebpf.cgroupRoot

@@ -8,17 +8,20 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 )
 
 func newDumpCommand(g *globalFlags) *cobra.Command {
-	var output string
+	var output *outputFormat
 	cmd := &cobra.Command{
 		Use:   "dump",
 		Short: "List the Services and backends in kpr's pinned BPF maps",
+		Long:  "List the Services and backends in kpr's pinned BPF maps." + exitCodesHelp("the maps were read", exitNeedsRoot),
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := loader.OpenPinnedMaps(g.bpfRoot)
+			m, err := openPinnedMaps("dump", g.bpfRoot)
 			if err != nil {
 				return err
 			}
@@ -31,21 +34,25 @@ func newDumpCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			switch output {
-			case "json":
-				return writeDumpJSON(cmd.OutOrStdout(), lb.List(), tables)
-			case "table":
-				if err := writeDumpTable(cmd.OutOrStdout(), lb.List()); err != nil {
+			svcs := lb.List()
+			return output.print(cmd.OutOrStdout(), dumpServices(svcs, tables), func(w io.Writer) error {
+				if err := writeDumpTable(w, svcs); err != nil {
 					return err
 				}
-				return writeMaglevTable(cmd.OutOrStdout(), tables, lb.List())
-			}
-			return fmt.Errorf("--output %q: want table or json", output)
+				return writeMaglevTable(w, tables, svcs)
+			})
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
-	addDumpConntrack(cmd, g)
+	output = addOutputFlag(cmd.Flags(), "table")
+	addDumpConntrack(cmd, g, output)
 	return cmd
+}
+
+// openPinnedMaps opens the maps pinned under bpfRoot for `kpr command`,
+// which says it needs root where the process may not read them.
+func openPinnedMaps(command, bpfRoot string) (*bpf.KprMaps, error) {
+	m, err := loader.OpenPinnedMaps(bpfRoot)
+	return m, asNeedsRoot(err, hasPrivilege(), command, "read the pinned maps under "+bpfRoot)
 }
 
 // dumpService is the JSON form of one frontend and scope.
@@ -60,7 +67,8 @@ type dumpService struct {
 	Maglev *dumpMaglev `json:"maglev,omitempty"`
 }
 
-func writeDumpJSON(w io.Writer, svcs []maps.Service, tables map[maps.VIPKey]maps.MaglevTable) error {
+// dumpServices is `kpr dump -o json`.
+func dumpServices(svcs []maps.Service, tables map[maps.VIPKey]maps.MaglevTable) []dumpService {
 	out := make([]dumpService, 0, len(svcs))
 	for _, s := range svcs {
 		d := dumpService{
@@ -73,7 +81,7 @@ func writeDumpJSON(w io.Writer, svcs []maps.Service, tables map[maps.VIPKey]maps
 		}
 		out = append(out, d)
 	}
-	return writeJSON(w, out)
+	return out
 }
 
 // writeDumpTable prints one line per backend, like `cilium bpf lb list`.

@@ -9,13 +9,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 )
 
 // addDumpConntrack gives `kpr dump` its --conntrack flag, which lists the
-// tc programs' flows instead of the Services.
-func addDumpConntrack(cmd *cobra.Command, g *globalFlags) {
+// tc programs' flows instead of the Services, in the dump's --output.
+func addDumpConntrack(cmd *cobra.Command, g *globalFlags, output *outputFormat) {
 	var conntrack bool
 	cmd.Flags().BoolVar(&conntrack, "conntrack", false, "list the flows from other machines the tc programs translate (their conntrack entries) instead of the Services")
 	services := cmd.RunE
@@ -23,14 +22,7 @@ func addDumpConntrack(cmd *cobra.Command, g *globalFlags) {
 		if !conntrack {
 			return services(cmd, args)
 		}
-		output, err := cmd.Flags().GetString("output")
-		if err != nil {
-			return err
-		}
-		if output != "table" && output != "json" {
-			return fmt.Errorf("--output %q: want table or json", output)
-		}
-		m, err := loader.OpenPinnedMaps(g.bpfRoot)
+		m, err := openPinnedMaps("dump", g.bpfRoot)
 		if err != nil {
 			return err
 		}
@@ -40,10 +32,7 @@ func addDumpConntrack(cmd *cobra.Command, g *globalFlags) {
 			return err
 		}
 		sortFlows(flows)
-		if output == "json" {
-			return writeConntrackJSON(cmd.OutOrStdout(), flows)
-		}
-		return writeConntrackTable(cmd.OutOrStdout(), flows)
+		return output.print(cmd.OutOrStdout(), dumpFlows(flows), func(w io.Writer) error { return writeConntrackTable(w, flows) })
 	}
 }
 
@@ -96,7 +85,8 @@ type dumpFlow struct {
 	ExpiresInSeconds float64 `json:"expiresInSeconds"`
 }
 
-func writeConntrackJSON(w io.Writer, flows []maps.ConntrackFlow) error {
+// dumpFlows is `kpr dump --conntrack -o json`.
+func dumpFlows(flows []maps.ConntrackFlow) []dumpFlow {
 	out := make([]dumpFlow, 0, len(flows))
 	for _, f := range flows {
 		d := dumpFlow{Protocol: f.Proto.String(), Client: f.Client.String(), Frontend: f.Frontend.String(),
@@ -106,7 +96,7 @@ func writeConntrackJSON(w io.Writer, flows []maps.ConntrackFlow) error {
 		}
 		out = append(out, d)
 	}
-	return writeJSON(w, out)
+	return out
 }
 
 func writeConntrackTable(w io.Writer, flows []maps.ConntrackFlow) error {

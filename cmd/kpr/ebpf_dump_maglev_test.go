@@ -55,7 +55,7 @@ func TestDumpShowsMaglevShares(t *testing.T) {
 func TestDumpJSONCarriesMaglevShares(t *testing.T) {
 	svcs, tables := maglevDumpFixture()
 	var buf bytes.Buffer
-	if err := writeDumpJSON(&buf, svcs, tables); err != nil {
+	if err := writeJSON(&buf, dumpServices(svcs, tables)); err != nil {
 		t.Fatal(err)
 	}
 	var got []dumpService

@@ -19,7 +19,6 @@ import (
 
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/desired"
-	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 )
 
@@ -44,14 +43,15 @@ func newTraceCommand(g *globalFlags) *cobra.Command {
 			"Nothing else is recorded, and with no trace running the programs record nothing. --service reads the " +
 			"Service from the API and traces all its frontends on this node (pass the daemon's --hostname-override, " +
 			"--nodeport-addresses and --external-ips); --frontend needs no API. Several traces may run at once, each " +
-			"with its own selection. Stop with Ctrl-C.",
+			"with its own selection. Stop with Ctrl-C." +
+			exitCodesHelp("the trace ran until Ctrl-C or SIGTERM", exitNeedsRoot),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.output != "text" && f.output != "json" {
-				return fmt.Errorf("--output %q: want text or json", f.output)
+				return usageError(fmt.Errorf("--output %q: want text or json", f.output))
 			}
 			if len(f.services) == 0 && len(f.frontends) == 0 {
-				return errors.New("select what to trace with --service namespace/name[:port] or --frontend address:port")
+				return usageError(errors.New("select what to trace with --service namespace/name[:port] or --frontend address:port"))
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -70,6 +70,8 @@ func newTraceCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&f.run.hostnameOverride, "hostname-override", "", "for --service: this node's name in the API, as given to kpr run; default: the hostname")
 	fl.StringSliceVar(&f.run.nodePortAddresses, "nodeport-addresses", nil, "for --service: as given to kpr run")
 	fl.StringVar(&f.run.externalIPs, "external-ips", "all", "for --service: as given to kpr run")
+	// The flag is registered just above, so this cannot fail.
+	_ = cmd.RegisterFlagCompletionFunc("service", completeServices(f.run.serviceLister()))
 	return cmd
 }
 
@@ -143,7 +145,7 @@ func (f *traceFlags) serviceFrontends(ctx context.Context) ([]netip.AddrPort, er
 // runTrace streams the decisions about frontends until ctx ends, then
 // removes its selection.
 func runTrace(ctx context.Context, bpfRoot string, frontends []netip.AddrPort, output string, out, errOut io.Writer) error {
-	pinned, err := loader.OpenPinnedMaps(bpfRoot)
+	pinned, err := openPinnedMaps("trace", bpfRoot)
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,7 @@ import (
 // change the translation, so that explain translates as the daemon does.
 type explainFlags struct {
 	run    runFlags
-	output string
+	output *outputFormat
 }
 
 func newExplainCommand(g *globalFlags) *cobra.Command {
@@ -35,12 +35,12 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 		Long: "explain reads the Service, its EndpointSlices and this node's Node from the API and translates them with the code " +
 			"`kpr run` uses, recording why each endpoint is used or left out. It then compares the result with the pinned BPF maps " +
 			"under --bpf-root, or in the iptables mode with the rules in the node's tables, and names every difference. " +
-			"Pass the same --hostname-override, --nodeport-addresses, --external-ips, --bpf-root and --host-netns as the daemon.",
-		Args: cobra.ExactArgs(1),
+			"Pass the same --hostname-override, --nodeport-addresses, --external-ips, --bpf-root and --host-netns as the daemon." +
+			exitCodesHelp("the Service was explained (divergences, if any, are in the report)", exitNeedsRoot) +
+			"\n  (6: the report was printed, but without the comparison with the dataplane)",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeFirstArg(completeServices(f.run.serviceLister())),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if f.output != "table" && f.output != "json" {
-				return fmt.Errorf("--output %q: want table or json", f.output)
-			}
 			f.run.syncPeriod = time.Second // not used; watcherConfig insists on one
 			cfg, err := f.run.watcherConfig()
 			if err != nil {
@@ -63,15 +63,18 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), res)
+			err = f.output.print(cmd.OutOrStdout(), res, func(w io.Writer) error {
+				writeExplain(w, res)
+				return nil
+			})
+			if err != nil {
+				return err
 			}
-			writeExplain(cmd.OutOrStdout(), res)
-			return nil
+			return res.denied
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&f.output, "output", "o", "table", "output format: table or json")
+	f.output = addOutputFlag(fl, "table")
 	fl.StringVar(&f.run.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster config")
 	fl.StringVar(&f.run.hostnameOverride, "hostname-override", "", "this node's name in the API, as given to kpr run; default: the hostname")
 	fl.StringSliceVar(&f.run.nodePortAddresses, "nodeport-addresses", nil, "as given to kpr run")
@@ -108,6 +111,9 @@ type explainOutput struct {
 	Divergences []string `json:"divergences"`
 	// Held is the mode's reading (dataplane.Inspector.InspectPorts).
 	Held *dataplane.Inspection `json:"-"`
+	// denied is needsRoot's error when the process could not read the
+	// dataplane for want of privilege.
+	denied error
 }
 
 // MarshalJSON puts the mode's rows under its own key.
@@ -183,8 +189,12 @@ func explain(ctx context.Context, client *apiclient.Clients, at dataplaneAt, nod
 	for _, p := range problems {
 		out.Problems = append(out.Problems, p.String())
 	}
-	if err := compareDataplane(out, at, ports); err != nil {
+	err = asNeedsRoot(compareDataplane(out, at, ports), hasPrivilege(), "explain", "compare with kpr's state under "+at.bpfRoot)
+	if err != nil {
 		out.MapsError = err.Error()
+	}
+	if isNeedsRoot(err) {
+		out.denied = err
 	}
 	return out, nil
 }

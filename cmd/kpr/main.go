@@ -1,9 +1,7 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -28,10 +26,11 @@ type globalFlags struct {
 func main() {
 	root := newRootCommand()
 	root.SetArgs(kubeProxyArgs(os.Args[1:], root))
-	if err := root.Execute(); err != nil {
+	cmd, err := root.ExecuteC()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "kpr:", err)
-		os.Exit(1)
 	}
+	os.Exit(exitCodeOf(cmd, err))
 }
 
 func newRootCommand() *cobra.Command { return newRootCommandFor(&globalFlags{}, &runFlags{}) }
@@ -41,6 +40,7 @@ func newRootCommandFor(g *globalFlags, f *runFlags) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kpr",
 		Short:         "kpr is a pure-eBPF replacement for kube-proxy",
+		Long:          "kpr is a pure-eBPF replacement for kube-proxy." + rootExitCodesHelp(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -60,6 +60,7 @@ func newRootCommandFor(g *globalFlags, f *runFlags) *cobra.Command {
 			root.AddCommand(m.commands(g)...)
 		}
 	}
+	markUsageErrors(root)
 	return root
 }
 
@@ -92,11 +93,4 @@ func (g *globalFlags) loggerTo(w zapcore.WriteSyncer) (*zap.Logger, error) {
 	_ = v.Set(strconv.Itoa(verbosityOf(level)))
 	klog.SetLogger(zapr.NewLogger(clientGo))
 	return log, nil
-}
-
-// writeJSON is every command's -o json: v indented, one document.
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

@@ -273,14 +273,28 @@ func attachedEverywhere(at dataplaneAt) []dataplane.Inspection {
 // the node: `kpr run` removes the other modes' state once it has synced,
 // so at most one is found for long.
 func inspectDataplane(at dataplaneAt) (backend, dataplane.Inspector, error) {
-	var why []string
+	var why oneLineErrors
 	for _, m := range modes {
 		in, err := m.inspect(at)
 		if err == nil {
 			return m.backend, in, nil
 		}
-		why = append(why, fmt.Sprintf("%s mode: %v", m.backend, err))
+		why = append(why, fmt.Errorf("%s mode: %w", m.backend, err))
 	}
-	return "", nil, fmt.Errorf("no dataplane of kpr's to read: %s; kpr never ran here, or give the daemon's --bpf-root and --host-netns",
-		strings.Join(why, "; "))
+	return "", nil, fmt.Errorf("no dataplane of kpr's to read: %w; kpr never ran here, or give the daemon's --bpf-root and --host-netns", why)
 }
+
+// oneLineErrors are errors.Join's on one line, "; " between them: the
+// callers can still tell each cause (errors.Is), here a permission error
+// that asNeedsRoot turns into "run it as root".
+type oneLineErrors []error
+
+func (e oneLineErrors) Error() string {
+	msgs := make([]string, len(e))
+	for i, err := range e {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (e oneLineErrors) Unwrap() []error { return e }

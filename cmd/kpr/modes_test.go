@@ -255,7 +255,7 @@ func TestStatusShowsWhatEveryModeKeepsAttached(t *testing.T) {
 			return dataplane.Inspection{Key: "hooks", Title: "hooks under " + at.bpfRoot, Rows: []dataplane.InspectedRow{}, None: "(none)"}
 		}},
 		mode{backend: "b", inspect: func(dataplaneAt) (dataplane.Inspector, error) { return nil, leftovers.ErrNotRecorded }})
-	st := collectStatus(context.Background(), "/bpf", "127.0.0.1:1", "")
+	st := collectStatus(context.Background(), "/bpf", "127.0.0.1:1", "", true)
 	var b bytes.Buffer
 	writeStatus(&b, st, time.Time{})
 	if want := "\nhooks under /bpf:\n  (none)\n"; !strings.Contains(b.String(), want) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -40,12 +41,17 @@ type daemonStatus struct {
 	// HeaderlessDevices are the node's devices the tc programs leave out
 	// for want of an Ethernet header (nodeaddrs.State.Headerless).
 	HeaderlessDevices []string `json:"headerlessDevices,omitempty"`
+	// SyncsBehind is set while /livez answers 503: a change has waited
+	// longer than 2 x --sync-period for a successful sync. The zero value
+	// is the healthy one, so that an older daemon without the field
+	// reads as healthy, as its /livez alone would tell.
+	SyncsBehind bool `json:"syncsBehind,omitempty"`
 }
 
 // withStatusz serves /kpr/status and the standard /statusz in front of
-// next. devices is nil without the
-// tc programs.
-func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Watcher, devices *nodeDevices) http.Handler {
+// next. devices is nil without the tc programs; live is /livez's verdict
+// (health.ProxyServer.Live).
+func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Watcher, devices *nodeDevices, live func() bool) http.Handler {
 	started := time.Now()
 	mux := http.NewServeMux()
 	mux.Handle(statuszPath, statuszHandler(started))
@@ -54,7 +60,7 @@ func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Wa
 		_ = json.NewEncoder(rw).Encode(daemonStatus{
 			Version: version, PID: os.Getpid(), StartedAt: started,
 			Mode: string(c.backend), Reason: c.reason, Kernel: report, Watcher: w.Status(),
-			HeaderlessDevices: devices.headerlessDevices(),
+			HeaderlessDevices: devices.headerlessDevices(), SyncsBehind: !live(),
 		})
 	})
 	mux.Handle("/", next)
@@ -66,9 +72,14 @@ type statusOutput struct {
 	// Daemon is nil when no daemon answered; DaemonError says why.
 	Daemon      *daemonStatus `json:"daemon,omitempty"`
 	DaemonError string        `json:"daemonError,omitempty"`
-	// Kernel is probed here when no daemon answered.
-	Kernel  *kernelReport `json:"kernel,omitempty"`
-	BPFRoot string        `json:"bpfRoot"`
+	// Problems say why the daemon is unhealthy (daemonStatus.problems);
+	// none when it is healthy.
+	Problems []string `json:"problems,omitempty"`
+	// Kernel is probed here when no daemon answered; KernelError says
+	// why it could not be.
+	Kernel      *kernelReport `json:"kernel,omitempty"`
+	KernelError string        `json:"kernelError,omitempty"`
+	BPFRoot     string        `json:"bpfRoot"`
 	// Attached is what every mode keeps hooked into the kernel (the
 	// eBPF mode's pinned links, under "links"), read whichever mode's
 	// state is found.
@@ -84,6 +95,9 @@ type statusOutput struct {
 	Tables []dataplane.Inspection `json:"-"`
 	// Warnings are the mode's (mode.warnings).
 	Warnings []string `json:"warnings,omitempty"`
+	// denied is needsRoot's error when the process could not read the
+	// state for want of privilege.
+	denied error
 }
 
 // MarshalJSON puts each of the modes' readings under its own key.
@@ -116,43 +130,62 @@ func marshalWithInspections(v any, ins []dataplane.Inspection) ([]byte, error) {
 }
 
 func newStatusCommand(g *globalFlags) *cobra.Command {
-	var output, addr, hostNetNS string
+	var addr, hostNetNS string
+	var output *outputFormat
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show whether kpr is healthy: mode, kernel, attached programs, map fill, syncs and the API connection",
 		Long: "status asks the running daemon (" + daemonStatusPath + " on --metrics-address) for its mode, syncs and API connection, " +
-			"and reads the pinned links and maps under --bpf-root itself. Without a daemon it shows what the pins say.",
+			"and reads the pinned links and maps under --bpf-root itself. Without a daemon it shows what the pins say." +
+			exitCodesHelp("kpr runs and is healthy", exitNotRunning, exitUnhealthy, exitNeedsRoot) +
+			"\n  (3 and 4 come before 6: they are known without privilege)",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return fmt.Errorf("--output %q: want table or json", output)
+			st := collectStatus(cmd.Context(), g.bpfRoot, addr, hostNetNS, hasPrivilege())
+			err := output.print(cmd.OutOrStdout(), st, func(w io.Writer) error {
+				writeStatus(w, st, time.Now())
+				return nil
+			})
+			if err != nil {
+				return err
 			}
-			st := collectStatus(cmd.Context(), g.bpfRoot, addr, hostNetNS)
-			if output == "json" {
-				return writeJSON(cmd.OutOrStdout(), st)
-			}
-			writeStatus(cmd.OutOrStdout(), st, time.Now())
-			return nil
+			return st.verdict()
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	output = addOutputFlag(cmd.Flags(), "table")
 	cmd.Flags().StringVar(&addr, "metrics-address", "127.0.0.1:10249", "the daemon's --metrics-bind-address (0.0.0.0 means this host's loopback)")
 	cmd.Flags().StringVar(&hostNetNS, "host-netns", "", "as given to kpr run: the network namespace of the --devices the tc programs are attached to; empty means this one")
 	return cmd
 }
 
-func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusOutput {
+// collectStatus asks the daemon at addr and reads the state on the node.
+// privileged is hasPrivilege's answer: without privilege, a state the
+// kernel refuses to show is reported as such, not as absent.
+func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string, privileged bool) statusOutput {
 	st := statusOutput{BPFRoot: bpfRoot}
 	d, err := fetchDaemonStatus(ctx, addr)
 	if err != nil {
 		st.DaemonError = err.Error()
-		r := probeFeatures()
-		st.Kernel = &r
+		r, err := probeFor("status", privileged)
+		if err != nil {
+			st.KernelError = err.Error()
+		} else {
+			st.Kernel = &r
+		}
 	} else {
 		st.Daemon = d
+		st.Problems = d.problems()
 	}
 	at := dataplaneAt{bpfRoot: bpfRoot, run: runFlags{hostNetNS: hostNetNS}}
-	st.Attached = attachedEverywhere(at)
 	b, in, err := inspectDataplane(at)
+	if err = asNeedsRoot(err, privileged, "status", "read kpr's state under "+bpfRoot); isNeedsRoot(err) {
+		// The links could not be read either: a glob of a directory
+		// the process may not read finds nothing, which would show as
+		// "none pinned".
+		st.DataplaneError, st.denied = err.Error(), err
+		return st
+	}
+	st.Attached = attachedEverywhere(at)
 	if err != nil {
 		st.DataplaneError = err.Error()
 		return st
@@ -164,6 +197,39 @@ func collectStatus(ctx context.Context, bpfRoot, addr, hostNetNS string) statusO
 		st.Warnings = m.warnings(at)
 	}
 	return st
+}
+
+// problems say why the daemon is unhealthy; none when it is healthy.
+// Warnings (a host firewall bypassed, devices without tc programs) are
+// not problems: they are how the node is set up, not a failing kpr.
+func (d *daemonStatus) problems() []string {
+	var out []string
+	ws := d.Watcher
+	if ws.LastSuccessfulSync == nil {
+		out = append(out, "no sync has succeeded yet")
+	}
+	if d.SyncsBehind {
+		out = append(out, "a change has waited longer than 2 x --sync-period for a successful sync (/livez answers 503)")
+	}
+	if api := ws.API; !api.Connected {
+		out = append(out, "the API server is unreachable: "+api.LastError)
+	}
+	if ws.API.Stuck {
+		out = append(out, "the watches are stuck: not even a bookmark from the API server since it was last heard from")
+	}
+	return out
+}
+
+// verdict is status's exit: not running, unhealthy, or healthy but not
+// all read for want of privilege.
+func (st statusOutput) verdict() error {
+	switch {
+	case st.Daemon == nil:
+		return withExitCode(exitNotRunning, errors.New("kpr is not running: "+st.DaemonError))
+	case len(st.Problems) > 0:
+		return withExitCode(exitUnhealthy, errors.New("kpr is unhealthy: "+strings.Join(st.Problems, "; ")))
+	}
+	return st.denied
 }
 
 func fetchDaemonStatus(ctx context.Context, addr string) (*daemonStatus, error) {
@@ -198,6 +264,11 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 		kernel = &d.Kernel
 		fmt.Fprintf(w, "daemon:   running, pid %d, version %s, up since %s\n", d.PID, d.Version, ago(d.StartedAt))
 		fmt.Fprintf(w, "mode:     %s (%s)\n", d.Mode, d.Reason)
+		if len(st.Problems) > 0 {
+			fmt.Fprintf(w, "health:   UNHEALTHY: %s\n", strings.Join(st.Problems, "; "))
+		} else {
+			fmt.Fprintln(w, "health:   healthy")
+		}
 		ws := d.Watcher
 		if s := ws.LastSuccessfulSync; s != nil {
 			fmt.Fprintf(w, "sync:     last successful %s, took %s, %d service ports handed to the dataplane\n", ago(s.At), s.Took, s.ServicePorts)
@@ -239,6 +310,9 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 		}
 	} else {
 		fmt.Fprintf(w, "daemon:   NOT RUNNING (%s); below is what the pins say\n", st.DaemonError)
+	}
+	if st.KernelError != "" {
+		fmt.Fprintf(w, "kernel:   cannot tell: %s\n", st.KernelError)
 	}
 	if kernel != nil {
 		var missing []string

@@ -86,7 +86,8 @@ func TestExplainIPTables(t *testing.T) {
 				Rules  int    `json:"rules"`
 			} `json:"rules"`
 		}
-		if err := json.Unmarshal(f.kprCommand(t, f.statusArgs("-o", "json")...), &st); err != nil {
+		out, _ := f.kprStatus(t, f.statusArgs("-o", "json")...)
+		if err := json.Unmarshal(out, &st); err != nil {
 			t.Fatal(err)
 		}
 		if st.Daemon == nil || st.Daemon.Mode != "iptables" || len(st.Rules) == 0 || st.Rules[0].Family != "IPv4" || st.Rules[0].Rules == 0 {

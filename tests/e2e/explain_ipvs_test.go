@@ -79,7 +79,8 @@ func TestExplainIPVS(t *testing.T) {
 				Entries int    `json:"entries"`
 			} `json:"ipvs"`
 		}
-		if err := json.Unmarshal(f.kprCommand(t, f.statusArgs("-o", "json")...), &st); err != nil {
+		out, _ := f.kprStatus(t, f.statusArgs("-o", "json")...)
+		if err := json.Unmarshal(out, &st); err != nil {
 			t.Fatal(err)
 		}
 		if st.Dataplane != "ipvs" || len(st.IPVS) == 0 || st.IPVS[0].Table != "virtual servers" || st.IPVS[0].Entries == 0 {

@@ -70,7 +70,8 @@ func TestExplainNFTables(t *testing.T) {
 				Count  int    `json:"count"`
 			} `json:"nftables"`
 		}
-		if err := json.Unmarshal(f.kprCommand(t, f.statusArgs("-o", "json")...), &st); err != nil {
+		out, _ := f.kprStatus(t, f.statusArgs("-o", "json")...)
+		if err := json.Unmarshal(out, &st); err != nil {
 			t.Fatal(err)
 		}
 		if st.Daemon == nil || st.Daemon.Mode != "nftables" || !slices.ContainsFunc(st.NFTables, func(r struct {

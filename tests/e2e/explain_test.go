@@ -94,6 +94,30 @@ func (f *fixture) kprCommand(t *testing.T, args ...string) []byte {
 	return out
 }
 
+// kprStatus runs kpr status with args and returns what it printed and its
+// exit code: 0 (healthy), 3 (not running) or 4 (unhealthy), each of
+// which comes with the whole report; any other code fails the test.
+func (f *fixture) kprStatus(t *testing.T, args ...string) ([]byte, int) {
+	t.Helper()
+	bin, err := kprproc.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, append(append([]string{"status"}, args...), "--bpf-root", f.kpr.BPFRoot)...).Output()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return out, 0
+	case errors.As(err, &exit) && (exit.ExitCode() == 3 || exit.ExitCode() == 4):
+		return out, exit.ExitCode()
+	case errors.As(err, &exit):
+		t.Fatalf("kpr status %s: %v: %s", strings.Join(args, " "), err, exit.Stderr)
+	default:
+		t.Fatalf("kpr status %s: %v", strings.Join(args, " "), err)
+	}
+	return nil, 0
+}
+
 func (f *fixture) explain(t *testing.T, target string) explainResult {
 	t.Helper()
 	out := f.kprCommand(t, "explain", target, "-o", "json", "--kubeconfig", f.cluster.KubeconfigPath, "--hostname-override", nodeName)

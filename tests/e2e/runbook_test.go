@@ -73,7 +73,9 @@ type runbookStatus struct {
 		} `json:"watcher"`
 	} `json:"daemon"`
 	DaemonError string `json:"daemonError"`
-	Links       []struct {
+	// Exit is kpr status's exit code.
+	Exit  int `json:"-"`
+	Links []struct {
 		Type    string `json:"type"`
 		Program string `json:"program"`
 		Cgroup  string `json:"cgroup"`
@@ -86,17 +88,20 @@ type runbookStatus struct {
 	} `json:"maps"`
 }
 
+// statusArgs are kpr status's flags for the fixture's daemon, for
+// kprStatus.
 func (f *fixture) statusArgs(extra ...string) []string {
-	return append([]string{"status", "--metrics-address", f.kpr.MetricsAddr, "--host-netns", f.node.NetNS.Path}, extra...)
+	return append([]string{"--metrics-address", f.kpr.MetricsAddr, "--host-netns", f.node.NetNS.Path}, extra...)
 }
 
 func (f *fixture) runbookStatus(t *testing.T) runbookStatus {
 	t.Helper()
-	out := f.kprCommand(t, f.statusArgs("-o", "json")...)
+	out, code := f.kprStatus(t, f.statusArgs("-o", "json")...)
 	var st runbookStatus
 	if err := json.Unmarshal(out, &st); err != nil {
 		t.Fatalf("parse kpr status output: %v\n%s", err, out)
 	}
+	st.Exit = code
 	return st
 }
 
@@ -113,8 +118,8 @@ func testRunbookProxyDown(t *testing.T, f *fixture, ns string) {
 		t.Fatal(err)
 	}
 	st := f.runbookStatus(t)
-	if st.Daemon != nil || !strings.Contains(st.DaemonError, "no kpr daemon answers") {
-		t.Errorf("with kpr stopped: daemon %+v, error %q; want it reported not running", st.Daemon, st.DaemonError)
+	if st.Daemon != nil || !strings.Contains(st.DaemonError, "no kpr daemon answers") || st.Exit != 3 {
+		t.Errorf("with kpr stopped: daemon %+v, error %q, exit %d; want it reported not running, exit 3", st.Daemon, st.DaemonError, st.Exit)
 	}
 	cgroupLink := slices.ContainsFunc(st.Links, func(l struct {
 		Type    string `json:"type"`
@@ -134,7 +139,8 @@ func testRunbookProxyDown(t *testing.T, f *fixture, ns string) {
 	if want := []string{"TCXEgress " + runbookDevice, "TCXIngress " + runbookDevice}; !cgroupLink || !slices.Equal(devices, want) {
 		t.Errorf("links %+v: want connect4 on cgroup %s and the tc links %v", st.Links, f.cgroup.Path, want)
 	}
-	table := string(f.kprCommand(t, f.statusArgs()...))
+	out, _ := f.kprStatus(t, f.statusArgs()...)
+	table := string(out)
 	for _, want := range []string{"daemon:   NOT RUNNING", "cgroup " + f.cgroup.Path, "device " + runbookDevice, "kpr_services"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("kpr status lacks %q:\n%s", want, table)
@@ -196,7 +202,8 @@ func testRunbookMapFull(t *testing.T, f *fixture, ns string) {
 	if errMax != nil || errEntries != nil || max != strconv.Itoa(runbookMapSize) || n <= 0 || n > runbookMapSize {
 		t.Errorf("kpr_services fill %q of %q (%v, %v); want some entries of %d", entries, max, errEntries, errMax, runbookMapSize)
 	}
-	table := string(f.kprCommand(t, f.statusArgs()...))
+	out, _ := f.kprStatus(t, f.statusArgs()...)
+	table := string(out)
 	if !strings.Contains(table, fmt.Sprintf("/ %d", runbookMapSize)) {
 		t.Errorf("kpr status does not show the service map's capacity %d:\n%s", runbookMapSize, table)
 	}
@@ -282,9 +289,10 @@ func testRunbookWatchStuck(t *testing.T, f *fixture, ns string) {
 	}) {
 		t.Errorf("kpr explain during the stuck watch: divergences %q, want the maps' stale backends named", r.Divergences)
 	}
-	table := string(f.kprCommand(t, f.statusArgs()...))
-	if !strings.Contains(table, "api:      NOT CONNECTED since") || !strings.Contains(table, "last heard from") {
-		t.Errorf("kpr status does not show the stuck connection:\n%s", table)
+	out, code := f.kprStatus(t, f.statusArgs()...)
+	table := string(out)
+	if !strings.Contains(table, "api:      NOT CONNECTED since") || !strings.Contains(table, "last heard from") || code != 4 {
+		t.Errorf("kpr status does not show the stuck connection, or exits %d, not 4 (unhealthy):\n%s", code, table)
 	}
 	t.Logf("kpr status with the watch stuck:\n%s", table)
 

@@ -27,7 +27,9 @@ type statusResult struct {
 		} `json:"watcher"`
 	} `json:"daemon"`
 	DaemonError string `json:"daemonError"`
-	Links       []struct {
+	// Exit is kpr status's exit code.
+	Exit  int `json:"-"`
+	Links []struct {
 		Type     string `json:"type"`
 		Program  string `json:"program"`
 		CgroupID uint64 `json:"cgroupId"`
@@ -42,11 +44,12 @@ type statusResult struct {
 
 func (f *fixture) status(t *testing.T) statusResult {
 	t.Helper()
-	out := f.kprCommand(t, "status", "-o", "json", "--metrics-address", f.kpr.MetricsAddr)
+	out, code := f.kprStatus(t, "-o", "json", "--metrics-address", f.kpr.MetricsAddr)
 	var st statusResult
 	if err := json.Unmarshal(out, &st); err != nil {
 		t.Fatalf("parse kpr status output: %v\n%s", err, out)
 	}
+	st.Exit = code
 	return st
 }
 
@@ -59,8 +62,8 @@ func testStatus(t *testing.T, f *fixture, _ string) {
 	if d == nil {
 		t.Fatalf("status found no daemon: %s", st.DaemonError)
 	}
-	if d.Mode != "ebpf" || d.Reason == "" || d.Watcher.LastSuccessfulSync == nil || !d.Watcher.API.Connected {
-		t.Errorf("daemon status = %+v, want mode ebpf with a reason, a successful sync, the API connected", *d)
+	if d.Mode != "ebpf" || d.Reason == "" || d.Watcher.LastSuccessfulSync == nil || !d.Watcher.API.Connected || st.Exit != 0 {
+		t.Errorf("daemon status = %+v, exit %d; want mode ebpf with a reason, a successful sync, the API connected, exit 0", *d, st.Exit)
 	}
 	checkPins := func(st statusResult) {
 		t.Helper()
@@ -95,8 +98,8 @@ func testStatus(t *testing.T, f *fixture, _ string) {
 		t.Fatal(err)
 	}
 	st = f.status(t)
-	if st.Daemon != nil || !strings.Contains(st.DaemonError, "no kpr daemon answers") {
-		t.Errorf("with kpr stopped: daemon %+v, error %q; want it reported not running", st.Daemon, st.DaemonError)
+	if st.Daemon != nil || !strings.Contains(st.DaemonError, "no kpr daemon answers") || st.Exit != 3 {
+		t.Errorf("with kpr stopped: daemon %+v, error %q, exit %d; want it reported not running, exit 3", st.Daemon, st.DaemonError, st.Exit)
 	}
 	checkPins(st)
 	if err := f.kpr.Restart(); err != nil {
@@ -121,9 +124,10 @@ func testStatusAPIOutage(t *testing.T, f *fixture, _ string) {
 		}
 	}()
 	waitUntil(t, 15*time.Second, "kpr status reports the API disconnected", func() error {
-		api := f.status(t).Daemon.Watcher.API
-		if api.Connected || api.DisconnectedSince == nil || api.LastError == "" {
-			return fmt.Errorf("api %+v", api)
+		st := f.status(t)
+		api := st.Daemon.Watcher.API
+		if api.Connected || api.DisconnectedSince == nil || api.LastError == "" || st.Exit != 4 {
+			return fmt.Errorf("api %+v, exit %d (want 4, unhealthy)", api, st.Exit)
 		}
 		if api.DisconnectedSince.Before(stopped) {
 			return fmt.Errorf("disconnected since %s, before the API server stopped at %s", api.DisconnectedSince, stopped)

@@ -390,10 +390,7 @@ func TestSockCountersCountEachVerdict(t *testing.T) {
 	}
 
 	// kpr status shows them too, from the pin.
-	out, err := exec.Command(kprBinary(t), "status", "-o", "json", "--bpf-root", f.bpfRoot, "--metrics-address", "127.0.0.1:1").Output()
-	if err != nil {
-		t.Fatalf("kpr status: %v", err)
-	}
+	out := statusWithoutDaemon(t, "-o", "json", "--bpf-root", f.bpfRoot)
 	var st struct {
 		SockCounters []maps.SockHookStats `json:"sockCounters"`
 	}
@@ -412,13 +409,23 @@ func TestSockCountersCountEachVerdict(t *testing.T) {
 	if !found {
 		t.Errorf("kpr status -o json has no connect4 counters: %s", out)
 	}
-	out, err = exec.Command(kprBinary(t), "status", "--bpf-root", f.bpfRoot, "--metrics-address", "127.0.0.1:1").Output()
-	if err != nil {
-		t.Fatalf("kpr status: %v", err)
-	}
+	out = statusWithoutDaemon(t, "--bpf-root", f.bpfRoot)
 	if !strings.Contains(string(out), "socket hook counters") || !strings.Contains(string(out), "connect4") {
 		t.Errorf("kpr status lacks the counters section:\n%s", out)
 	}
+}
+
+// statusWithoutDaemon runs kpr status with args where no daemon answers,
+// which it ends with 3 (not running) after showing what the pins say, and
+// returns what it showed.
+func statusWithoutDaemon(t *testing.T, args ...string) []byte {
+	t.Helper()
+	out, err := exec.Command(kprBinary(t), append([]string{"status", "--metrics-address", "127.0.0.1:1"}, args...)...).Output()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+		t.Fatalf("kpr status %s with no daemon: %v, want exit 3 (not running)\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
 }
 
 // BenchmarkConnectTrace is BenchmarkConnect's measurement (one Service)

@@ -204,7 +204,7 @@ func TestTCAttachAndCleanup(t *testing.T) {
 			if progID(t, first.Ingress) == progID(t, second.Ingress) {
 				t.Fatal("the restarted kpr reused the first one's program: the swap is not shown")
 			}
-			if err := harness.Do(node.NetNS, func() error { return loader.CleanupTC(bpfRoot, nil) }); err != nil {
+			if err := harness.Do(node.NetNS, func() error { _, err := loader.CleanupTC(bpfRoot, nil); return err }); err != nil {
 				t.Fatal(err)
 			}
 			if s := deviceState(t, node.NetNS, dev); !s.empty() {
@@ -265,7 +265,7 @@ func TestTCAttachSwitchesModeAndFollowsDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	if auto == loader.TCAttachLegacy {
-		if err := harness.Do(node.NetNS, func() error { return loader.CleanupTC(bpfRoot, nil) }); err != nil {
+		if err := harness.Do(node.NetNS, func() error { _, err := loader.CleanupTC(bpfRoot, nil); return err }); err != nil {
 			t.Fatal(err)
 		}
 	}
