@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/lint/support"
+	"helm.sh/helm/v3/pkg/release"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kubeproxyconfig "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -32,6 +34,11 @@ import (
 // tests render for it and for the test cluster's version.
 var oldestKube = &chartutil.KubeVersion{Version: "v1.19.0", Major: "1", Minor: "19"}
 
+// baseKube is the oldest Kubernetes deploy/base is for: it sets the Pods'
+// securityContext.appArmorProfile, which the chart sets from 1.30 on
+// (before, the equivalent annotation).
+var baseKube = &chartutil.KubeVersion{Version: "v1.30.0", Major: "1", Minor: "30"}
+
 // renderChart renders the chart into namespace with vals over its
 // defaults, for the Kubernetes version kube, and returns its objects.
 func renderChart(t *testing.T, namespace string, vals map[string]any, kube *chartutil.KubeVersion) []*unstructured.Unstructured {
@@ -42,6 +49,24 @@ func renderChart(t *testing.T, namespace string, vals map[string]any, kube *char
 // renderChartAt is renderChart for the chart at path, a directory or a
 // packaged .tgz.
 func renderChartAt(t *testing.T, path, namespace string, vals map[string]any, kube *chartutil.KubeVersion) []*unstructured.Unstructured {
+	t.Helper()
+	rel := renderReleaseAt(t, path, namespace, vals, kube)
+	objs, err := deploy.Parse([]byte(rel.Manifest))
+	if err != nil {
+		t.Fatalf("parse the rendered chart: %v\n%s", err, rel.Manifest)
+	}
+	return objs
+}
+
+// renderRelease renders the chart as `helm template` does and returns
+// the release: its manifest and its NOTES.
+func renderRelease(t *testing.T, namespace string, vals map[string]any, kube *chartutil.KubeVersion) *release.Release {
+	t.Helper()
+	return renderReleaseAt(t, deploy.ChartDir(), namespace, vals, kube)
+}
+
+// renderReleaseAt is renderRelease for the chart at path.
+func renderReleaseAt(t *testing.T, path, namespace string, vals map[string]any, kube *chartutil.KubeVersion) *release.Release {
 	t.Helper()
 	chrt, err := loader.Load(path)
 	if err != nil {
@@ -57,11 +82,7 @@ func renderChartAt(t *testing.T, path, namespace string, vals map[string]any, ku
 	if len(rel.Hooks) > 0 {
 		t.Errorf("the chart has %d hooks; the tests dry-run only its manifest", len(rel.Hooks))
 	}
-	objs, err := deploy.Parse([]byte(rel.Manifest))
-	if err != nil {
-		t.Fatalf("parse the rendered chart: %v\n%s", err, rel.Manifest)
-	}
-	return objs
+	return rel
 }
 
 func valuesFile(t *testing.T, path string) map[string]any {
@@ -111,14 +132,16 @@ func kinds(objs []*unstructured.Unstructured) []string {
 // TestChartDefaultsMatchTheBase keeps the chart and deploy/base from
 // drifting apart: rendered with its defaults, the chart deploys the same
 // objects as the base, whose RBAC, configuration and DaemonSet specs are
-// equal field by field. Only metadata differs: Helm's labels, and the
-// Pod template's checksum annotations. The same holds for the cleanup
-// DaemonSet and deploy/cleanup.
+// equal field by field. Only metadata differs: Helm's labels, the Pod
+// template's checksum annotations, and the names of the base's
+// ConfigMaps, which kustomize's generator suffixes with a hash of their
+// content (the base's way to roll the Pods on a change). The same holds
+// for the cleanup DaemonSet and deploy/cleanup.
 func TestChartDefaultsMatchTheBase(t *testing.T) {
-	base := byKind(renderKustomization(t, deploy.BaseDir()))
+	base := byKind(unhashConfigMaps(t, renderKustomization(t, deploy.BaseDir())))
 	// The base creates its namespace; the chart leaves it to
 	// `helm install --create-namespace` unless namespace.create.
-	chart := byKind(renderChart(t, deploy.Namespace, map[string]any{"namespace": map[string]any{"create": true}}, oldestKube))
+	chart := byKind(renderChart(t, deploy.Namespace, map[string]any{"namespace": map[string]any{"create": true}}, baseKube))
 	if got, want := slices.Sorted(maps.Keys(chart)), slices.Sorted(maps.Keys(base)); !slices.Equal(got, want) {
 		t.Fatalf("the chart renders %v, the base %v", got, want)
 	}
@@ -127,7 +150,8 @@ func TestChartDefaultsMatchTheBase(t *testing.T) {
 		if c.GetNamespace() != b.GetNamespace() {
 			t.Errorf("%s: namespace %q in the chart, %q in the base", key, c.GetNamespace(), b.GetNamespace())
 		}
-		for _, l := range []string{"app.kubernetes.io/name", "app.kubernetes.io/part-of", "k8s-app"} {
+		for _, l := range []string{"app.kubernetes.io/name", "app.kubernetes.io/part-of", "k8s-app",
+			"pod-security.kubernetes.io/enforce", "pod-security.kubernetes.io/audit", "pod-security.kubernetes.io/warn"} {
 			if c.GetLabels()[l] != b.GetLabels()[l] {
 				t.Errorf("%s: label %s=%q in the chart, %q in the base", key, l, c.GetLabels()[l], b.GetLabels()[l])
 			}
@@ -152,7 +176,7 @@ func TestChartDefaultsMatchTheBase(t *testing.T) {
 	}
 
 	cleanupBase := byKind(renderKustomization(t, deploy.CleanupDir()))
-	cleanupChart := byKind(renderChart(t, deploy.Namespace, map[string]any{"cleanup": map[string]any{"enabled": true}}, oldestKube))
+	cleanupChart := byKind(renderChart(t, deploy.Namespace, map[string]any{"cleanup": map[string]any{"enabled": true}}, baseKube))
 	b, c := cleanupBase["DaemonSet/kpr-cleanup"], cleanupChart["DaemonSet/kpr-cleanup"]
 	if b == nil || c == nil {
 		t.Fatalf("no DaemonSet kpr-cleanup: deploy/cleanup has %v, the chart with cleanup.enabled %v", kinds(mapsValues(cleanupBase)), kinds(mapsValues(cleanupChart)))
@@ -163,6 +187,56 @@ func TestChartDefaultsMatchTheBase(t *testing.T) {
 	if path, diff := firstDifference("spec", normalize(t, b.Object["spec"]), normalize(t, c.Object["spec"])); path != "" {
 		t.Errorf("DaemonSet kpr-cleanup: %s differs between deploy/cleanup and the chart: %s", path, diff)
 	}
+}
+
+// hashedName is a name kustomize's configMapGenerator made: the
+// generator's name and a hash of the content.
+var hashedName = regexp.MustCompile(`^(.+)-[bcdfghkmt2-9]{10}$`)
+
+// unhashConfigMaps gives the generated ConfigMaps of objs the names they
+// have in the chart, in their own metadata and wherever the other
+// objects name them. It fails if the base has a ConfigMap that is not
+// generated: a changed configuration must get a new name, which rolls
+// the DaemonSet.
+func unhashConfigMaps(t *testing.T, objs []*unstructured.Unstructured) []*unstructured.Unstructured {
+	t.Helper()
+	names := map[string]string{}
+	for _, o := range objs {
+		if o.GetKind() != "ConfigMap" {
+			continue
+		}
+		m := hashedName.FindStringSubmatch(o.GetName())
+		if m == nil {
+			t.Errorf("deploy/base's ConfigMap %s is not named after its content (configMapGenerator): a change would not roll the DaemonSet", o.GetName())
+			continue
+		}
+		names[o.GetName()] = m[1]
+		o.SetName(m[1])
+	}
+	var rename func(v any) any
+	rename = func(v any) any {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, child := range v {
+				v[k] = rename(child)
+			}
+		case []any:
+			for i, child := range v {
+				v[i] = rename(child)
+			}
+		case string:
+			if n, ok := names[v]; ok {
+				return n
+			}
+		}
+		return v
+	}
+	for _, o := range objs {
+		if o.GetKind() != "ConfigMap" {
+			rename(o.Object)
+		}
+	}
+	return objs
 }
 
 // normalize drops what may differ between the chart and the base without
@@ -272,7 +346,7 @@ func TestChartPassesADryRun(t *testing.T) {
 		// Cluster-scoped names differ from the defaults' (created for
 		// real above), which a dry run would find taken.
 		{"cleanup", "kpr-cleanup-test", "", map[string]any{"cleanup": map[string]any{"enabled": true}, "namespace": map[string]any{"create": true},
-			"devices": []any{"eth0"}, "fullnameOverride": "kpr-cleanup-test"}, checkCleanup},
+			"devices": []any{"eth0", `bond0";touch /tmp/kpr-quoted`}, "fullnameOverride": "kpr-cleanup-test"}, checkCleanup},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := renderChart(t, tc.namespace, tc.vals, kube)
@@ -286,6 +360,11 @@ func TestChartPassesADryRun(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// The Prometheus Operator's kinds have no CRDs in the test
+			// cluster; monitoring_test.go decodes them strictly instead.
+			objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool {
+				return o.GroupVersionKind().Group == "monitoring.coreos.com"
+			})
 			if err := a.DryRunAll(ctx, objs); err != nil {
 				t.Fatal(err)
 			}
@@ -315,28 +394,70 @@ func checkValuesFile(t *testing.T, objs map[string]*unstructured.Unstructured) {
 	if ds == nil || objs["Namespace/kpr-canary"] == nil || objs["ConfigMap/kpr-canary-config"] == nil {
 		t.Fatalf("want the Namespace, ConfigMap kpr-canary-config and DaemonSet kpr-canary, got %v", kinds(mapsValues(objs)))
 	}
+	for _, key := range []string{"PodMonitor/kpr-canary", "PrometheusRule/kpr-canary", "ConfigMap/kpr-canary-dashboard"} {
+		if objs[key] == nil {
+			t.Errorf("monitoring: no %s in %v", key, kinds(mapsValues(objs)))
+		}
+	}
+	if l := objs["PodMonitor/kpr-canary"].GetLabels(); l["release"] != "kube-prometheus-stack" {
+		t.Errorf("the PodMonitor's labels %v lack monitoring.podMonitor.labels", l)
+	}
 	kpr := container(t, ds, "containers", "kpr")
 	args, _, _ := unstructured.NestedStringSlice(kpr, "args")
-	for _, want := range []string{"--log-level=debug", "--devices=eth0,bond0", "--map-size-services=524288", "--map-size-conntrack=262144"} {
+	for _, want := range []string{"--mode=iptables", "--fallback-mode=nftables", "--external-ips=node-local", "--lb-algorithm=maglev",
+		"--maglev-hash-seed=$(KPR_MAGLEV_HASH_SEED)", "--log-level=debug", "--devices=eth0,bond0", "--map-size-services=524288",
+		"--map-size-conntrack=262144", "--healthcheck-bind-ip=10.0.0.20"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("kpr's args %v lack %s", args, want)
 		}
+	}
+	if last := args[len(args)-1]; last != "--healthcheck-bind-ip=10.0.0.20" {
+		t.Errorf("kpr's args end with %s, not extraArgs: the chart's own flags would override them", last)
 	}
 	flagsKnown(t, "run", args)
 	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--map-size-backends") }) {
 		t.Errorf("kpr's args %v size the backend map, which the values leave at 0 (kpr's default)", args)
 	}
-	if kpr["image"] != "registry.example.com/mirror/kpr:v0.1.1" || kpr["imagePullPolicy"] != "Always" {
+	env := fmt.Sprint(kpr["env"])
+	for _, want := range []string{"name:GOMEMLIMIT value:400MiB", "name:KPR_MAGLEV_HASH_SEED valueFrom:map[secretKeyRef:map[key:seed name:kpr-maglev-seed]]"} {
+		if !strings.Contains(env, want) {
+			t.Errorf("kpr's env %s lacks %s", env, want)
+		}
+	}
+	// The digest wins over the tag; the version label keeps the tag.
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	if kpr["image"] != "registry.example.com/mirror/kpr@"+digest || kpr["imagePullPolicy"] != "Always" {
 		t.Errorf("image %v, pull policy %v", kpr["image"], kpr["imagePullPolicy"])
+	}
+	if v := ds.GetLabels()["app.kubernetes.io/version"]; v != "v0.1.1" {
+		t.Errorf("version label %q, want the tag v0.1.1", v)
 	}
 	if mem, _, _ := unstructured.NestedString(kpr, "resources", "limits", "memory"); mem != "512Mi" {
 		t.Errorf("memory limit %q, want 512Mi", mem)
 	}
-	if port, _, _ := unstructured.NestedSlice(kpr, "ports"); len(port) != 1 || fmt.Sprint(port[0].(map[string]any)["containerPort"]) != "10266" {
-		t.Errorf("ports %v, want the healthz port 10266 of config.healthzBindAddress", port)
+	if port, _, _ := unstructured.NestedSlice(kpr, "ports"); len(port) != 2 || fmt.Sprint(port[0].(map[string]any)["containerPort"]) != "10266" {
+		t.Errorf("ports %v, want the healthz port 10266 of config.healthzBindAddress and the PodMonitor's metrics port", port)
 	}
-	if sel, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "spec", "nodeSelector"); sel["kpr.io/proxy"] != "kpr" {
-		t.Errorf("nodeSelector %v", sel)
+	spec, _, _ := unstructured.NestedMap(ds.Object, "spec", "template", "spec")
+	if sel, _ := spec["nodeSelector"].(map[string]any); sel["kpr.io/proxy"] != "kpr" || sel["kubernetes.io/os"] != "linux" {
+		t.Errorf("nodeSelector %v, want the values file's merged with the default kubernetes.io/os", sel)
+	}
+	if !strings.Contains(fmt.Sprint(spec["affinity"]), "node-role.kubernetes.io/edge") {
+		t.Errorf("affinity %v lacks the values file's", spec["affinity"])
+	}
+	if fmt.Sprint(spec["imagePullSecrets"]) != "[map[name:mirror-credentials]]" {
+		t.Errorf("imagePullSecrets %v", spec["imagePullSecrets"])
+	}
+	if spec["dnsPolicy"] != "Default" {
+		t.Errorf("dnsPolicy %v, want Default: the cluster DNS is a Service only kpr makes reachable", spec["dnsPolicy"])
+	}
+	if ds.GetAnnotations()["example.com/owner"] != "network-team" || ds.GetLabels()["example.com/tier"] != "node" {
+		t.Errorf("the DaemonSet's metadata %v %v lacks daemonSetAnnotations or daemonSetLabels", ds.GetAnnotations(), ds.GetLabels())
+	}
+	tmpl, _, _ := unstructured.NestedMap(ds.Object, "spec", "template", "metadata")
+	if !strings.Contains(fmt.Sprint(tmpl), "example.com/scrape:false") || !strings.Contains(fmt.Sprint(tmpl), "example.com/tier:node") ||
+		!strings.Contains(fmt.Sprint(tmpl), "checksum/config:") {
+		t.Errorf("the Pod template's metadata %v lacks podAnnotations, podLabels or the checksum", tmpl)
 	}
 	api, _, _ := unstructured.NestedStringMap(objs["ConfigMap/kpr-canary-apiserver"].Object, "data")
 	if api["host"] != "10.0.0.10" || api["port"] != "443" {
@@ -353,7 +474,7 @@ func checkValuesFile(t *testing.T, objs map[string]*unstructured.Unstructured) {
 		t.Fatal(err)
 	}
 	ipt, _ := cfg["iptables"].(map[string]any)
-	if cfg["mode"] != "iptables" || cfg["kind"] != "KubeProxyConfiguration" || !reflect.DeepEqual(cfg["nodePortAddresses"], []any{"primary"}) ||
+	if cfg["mode"] != "ipvs" || cfg["kind"] != "KubeProxyConfiguration" || !reflect.DeepEqual(cfg["nodePortAddresses"], []any{"primary"}) ||
 		ipt["syncPeriod"] != "1m" || ipt["minSyncPeriod"] != "1s" {
 		t.Errorf("config.conf has the values file's settings merged over the defaults wrongly:\n%s", conf)
 	}
@@ -361,7 +482,8 @@ func checkValuesFile(t *testing.T, objs map[string]*unstructured.Unstructured) {
 
 // checkCleanup checks that cleanup.enabled replaces kpr's DaemonSet by
 // the cleanup one, which removes the tc programs from the devices kpr
-// used.
+// used, each value one argument that no shell parses: the script is the
+// same whatever the values.
 func checkCleanup(t *testing.T, objs map[string]*unstructured.Unstructured) {
 	if objs["DaemonSet/kpr-cleanup-test"] != nil {
 		t.Error("with cleanup.enabled the chart still renders kpr's DaemonSet")
@@ -372,10 +494,16 @@ func checkCleanup(t *testing.T, objs map[string]*unstructured.Unstructured) {
 	}
 	cleanup := container(t, ds, "initContainers", "cleanup")
 	args, _, _ := unstructured.NestedStringSlice(cleanup, "args")
-	if !slices.Contains(args, "--devices=eth0") {
-		t.Errorf("cleanup args %v lack --devices=eth0", args)
+	if want := `--devices=eth0,bond0";touch /tmp/kpr-quoted`; !slices.Contains(args, want) {
+		t.Errorf("cleanup args %q lack %q", args, want)
 	}
 	flagsKnown(t, "cleanup", args)
+	command, _, _ := unstructured.NestedStringSlice(cleanup, "command")
+	defaults := byKind(renderChart(t, deploy.Namespace, map[string]any{"cleanup": map[string]any{"enabled": true}}, oldestKube))
+	want, _, _ := unstructured.NestedStringSlice(container(t, defaults["DaemonSet/kpr-cleanup"], "initContainers", "cleanup"), "command")
+	if !slices.Equal(command, want) || strings.Contains(strings.Join(command, " "), "bond0") {
+		t.Errorf("the cleanup's command depends on the values:\n%q\nwith the defaults:\n%q", command, want)
+	}
 }
 
 // flagsKnown checks that `kpr SUBCOMMAND --help` lists every flag in args.
@@ -428,5 +556,50 @@ func TestChartLints(t *testing.T) {
 		for _, err := range res.Errors {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestAppArmorByKubernetesVersion checks how the chart runs kpr
+// Unconfined, as Cilium's chart runs its agent: from Kubernetes 1.30 on
+// through the Pod's securityContext.appArmorProfile, before through the
+// container.apparmor.security.beta.kubernetes.io annotation of each
+// unprivileged container, which older API servers take instead. The
+// SELinux type is spc_t either way.
+func TestAppArmorByKubernetesVersion(t *testing.T) {
+	for _, tc := range []struct {
+		kube       *chartutil.KubeVersion
+		field      bool
+		cleanup    bool
+		ds, target string
+	}{
+		{oldestKube, false, false, "DaemonSet/kpr", "kpr"},
+		{baseKube, true, false, "DaemonSet/kpr", "kpr"},
+		{oldestKube, false, true, "DaemonSet/kpr-cleanup", "cleanup"},
+		{baseKube, true, true, "DaemonSet/kpr-cleanup", "cleanup"},
+	} {
+		t.Run(tc.kube.Version+" "+tc.ds, func(t *testing.T) {
+			objs := byKind(renderChart(t, deploy.Namespace, map[string]any{"cleanup": map[string]any{"enabled": tc.cleanup}}, tc.kube))
+			ds := objs[tc.ds]
+			if ds == nil {
+				t.Fatalf("no %s in %v", tc.ds, kinds(mapsValues(objs)))
+			}
+			profile, _, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "securityContext", "appArmorProfile", "type")
+			annotations, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "metadata", "annotations")
+			annotation := annotations["container.apparmor.security.beta.kubernetes.io/"+tc.target]
+			if tc.field && (profile != "Unconfined" || annotation != "") {
+				t.Errorf("Kubernetes %s: appArmorProfile %q, annotation %q; want the field Unconfined alone", tc.kube.Version, profile, annotation)
+			}
+			if !tc.field && (profile != "" || annotation != "unconfined") {
+				t.Errorf("Kubernetes %s: appArmorProfile %q, annotation %q; want the annotation unconfined alone", tc.kube.Version, profile, annotation)
+			}
+			list := "containers"
+			if tc.cleanup {
+				list = "initContainers"
+			}
+			se, _, _ := unstructured.NestedStringMap(container(t, ds, list, tc.target), "securityContext", "seLinuxOptions")
+			if se["type"] != "spc_t" || se["level"] != "s0" {
+				t.Errorf("%s's seLinuxOptions %v, want type spc_t, level s0", tc.target, se)
+			}
+		})
 	}
 }

@@ -3,8 +3,6 @@ package kustomize
 import (
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,20 +11,23 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/yaml"
 
 	"github.com/kpr-io/kpr/tests/deploy"
-	"github.com/kpr-io/kpr/tests/kprproc"
 )
 
 // TestCleanupWaitsForKpr runs the cleanup DaemonSet's init container
-// command, as the container runtime would, with the real `kpr status`
-// and a stand-in for kpr's daemon on the metrics address of the base's
-// configuration: `kpr cleanup` must not run while that daemon answers,
-// and must run, with the manifest's arguments, once it is gone. The
-// stand-in `kpr cleanup` only records its arguments: the real one would
-// remove this machine's kpr dataplane.
+// command as the container runtime would, unchanged, in a PID namespace
+// of its own (as the Pod's hostPID shows it the node's processes), beside
+// a stand-in for kpr's daemon: a process named kpr, which serves no
+// metrics or health address at all, as a kpr run with both disabled.
+// `kpr cleanup` must not run while it lives, and must run, with the
+// manifest's arguments, once it is gone. The `kpr cleanup` the script
+// finds on its PATH only records its arguments: the real one would remove
+// this machine's kpr dataplane.
 func TestCleanupWaitsForKpr(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, for a PID namespace of its own (unshare --pid --mount-proc)")
+	}
 	objs, err := deploy.Parse(render(t, deploy.CleanupDir()))
 	if err != nil || len(objs) != 1 {
 		t.Fatalf("deploy/cleanup: %d objects, %v", len(objs), err)
@@ -41,42 +42,35 @@ func TestCleanupWaitsForKpr(t *testing.T) {
 	if len(command) != 4 || command[0] != "/bin/sh" || command[1] != "-c" {
 		t.Fatalf("cleanup command %q, want /bin/sh -c SCRIPT NAME", command)
 	}
-
-	// The daemon the script waits for listens where the base's
-	// configuration has kpr serve its metrics; the test's stand-in
-	// listens elsewhere, so the script's address is swapped for it (and
-	// kpr status reads pins from an empty directory, not the host's).
-	metrics := baseMetricsAddress(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if hostPID, _, _ := unstructured.NestedBool(objs[0].Object, "spec", "template", "spec", "hostPID"); !hostPID {
+		t.Error("the cleanup Pod lacks hostPID: its wait would see only its own processes, never kpr")
 	}
-	daemon := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/kpr/status" {
-			http.NotFound(w, r)
-			return
+
+	dir := t.TempDir()
+	started, stop, ran := filepath.Join(dir, "started"), filepath.Join(dir, "stop"), filepath.Join(dir, "cleanup-args")
+	// The stand-in: a script named kpr, which the kernel names kpr too
+	// (/proc/PID/comm) from its start on, living until the test stops it.
+	standIn := filepath.Join(dir, "daemon", "kpr")
+	recorder := filepath.Join(dir, "bin", "kpr")
+	for path, script := range map[string]string{
+		standIn:  fmt.Sprintf("#!/bin/sh\n: > %q\nwhile [ ! -e %q ]; do sleep 0.2; done\n", started, stop),
+		recorder: fmt.Sprintf("#!/bin/sh\nif [ \"$1\" = cleanup ]; then shift; echo \"$@\" > %q; exit 0; fi\nexit 1\n", ran),
+		// PID 1 of the namespace: starts the stand-in and, once it runs
+		// (as kpr would long before a cleanup), the script as the
+		// runtime would; it reaps the stand-in once that ends, as its
+		// own parent would on a node.
+		filepath.Join(dir, "init"): "#!/bin/sh\n\"$KPR_STANDIN\" &\nwhile [ ! -e \"$KPR_STARTED\" ]; do sleep 0.1; done\n" +
+			"/bin/sh -c \"$KPR_SCRIPT\" \"$@\"\nrc=$?\nwait\nexit $rc\n",
+	} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
 		}
-		fmt.Fprintf(w, `{"version":"test","pid":%d,"mode":"ebpf"}`, os.Getpid())
-	})}
-	go daemon.Serve(l) //nolint:errcheck // ends with Close below
-	defer daemon.Close()
-	flag := "--metrics-address=" + metrics
-	if n := strings.Count(command[2], flag); n != 1 {
-		t.Fatalf("the cleanup script names %s %d times, want once: it must wait on the base's metrics address\n%s", flag, n, command[2])
+		if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	script := strings.Replace(command[2], flag, "--metrics-address="+l.Addr().String()+" --bpf-root="+t.TempDir(), 1)
-
-	kpr, err := kprproc.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, ran := t.TempDir(), filepath.Join(t.TempDir(), "cleanup-args")
-	wrapper := fmt.Sprintf("#!/bin/sh\nif [ \"$1\" = cleanup ]; then shift; echo \"$@\" > %q; exit 0; fi\nexec %q \"$@\"\n", ran, kpr)
-	if err := os.WriteFile(filepath.Join(bin, "kpr"), []byte(wrapper), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(command[0], append([]string{command[1], script, command[3]}, args...)...)
-	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
+	cmd := exec.Command("unshare", append([]string{"--pid", "--fork", "--mount-proc", filepath.Join(dir, "init"), command[3]}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(recorder)+":"+os.Getenv("PATH"), "KPR_STANDIN="+standIn, "KPR_STARTED="+started, "KPR_SCRIPT="+command[2])
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -86,7 +80,8 @@ func TestCleanupWaitsForKpr(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	defer func() {
 		if cmd.ProcessState == nil {
-			cmd.Process.Kill() //nolint:errcheck // the test failed already
+			os.WriteFile(stop, nil, 0o644) //nolint:errcheck // ends the stand-in
+			cmd.Process.Kill()             //nolint:errcheck // the test failed already
 			<-exited
 		}
 	}()
@@ -94,24 +89,26 @@ func TestCleanupWaitsForKpr(t *testing.T) {
 	// The script's poll interval is 5 s: two polls at least.
 	select {
 	case err := <-exited:
-		t.Fatalf("the cleanup script ended (%v) while kpr's daemon answered:\n%s", err, out.String())
+		t.Fatalf("the cleanup script ended (%v) while a kpr ran:\n%s", err, out.String())
 	case <-time.After(7 * time.Second):
 	}
 	if _, err := os.Stat(ran); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("kpr cleanup ran while kpr's daemon answered (%v):\n%s", err, out.String())
+		t.Fatalf("kpr cleanup ran while a kpr ran (%v):\n%s", err, out.String())
 	}
-	if !strings.Contains(out.String(), "kpr still runs on this node") {
+	if !strings.Contains(out.String(), "kpr still runs on this node (pid ") {
 		t.Errorf("the script did not say what it waits for:\n%s", out.String())
 	}
 
-	daemon.Close()
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case err := <-exited:
 		if err != nil {
 			t.Fatalf("the cleanup script: %v\n%s", err, out.String())
 		}
 	case <-time.After(15 * time.Second):
-		t.Fatalf("the cleanup script still waits 15 s after kpr's daemon went:\n%s", out.String())
+		t.Fatalf("the cleanup script still waits 15 s after kpr ended:\n%s", out.String())
 	}
 	got, err := os.ReadFile(ran)
 	if err != nil {
@@ -120,29 +117,4 @@ func TestCleanupWaitsForKpr(t *testing.T) {
 	if want := strings.Join(args, " ") + "\n"; string(got) != want {
 		t.Errorf("kpr cleanup ran with %q, want the manifest's args %q", got, want)
 	}
-}
-
-// baseMetricsAddress is the metrics address of deploy/base's
-// configuration, as kpr serves it.
-func baseMetricsAddress(t *testing.T) string {
-	t.Helper()
-	objs, err := deploy.Parse(render(t, deploy.BaseDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objs {
-		if o.GetKind() != "ConfigMap" || o.GetName() != "kpr-config" {
-			continue
-		}
-		conf, _, _ := unstructured.NestedString(o.Object, "data", "config.conf")
-		var cfg struct {
-			MetricsBindAddress string `json:"metricsBindAddress"`
-		}
-		if err := yaml.Unmarshal([]byte(conf), &cfg); err != nil || cfg.MetricsBindAddress == "" {
-			t.Fatalf("kpr-config's config.conf has no metricsBindAddress (%v):\n%s", err, conf)
-		}
-		return cfg.MetricsBindAddress
-	}
-	t.Fatal("deploy/base has no ConfigMap kpr-config")
-	return ""
 }

@@ -5,6 +5,11 @@ package kustomize
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +22,13 @@ import (
 
 func render(t *testing.T, dir string) []byte {
 	t.Helper()
-	resources, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	return renderIn(t, filesys.MakeFsOnDisk(), dir)
+}
+
+// renderIn is `kustomize build dir` on the file system fs.
+func renderIn(t *testing.T, fs filesys.FileSystem, dir string) []byte {
+	t.Helper()
+	resources, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(fs, dir)
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
@@ -94,4 +105,76 @@ func objectsAt(obj map[string]any, path ...string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// TestBaseConfigChangeRollsTheDaemonSet checks that the base's ConfigMaps
+// are named after their content, with the DaemonSet referring to those
+// names: a changed config.conf (or API server address) is then a changed
+// Pod template, and `kubectl apply -k` rolls the DaemonSet node by node,
+// as the chart's checksum annotations do.
+func TestBaseConfigChangeRollsTheDaemonSet(t *testing.T) {
+	refs := func(fs filesys.FileSystem) (configMaps []string, daemonSet string) {
+		t.Helper()
+		objs, err := deploy.Parse(renderIn(t, fs, "/base"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "ConfigMap":
+				configMaps = append(configMaps, o.GetName())
+			case "DaemonSet":
+				spec, _ := json.Marshal(o.Object["spec"])
+				daemonSet = string(spec)
+			}
+		}
+		return configMaps, daemonSet
+	}
+	// The base, copied into memory, before and after a change.
+	fs := filesys.MakeFsInMemory()
+	entries, err := os.ReadDir(deploy.BaseDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(deploy.BaseDir(), e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fs.WriteFile("/base/"+e.Name(), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, dsBefore := refs(fs)
+	if len(before) != 2 {
+		t.Fatalf("the base has ConfigMaps %v, want kpr-config and kpr-apiserver", before)
+	}
+	for _, name := range before {
+		if !strings.HasPrefix(name, "kpr-config-") && !strings.HasPrefix(name, "kpr-apiserver-") {
+			t.Errorf("ConfigMap %s is not named after its content (configMapGenerator)", name)
+		}
+		if !strings.Contains(dsBefore, `"`+name+`"`) {
+			t.Errorf("the DaemonSet does not refer to ConfigMap %s by its generated name", name)
+		}
+	}
+	conf, err := fs.ReadFile("/base/config.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := strings.Replace(string(conf), "syncPeriod: 30s", "syncPeriod: 1m", 1)
+	if changed == string(conf) {
+		t.Fatal("config.conf has no syncPeriod: 30s to change")
+	}
+	if err := fs.WriteFile("/base/config.conf", []byte(changed)); err != nil {
+		t.Fatal(err)
+	}
+	after, dsAfter := refs(fs)
+	for _, name := range after {
+		if strings.HasPrefix(name, "kpr-config-") && slices.Contains(before, name) {
+			t.Errorf("config.conf changed and ConfigMap %s kept its name: the DaemonSet would not roll", name)
+		}
+	}
+	if dsAfter == dsBefore {
+		t.Error("config.conf changed and the DaemonSet's spec did not: it would not roll")
+	}
 }
