@@ -80,8 +80,7 @@ in this run, against the other proxies' numbers from the same run:
 
 Where the kernel cannot run the eBPF mode, kpr falls back to nftables or
 iptables (` + "`kpr run --mode nftables`" + `, ` + "`--mode iptables`" + `). The target for each
-(issue 10 for iptables, issue 22 for nftables): cold start and
-programming latency p50 and p99 no worse than upstream kube-proxy's in
+mode: cold start and programming latency p50 and p99 no worse than upstream kube-proxy's in
 the same mode, measured in the same run, at every size. The rows below
 repeat the two proxies' from the table above; both ran in a cgroup of their own, so
 their CPU includes every iptables-restore or nft they ran. A ratio is kpr's number
