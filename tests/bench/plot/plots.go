@@ -3,10 +3,13 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -144,8 +147,13 @@ func (f *figure) save(w, h vg.Length, file string) error {
 }
 
 // perSizeLines adds one line per proxy of value(run) against the Service
-// count, skipping runs value rejects.
-func perSizeLines(pl *figure, res *bench.Results, value func(bench.Run) (float64, bool)) error {
+// count, skipping runs value rejects. dodge > 0 shifts each proxy's points
+// sideways by that fraction of a decade from the next proxy's, so that
+// proxies with nearly equal values do not hide each other's markers.
+// It returns a note for each run it left out, saying why.
+func perSizeLines(pl *figure, res *bench.Results, dodge float64, value func(bench.Run) (float64, bool)) ([]string, error) {
+	n := len(res.Settings.Proxies)
+	var missing []string
 	for i, proxy := range res.Settings.Proxies {
 		var pts plotter.XYs
 		for _, r := range res.Runs {
@@ -153,17 +161,25 @@ func perSizeLines(pl *figure, res *bench.Results, value func(bench.Run) (float64
 				continue
 			}
 			if v, ok := value(r); ok && v > 0 {
-				pts = append(pts, plotter.XY{X: float64(r.Services), Y: v})
+				pts = append(pts, plotter.XY{X: dodged(float64(r.Services), i, n, dodge), Y: v})
+			} else {
+				missing = append(missing, fmt.Sprintf("%s at %d: none, %s", proxy, r.Services, whyNoMeasurement(r)))
 			}
 		}
 		if len(pts) == 0 {
 			continue
 		}
 		if err := addLine(pl, pts, proxy, i); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return missing, nil
+}
+
+// dodged is where the i-th of n proxies draws its point of x on a log
+// axis: dodge decades from its neighbours, the middle one on x.
+func dodged(x float64, i, n int, dodge float64) float64 {
+	return x * math.Pow(10, dodge*(float64(i)-float64(n-1)/2))
 }
 
 func addLine(pl *figure, pts plotter.XYs, name string, style int) error {
@@ -191,34 +207,68 @@ func logAxes(pl *figure, x, y bool) {
 // connLatencyPlot: p50 connect+echo to the last-created ClusterIP over the
 // same run's direct connection, against the Service count, per proxy.
 // Runs happen minutes apart on a shared machine; each run's direct series
-// calibrates it, so the ratio is what compares across proxies.
+// calibrates it, so the ratio is what compares across proxies. Every proxy
+// sits within a few percent of 1, so the y axis spans only the data (and
+// 1), the points of one size are spread sideways, and the title states the
+// answer: how far from a direct connection the farthest proxy is.
 func connLatencyPlot(res *bench.Results) (*figure, error) {
 	pl := newFigure()
-	pl.Title.Text = "TCP connect + 1-byte echo via the last-created ClusterIP, p50"
-	pl.X.Label.Text = "Services (10 endpoints each)"
-	pl.Y.Label.Text = "÷ direct connection to a pod, same run"
+	pl.X.Label.Text = "Services (10 endpoints each; proxies side by side)"
+	pl.Y.Label.Text = "p50 beyond a direct connection (%)"
 	logAxes(pl, true, false)
-	err := perSizeLines(pl, res, func(r bench.Run) (float64, bool) {
+	lo, hi := 0.0, 0.0
+	missing, err := perSizeLines(pl, res, connLatencyDodge, func(r bench.Run) (float64, bool) {
 		if r.ConnLatency == nil {
 			return 0, false
 		}
-		return r.ConnLatency.LastRatioP50, true
+		pct := (r.ConnLatency.LastRatioP50 - 1) * 100
+		lo, hi = math.Min(lo, pct), math.Max(hi, pct)
+		// perSizeLines keeps positive values only (it serves log axes).
+		return pct + connLatencyOffset, true
 	})
 	if err != nil {
 		return nil, err
 	}
+	pl.Title.Text = fmt.Sprintf("Connect + 1-byte echo via a ClusterIP, p50: every proxy within %+.0f/%+.0f %% of direct", lo, hi)
 	if len(res.Settings.Sizes) > 0 {
-		ref, err := plotter.NewLine(plotter.XYs{{X: float64(res.Settings.Sizes[0]), Y: 1}, {X: float64(res.Settings.Sizes[len(res.Settings.Sizes)-1]), Y: 1}})
+		ref, err := plotter.NewLine(plotter.XYs{{X: float64(res.Settings.Sizes[0]), Y: connLatencyOffset}, {X: float64(res.Settings.Sizes[len(res.Settings.Sizes)-1]), Y: connLatencyOffset}})
 		if err != nil {
 			return nil, err
 		}
 		ref.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
 		pl.Add(ref)
-		pl.addLegend("direct (no proxy) = 1", ref)
+		pl.addLegend("direct (no proxy) = 0", ref)
 	}
-	pl.Y.Min = 0
+	for _, m := range missing {
+		pl.addLegend(m)
+	}
+	margin := math.Max((hi-lo)*0.15, 1)
+	pl.Y.Min, pl.Y.Max = lo-margin+connLatencyOffset, hi+margin+connLatencyOffset
+	pl.Y.Tick.Marker = offsetTicks{offset: connLatencyOffset}
 	return pl, nil
 }
+
+// connLatencyOffset lifts the percentages above zero for perSizeLines;
+// offsetTicks takes it off the axis labels again.
+const connLatencyOffset = 100
+
+// offsetTicks labels a linear axis whose values were shifted by offset
+// with the values before the shift.
+type offsetTicks struct{ offset float64 }
+
+func (o offsetTicks) Ticks(lo, hi float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ticks {
+		if ticks[i].Label != "" {
+			ticks[i].Label = strconv.FormatFloat(ticks[i].Value-o.offset, 'f', -1, 64)
+		}
+	}
+	return ticks
+}
+
+// connLatencyDodge spreads the proxies' points of one size over about a
+// fifth of a decade.
+const connLatencyDodge = 0.04
 
 // programmingCDFPlot: the distribution of programming latency per proxy at
 // the largest size where the proxy was measured.
@@ -234,7 +284,9 @@ func programmingCDFPlot(res *bench.Results) (*figure, error) {
 		}
 	}
 	pl.Title.Text = fmt.Sprintf("Network programming latency CDF, %d Services", largest)
+	var notes []string
 	for i, proxy := range res.Settings.Proxies {
+		drawn := false
 		for _, r := range res.Runs {
 			if r.Proxy != proxy || r.Services != largest || r.Programming == nil || len(r.Programming.Latencies) == 0 {
 				continue
@@ -254,10 +306,39 @@ func programmingCDFPlot(res *bench.Results) (*figure, error) {
 			line.Width = vg.Points(1.5)
 			pl.Add(line)
 			pl.addLegend(proxy, line)
+			drawn = true
 		}
+		if !drawn {
+			notes = append(notes, fmt.Sprintf("%s: none, %s", proxy, whyNoProgramming(res, proxy, largest)))
+		}
+	}
+	for _, n := range notes {
+		pl.addLegend(n)
 	}
 	pl.Y.Min, pl.Y.Max = 0, 1
 	return pl, nil
+}
+
+// whyNoProgramming says why proxy has no programming latencies at size
+// services, for the legend in place of its line.
+func whyNoProgramming(res *bench.Results, proxy string, services int) string {
+	for _, r := range res.Runs {
+		if r.Proxy == proxy && r.Services == services {
+			return whyNoMeasurement(r)
+		}
+	}
+	return "not run at this size"
+}
+
+// whyNoMeasurement says why run r has no measurement to draw.
+func whyNoMeasurement(r bench.Run) string {
+	switch {
+	case r.Skipped != "":
+		return "skipped"
+	case !r.ColdStart.Converged:
+		return fmt.Sprintf("its cold start did not finish in %s", time.Duration(r.ColdStart.TimeoutSeconds*float64(time.Second)))
+	}
+	return "not measured"
 }
 
 // coldStartPlot: cold start against the Service count. A run that did not
@@ -270,7 +351,7 @@ func coldStartPlot(res *bench.Results) (*figure, error) {
 	pl.Y.Label.Text = "seconds"
 	logAxes(pl, true, true)
 	var timedOut plotter.XYs
-	err := perSizeLines(pl, res, func(r bench.Run) (float64, bool) {
+	_, err := perSizeLines(pl, res, 0, func(r bench.Run) (float64, bool) {
 		if r.Skipped != "" {
 			return 0, false
 		}

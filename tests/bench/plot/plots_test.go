@@ -2,8 +2,10 @@ package main
 
 import (
 	"image/png"
+	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"gonum.org/v1/plot/vg/draw"
@@ -87,4 +89,61 @@ func committedResults(t *testing.T) *bench.Results {
 		t.Fatal(err)
 	}
 	return res
+}
+
+// The connect-latency plot answers "does the proxy slow a connection
+// down?" at a glance: every proxy lies within a few percent of a direct
+// connection, so its y axis spans the data rather than 0 to the data (on
+// which every line lay on top of the others at 1), and the proxies' points
+// of one Service count sit side by side rather than on each other.
+func TestConnLatencyPlotSpreadsTheProxies(t *testing.T) {
+	res := committedResults(t)
+	f, err := connLatencyPlot(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	xs := map[float64]string{}
+	for _, r := range res.Runs {
+		if r.ConnLatency == nil {
+			continue
+		}
+		v := (r.ConnLatency.LastRatioP50-1)*100 + connLatencyOffset
+		lo, hi = math.Min(lo, v), math.Max(hi, v)
+	}
+	if span, data := f.Y.Max-f.Y.Min, hi-lo; data < span/2 {
+		t.Errorf("the data spans %.2f of the y axis's %.2f: the lines would lie on top of each other", data, span)
+	}
+	n := len(res.Settings.Proxies)
+	for _, size := range res.Settings.Sizes {
+		for i := range n {
+			x := dodged(float64(size), i, n, connLatencyDodge)
+			if other, dup := xs[x]; dup {
+				t.Errorf("%s and %s draw their points of %d Services at the same x: one hides the other", other, res.Settings.Proxies[i], size)
+			}
+			xs[x] = res.Settings.Proxies[i]
+		}
+	}
+}
+
+// Every proxy of the run is in the programming CDF's legend; one without a
+// line says why (kube-proxy's iptables mode never finished its cold start
+// at 10,000 Services, so it has no update latencies there).
+func TestProgrammingCDFNamesEveryProxy(t *testing.T) {
+	res := committedResults(t)
+	f, err := programmingCDFPlot(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, proxy := range res.Settings.Proxies {
+		found := false
+		for _, e := range f.legend {
+			if e.name == proxy || strings.HasPrefix(e.name, proxy+": none, ") && len(e.name) > len(proxy)+len(": none, ") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("the legend leaves %s out: a reader cannot tell whether it was measured", proxy)
+		}
+	}
 }
