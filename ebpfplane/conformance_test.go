@@ -65,6 +65,7 @@ var notFilledByServices = map[string]string{
 	bpf.KprMapKprFrags:          "LRU map the tc programs write per fragmented datagram; evicts the oldest when full",
 	bpf.KprMapKprSockRev:        "LRU map the socket programs write per socket; evicts the oldest when full",
 	bpf.KprMapKprTcAffinity:     "LRU map the tc programs write per client; evicts the oldest when full",
+	bpf.KprMapKprSnatClaims:     "the tc programs' claims on SNAT ports being taken over, each deleted a few instructions after it is made",
 	bpf.KprMapKprSockStats:      "array of counters, one per hook",
 	bpf.KprMapKprTcStats:        "per-CPU array of counters, one entry",
 	bpf.KprMapKprNodeSeed:       "one entry, the node's flow hash secret, written by the loader",
