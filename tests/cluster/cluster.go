@@ -5,28 +5,34 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // DefaultServiceClusterIPRange is the dual-stack Service CIDR pair the API
 // server allocates ClusterIPs from unless Options say otherwise.
 const DefaultServiceClusterIPRange = "10.96.0.0/16,fd00:96::/112"
 
-// startTimeout bounds each process start. A first API server start on a busy
-// 2-core machine takes several seconds; envtest's default of 20s is too tight
-// when tests run in parallel with builds.
-const startTimeout = 90 * time.Second
+// startTimeout bounds each server's start, stopTimeout the wait for it to
+// exit after SIGTERM. A first API server start on a busy 2-core machine takes
+// several seconds, and far longer when tests run in parallel with builds.
+const (
+	startTimeout = 90 * time.Second
+	stopTimeout  = 90 * time.Second
+)
 
 // Options configure a test cluster. The zero value is a loopback-only
 // cluster with the default dual-stack Service CIDRs.
@@ -74,9 +80,11 @@ type Cluster struct {
 	// for other processes. It is removed by Stop.
 	KubeconfigPath string
 
-	env        *envtest.Environment
 	workDir    string
-	logFiles   []*os.File
+	pki        *pki
+	etcd       *server
+	apiServer  *server
+	apiPort    string // on 127.0.0.1 (in NetNS mode on both sides)
 	forwarders []*netnsForwarder
 	watchdog   *watchdog
 	log        *zap.Logger
@@ -122,24 +130,22 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	}()
 
 	began := time.Now()
-	env, err := c.startEnvironment(ctx, toolsDir, opts)
+	if c.pki, err = newPKI(filepath.Join(workDir, "pki")); err != nil {
+		return nil, err
+	}
+	if err := c.startControlPlane(ctx, toolsDir, opts); err != nil {
+		return nil, err
+	}
+	kubeconfig, err := c.kubeconfig()
 	if err != nil {
 		return nil, err
 	}
-
-	c.Config = env.Config
-	if c.Client, err = kubernetes.NewForConfig(env.Config); err != nil {
-		return nil, fmt.Errorf("building a clientset for the test API server: %w", err)
-	}
-	if err := c.waitReady(ctx); err != nil {
-		return nil, fmt.Errorf("test API server is not ready: %w%s", err, c.logTails())
-	}
 	c.KubeconfigPath = filepath.Join(workDir, "kubeconfig")
-	if err := os.WriteFile(c.KubeconfigPath, env.KubeConfig, 0o600); err != nil {
+	if err := os.WriteFile(c.KubeconfigPath, kubeconfig, 0o600); err != nil {
 		return nil, fmt.Errorf("writing the kubeconfig: %w", err)
 	}
 	log.Info("test cluster started",
-		zap.String("apiserver", env.Config.Host),
+		zap.String("apiserver", c.Config.Host),
 		zap.String("kubeconfig", c.KubeconfigPath),
 		zap.String("netns", opts.NetNS),
 		zap.Duration("took", time.Since(began)))
@@ -149,172 +155,222 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 // maxStartAttempts bounds retries of a start that lost a port race.
 const maxStartAttempts = 3
 
-// startEnvironment starts etcd and the API server. envtest picks free ports
+// startControlPlane starts etcd, then the API server. Free ports are found
 // by binding and releasing them, so another cluster starting at the same
-// time (parallel test packages do) can take one first; envtest's own retries
-// reuse the taken port, so such a start is retried here with new ports.
-func (c *Cluster) startEnvironment(ctx context.Context, toolsDir string, opts Options) (*envtest.Environment, error) {
+// time (parallel test packages do) can take one first; such a start is
+// retried with new ports.
+func (c *Cluster) startControlPlane(ctx context.Context, toolsDir string, opts Options) error {
 	for attempt := 1; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		env, err := c.newEnvironment(toolsDir, opts)
-		if err != nil {
-			return nil, err
-		}
-		// envtest's Start takes no context; it is bounded by
-		// startTimeout per process instead.
-		_, err = env.Start()
+		err := c.tryStart(ctx, toolsDir, opts)
 		if err == nil {
-			c.env = env
-			return env, nil
+			return nil
 		}
 		logs := c.logTails()
-		if stopErr := env.Stop(); stopErr != nil {
-			err = errors.Join(err, stopErr)
-		}
-		if attempt < maxStartAttempts && strings.Contains(logs, "address already in use") {
+		err = errors.Join(err, c.apiServer.stop(), c.etcd.stop())
+		if attempt < maxStartAttempts && ctx.Err() == nil && strings.Contains(logs, "address already in use") {
 			c.log.Warn("test control plane lost a port race; retrying with new ports", zap.Int("attempt", attempt), zap.Error(err))
 			continue
 		}
-		return nil, fmt.Errorf("starting etcd and kube-apiserver from %s: %w%s", toolsDir, err, logs)
+		return fmt.Errorf("starting etcd and kube-apiserver from %s: %w%s", toolsDir, err, logs)
 	}
 }
 
-// resetAttempt clears what a failed start attempt left: its directories,
-// logs and forwarders.
+// tryStart is one attempt of startControlPlane, on fresh ports, data
+// directory and logs.
+func (c *Cluster) tryStart(ctx context.Context, toolsDir string, opts Options) error {
+	if err := c.resetAttempt(); err != nil {
+		return err
+	}
+	dataDir := filepath.Join(c.workDir, "etcd")
+	for _, dir := range []string{dataDir, filepath.Join(c.workDir, "bin")} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+	}
+	if opts.NetNS != "" {
+		// A new namespace has lo down, and both servers listen on it.
+		if err := bringUpLoopback(opts.NetNS); err != nil {
+			return err
+		}
+	}
+	etcdPort, peerPort, err := c.pickPorts(opts.NetNS)
+	if err != nil {
+		return err
+	}
+	etcdURL := "http://" + net.JoinHostPort("127.0.0.1", etcdPort)
+	peerURL := "http://" + net.JoinHostPort("127.0.0.1", peerPort)
+	if c.etcd, err = c.newServer(toolsDir, etcdBinary, opts.NetNS, etcdArgs(dataDir, etcdURL, peerURL)); err != nil {
+		return err
+	}
+	if c.apiServer, err = c.newServer(toolsDir, apiServerBinary, opts.NetNS, c.apiServerArgs(opts, etcdURL)); err != nil {
+		return err
+	}
+	c.Config = c.pki.adminConfig("https://" + net.JoinHostPort("127.0.0.1", c.apiPort))
+	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
+		return fmt.Errorf("building a clientset for the test API server: %w", err)
+	}
+
+	if err := c.etcd.start(ctx, httpOK(etcdURL+"/health")); err != nil {
+		return err
+	}
+	return c.apiServer.start(ctx, c.apiServerReady)
+}
+
+// resetAttempt clears what a failed start attempt left: its etcd data,
+// launchers, logs and forwarders.
 func (c *Cluster) resetAttempt() error {
 	for _, f := range c.forwarders {
 		f.Close()
 	}
 	c.forwarders = nil
-	for _, f := range c.logFiles {
-		f.Close()
-	}
-	c.logFiles = nil
-	for _, dir := range []string{"apiserver", "etcd", "bin"} {
-		if err := os.RemoveAll(filepath.Join(c.workDir, dir)); err != nil {
-			return fmt.Errorf("clearing %s: %w", dir, err)
+	for _, name := range []string{"etcd", "bin", etcdBinary + ".log", apiServerBinary + ".log"} {
+		if err := os.RemoveAll(filepath.Join(c.workDir, name)); err != nil {
+			return fmt.Errorf("clearing %s: %w", name, err)
 		}
 	}
 	return nil
 }
 
-// newEnvironment configures envtest: fixed binaries, fixed directories (so
-// certificates and data survive an API server restart), dual-stack service
-// CIDRs, launcher scripts (PID files for the watchdog; netns entry) and, in
-// NetNS mode, forwarded ports.
-func (c *Cluster) newEnvironment(toolsDir string, opts Options) (*envtest.Environment, error) {
-	if err := c.resetAttempt(); err != nil {
-		return nil, err
-	}
-	// Setting CertDir and DataDir ourselves stops envtest from deleting
-	// and regenerating them when the API server is stopped, so a restart
-	// serves the same CA and accepts the same client certificates.
-	certDir := filepath.Join(c.workDir, "apiserver")
-	dataDir := filepath.Join(c.workDir, "etcd")
-	binDir := filepath.Join(c.workDir, "bin")
-	for _, dir := range []string{certDir, dataDir, binDir} {
-		if err := os.Mkdir(dir, 0o700); err != nil {
-			return nil, fmt.Errorf("creating %s: %w", dir, err)
+// pickPorts sets c.apiPort and returns etcd's client and peer ports. In
+// NetNS mode the API server's and etcd's client ports are those of relays
+// from the host loopback into the namespace (see netnsForwarder), whose
+// listeners keep them reserved on the host; the peer port is used only
+// inside the namespace.
+func (c *Cluster) pickPorts(nsName string) (etcdPort, peerPort string, err error) {
+	if nsName == "" {
+		ports, err := freePorts(3)
+		if err != nil {
+			return "", "", err
 		}
+		c.apiPort = ports[2]
+		return ports[0], ports[1], nil
 	}
-	apiServerPath, err := writeLauncher(binDir, apiServerBinary, filepath.Join(toolsDir, apiServerBinary), opts.NetNS)
+	var relayed []string
+	for range 2 {
+		fwd, err := newNetNSForwarder(nsName, c.log)
+		if err != nil {
+			return "", "", err
+		}
+		c.forwarders = append(c.forwarders, fwd)
+		relayed = append(relayed, fwd.port)
+	}
+	peer, err := freePorts(1)
 	if err != nil {
-		return nil, err
+		return "", "", err
 	}
-	etcdPath, err := writeLauncher(binDir, etcdBinary, filepath.Join(toolsDir, etcdBinary), opts.NetNS)
-	if err != nil {
-		return nil, err
-	}
-	apiLog, err := c.openLog("kube-apiserver.log")
-	if err != nil {
-		return nil, err
-	}
-	etcdLog, err := c.openLog("etcd.log")
-	if err != nil {
-		return nil, err
-	}
+	c.apiPort = relayed[1]
+	return relayed[0], peer[0], nil
+}
 
-	apiServer := &envtest.APIServer{
-		Path:         apiServerPath,
-		CertDir:      certDir,
-		StartTimeout: startTimeout,
-		StopTimeout:  startTimeout,
-		Out:          apiLog,
-		Err:          apiLog,
+// newServer writes the launcher for binary (see writeLauncher) and returns
+// the server it runs.
+func (c *Cluster) newServer(toolsDir, binary, nsName string, args []string) (*server, error) {
+	launcher, err := writeLauncher(filepath.Join(c.workDir, "bin"), binary, filepath.Join(toolsDir, binary), nsName)
+	if err != nil {
+		return nil, err
 	}
-	etcd := &envtest.Etcd{
-		Path:         etcdPath,
-		DataDir:      dataDir,
-		StartTimeout: startTimeout,
-		StopTimeout:  startTimeout,
-		Out:          etcdLog,
-		Err:          etcdLog,
-	}
+	return &server{
+		name:     binary,
+		launcher: launcher,
+		args:     args,
+		logPath:  filepath.Join(c.workDir, binary+".log"),
+		pidFile:  c.pidFile(binary),
+	}, nil
+}
 
-	args := apiServer.Configure()
+// etcdArgs are the flags of a single-member etcd keeping its data in
+// dataDir, serving clients on clientURL.
+func etcdArgs(dataDir, clientURL, peerURL string) []string {
+	return []string{
+		"--data-dir=" + dataDir,
+		"--listen-client-urls=" + clientURL,
+		"--advertise-client-urls=" + clientURL,
+		// Its default, localhost:2380, would collide between clusters.
+		"--listen-peer-urls=" + peerURL,
+		// The data dies with the cluster; syncing it to disk would only
+		// slow every write.
+		"--unsafe-no-fsync=true",
+	}
+}
+
+// apiServerArgs are kube-apiserver's flags: serving on c.apiPort with the
+// pki's certificate, RBAC with the admin's client CA, a service-account key
+// (required), pods as tests write them (privileged ones too, and without the
+// ServiceAccount admission plugin, which rejects pods until the controller
+// manager, which no cluster here runs, has made their service account), the
+// Options' addresses, and last opts.APIServerArgs, which override any of
+// them. These are the flags envtest, which this package used before, set.
+func (c *Cluster) apiServerArgs(opts Options, etcdURL string) []string {
 	serviceRange := opts.ServiceClusterIPRange
 	if serviceRange == "" {
 		serviceRange = DefaultServiceClusterIPRange
 	}
-	args.Set("service-cluster-ip-range", serviceRange)
-	if opts.AdvertiseAddress != "" {
-		args.Set("advertise-address", opts.AdvertiseAddress)
+	args := map[string]string{
+		"etcd-servers":                     etcdURL,
+		"bind-address":                     "127.0.0.1",
+		"secure-port":                      c.apiPort,
+		"tls-cert-file":                    c.pki.path(servingCertFile),
+		"tls-private-key-file":             c.pki.path(servingKeyFile),
+		"client-ca-file":                   c.pki.path(caCertFile),
+		"authorization-mode":               "RBAC",
+		"service-account-issuer":           "https://" + net.JoinHostPort("127.0.0.1", c.apiPort) + "/",
+		"service-account-key-file":         c.pki.path(serviceAccountKeyFile),
+		"service-account-signing-key-file": c.pki.path(serviceAccountKeyFile),
+		"disable-admission-plugins":        "ServiceAccount",
+		"allow-privileged":                 "true",
+		"service-cluster-ip-range":         serviceRange,
 	}
-
+	if opts.AdvertiseAddress != "" {
+		args["advertise-address"] = opts.AdvertiseAddress
+	}
 	if opts.NetNS != "" {
-		if err := c.placeInNetNS(opts, apiServer, etcd); err != nil {
-			return nil, err
+		// Listen on every address of the namespace, so clients inside it
+		// can also use the advertised address (the "kubernetes"
+		// Service's endpoint); the serving certificate names only
+		// localhost and loopback, so such clients need tls-server-name:
+		// localhost.
+		args["bind-address"] = "0.0.0.0"
+		if ip := net.ParseIP(opts.AdvertiseAddress); ip != nil && ip.To4() == nil {
+			args["bind-address"] = "::"
 		}
 	}
-	for name, value := range opts.APIServerArgs {
-		args.Set(name, value)
+	maps.Copy(args, opts.APIServerArgs)
+	flags := make([]string, 0, len(args))
+	for _, name := range slices.Sorted(maps.Keys(args)) {
+		flags = append(flags, "--"+name+"="+args[name])
 	}
-
-	useExisting := false
-	return &envtest.Environment{
-		ControlPlane: envtest.ControlPlane{APIServer: apiServer, Etcd: etcd},
-		// Never reach for a cluster named by the environment, and never
-		// download: the binaries above are the only ones used.
-		UseExistingCluster:       &useExisting,
-		DownloadBinaryAssets:     false,
-		BinaryAssetsDirectory:    toolsDir,
-		ControlPlaneStartTimeout: startTimeout,
-		ControlPlaneStopTimeout:  startTimeout,
-	}, nil
+	return flags
 }
 
-// placeInNetNS prepares opts.NetNS for etcd and the API server (whose
-// launchers enter it) and relays their ports to the host loopback (see
-// netnsForwarder).
-func (c *Cluster) placeInNetNS(opts Options, apiServer *envtest.APIServer, etcd *envtest.Etcd) error {
-	if err := bringUpLoopback(opts.NetNS); err != nil {
+// apiServerReady reports whether the API server is ready and serves the
+// default namespace, where tests put their objects. /readyz, unlike
+// /healthz, waits until the server has caught up with etcd; the namespace
+// is created by a controller inside the API server a moment later still.
+func (c *Cluster) apiServerReady(ctx context.Context) error {
+	if err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error(); err != nil {
 		return err
 	}
-	etcdFwd, err := newNetNSForwarder(opts.NetNS, c.log)
-	if err != nil {
-		return err
-	}
-	c.forwarders = append(c.forwarders, etcdFwd)
-	apiFwd, err := newNetNSForwarder(opts.NetNS, c.log)
-	if err != nil {
-		return err
-	}
-	c.forwarders = append(c.forwarders, apiFwd)
+	_, err := c.Client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
+	return err
+}
 
-	etcd.URL = &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", etcdFwd.port)}
-	apiServer.SecureServing.ListenAddr = envtest.ListenAddr{Address: "127.0.0.1", Port: apiFwd.port}
-	// Listen on every address of the namespace, so clients inside it can
-	// also use the advertised address (the "kubernetes" Service's
-	// endpoint); the serving certificate names only localhost and
-	// 127.0.0.1, so such clients need tls-server-name: localhost.
-	bind := "0.0.0.0"
-	if ip := net.ParseIP(opts.AdvertiseAddress); ip != nil && ip.To4() == nil {
-		bind = "::"
+// kubeconfig renders Config as a kubeconfig file.
+func (c *Cluster) kubeconfig() ([]byte, error) {
+	const name = "kpr-testcluster"
+	data, err := clientcmd.Write(clientcmdapi.Config{
+		Clusters: map[string]*clientcmdapi.Cluster{name: {
+			Server: c.Config.Host, CertificateAuthorityData: c.Config.CAData,
+		}},
+		AuthInfos: map[string]*clientcmdapi.AuthInfo{name: {
+			ClientCertificateData: c.Config.CertData, ClientKeyData: c.Config.KeyData,
+		}},
+		Contexts:       map[string]*clientcmdapi.Context{name: {Cluster: name, AuthInfo: name}},
+		CurrentContext: name,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rendering the kubeconfig: %w", err)
 	}
-	apiServer.Configure().Set("bind-address", bind)
-	return nil
+	return data, nil
 }
 
 // pidFile is where the launcher of binary records the server's PID.
@@ -322,22 +378,13 @@ func (c *Cluster) pidFile(binary string) string {
 	return filepath.Join(c.workDir, "bin", binary+".pid")
 }
 
-func (c *Cluster) openLog(name string) (*os.File, error) {
-	f, err := os.Create(filepath.Join(c.workDir, name))
-	if err != nil {
-		return nil, fmt.Errorf("creating control-plane log %s: %w", name, err)
-	}
-	c.logFiles = append(c.logFiles, f)
-	return f, nil
-}
-
 // logTails returns the last lines of each control-plane log, to make a
 // failed start explain itself (the logs are deleted with the work dir).
 func (c *Cluster) logTails() string {
 	const maxLines = 15
 	var b strings.Builder
-	for _, f := range c.logFiles {
-		data, err := os.ReadFile(f.Name())
+	for _, binary := range []string{apiServerBinary, etcdBinary} {
+		data, err := os.ReadFile(filepath.Join(c.workDir, binary+".log"))
 		if err != nil || len(data) == 0 {
 			continue
 		}
@@ -345,7 +392,7 @@ func (c *Cluster) logTails() string {
 		if len(lines) > maxLines {
 			lines = lines[len(lines)-maxLines:]
 		}
-		fmt.Fprintf(&b, "\n--- last lines of %s:\n%s", filepath.Base(f.Name()), strings.Join(lines, "\n"))
+		fmt.Fprintf(&b, "\n--- last lines of %s.log:\n%s", binary, strings.Join(lines, "\n"))
 	}
 	return b.String()
 }
@@ -354,12 +401,8 @@ func (c *Cluster) logTails() string {
 // certificates and port are kept, so StartAPIServer brings back a server
 // that existing clients and kubeconfigs reach again.
 func (c *Cluster) StopAPIServer() error {
-	if err := c.env.ControlPlane.APIServer.Stop(); err != nil {
+	if err := c.apiServer.stop(); err != nil {
 		return fmt.Errorf("stopping kube-apiserver: %w", err)
-	}
-	// Its PID may be reused from now on: keep the watchdog off it.
-	if err := os.Remove(c.pidFile(apiServerBinary)); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("removing the kube-apiserver PID file: %w", err)
 	}
 	c.log.Info("test API server stopped")
 	return nil
@@ -369,34 +412,11 @@ func (c *Cluster) StopAPIServer() error {
 // same address, with the same etcd and certificates, and waits until it
 // serves the default namespace again.
 func (c *Cluster) StartAPIServer() error {
-	if err := c.env.ControlPlane.APIServer.Start(); err != nil {
+	if err := c.apiServer.start(context.Background(), c.apiServerReady); err != nil {
 		return fmt.Errorf("restarting kube-apiserver: %w%s", err, c.logTails())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if err := c.waitReady(ctx); err != nil {
-		return fmt.Errorf("restarted kube-apiserver is not serving: %w%s", err, c.logTails())
 	}
 	c.log.Info("test API server restarted")
 	return nil
-}
-
-// waitReady polls /readyz until the API server reports ready: /healthz,
-// which envtest waits for, turns OK before the server has caught up with
-// etcd and can serve requests.
-func (c *Cluster) waitReady(ctx context.Context) error {
-	rc := c.Client.Discovery().RESTClient()
-	for {
-		err := rc.Get().AbsPath("/readyz").Do(ctx).Error()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // Stop stops the API server and etcd, and removes the work directory with
@@ -409,18 +429,13 @@ func (c *Cluster) Stop() error {
 	}
 	c.stopped = true
 	var errs []error
-	if c.env != nil {
-		if err := c.env.Stop(); err != nil {
-			errs = append(errs, fmt.Errorf("stopping the control plane: %w", err))
-		}
+	if err := errors.Join(c.apiServer.stop(), c.etcd.stop()); err != nil {
+		errs = append(errs, fmt.Errorf("stopping the control plane: %w", err))
 	}
 	for _, f := range c.forwarders {
 		if err := f.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("closing netns forwarder: %w", err))
 		}
-	}
-	for _, f := range c.logFiles {
-		f.Close()
 	}
 	// Removing the work dir also removes the PID files, so the released
 	// watchdog finds nothing to kill.

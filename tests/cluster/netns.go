@@ -47,7 +47,7 @@ func bringUpLoopback(nsName string) error {
 // the host namespace: it listens on 127.0.0.1:P on the host and relays each
 // connection to 127.0.0.1:P inside the namespace.
 //
-// envtest health-checks etcd and the API server from this (host) process, and
+// Start health-checks etcd and the API server from this (host) process, and
 // tests use client-go from here too, but the servers run inside the namespace
 // where no host address reaches them; connecting to the host loopback is the
 // only route that touches no host interface. The same port number on both

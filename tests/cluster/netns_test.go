@@ -84,7 +84,7 @@ func TestClusterInNetNS(t *testing.T) {
 	}
 	defer ns.Close()
 	onAdvertised := rest.CopyConfig(c.Config)
-	onAdvertised.Host = "https://" + net.JoinHostPort(advertise, c.env.ControlPlane.APIServer.SecureServing.Port)
+	onAdvertised.Host = "https://" + net.JoinHostPort(advertise, c.apiPort)
 	onAdvertised.TLSClientConfig.ServerName = "localhost"
 	for _, cfg := range []*rest.Config{rest.CopyConfig(c.Config), onAdvertised} {
 		cfg.Dial = func(_ context.Context, _, address string) (net.Conn, error) {

@@ -12,11 +12,12 @@ import (
 
 // writeLauncher writes an executable script into dir that records its PID
 // in dir/NAME.pid and then execs binary, inside network namespace nsName if
-// that is not empty. envtest only lets us choose the binary path, so the
-// script is how the watchdog learns the servers' PIDs and how the servers
-// enter a namespace. `exec` (and nsenter, which does not fork for --net)
-// keeps the PID envtest signals equal to the server's. nsenter is used
-// rather than `ip netns exec`, which remounts /sys.
+// that is not empty. The PID file is written before the server runs, so the
+// watchdog knows of every server that does, and os/exec has no option to
+// start a child in an existing network namespace. `exec` (and nsenter,
+// which does not fork for --net) keeps the PID that server.stop signals
+// equal to the server's. nsenter is used rather than `ip netns exec`, which
+// remounts /sys.
 func writeLauncher(dir, name, binary, nsName string) (string, error) {
 	path := filepath.Join(dir, name)
 	command := shellQuote(binary)
@@ -45,9 +46,9 @@ done
 rm -rf "$1"`
 
 // watchdog makes sure etcd and kube-apiserver die with the process that
-// started them. envtest only stops them from Stop, which never runs when a
-// test binary panics or hits `go test -timeout`, or when testcluster is
-// killed; orphaned servers would hold ports and memory for good.
+// started them. Cluster.Stop never runs when a test binary panics or hits
+// `go test -timeout`, or when testcluster is killed; orphaned servers would
+// hold ports and memory for good.
 type watchdog struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser

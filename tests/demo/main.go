@@ -22,7 +22,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/kpr-io/kpr/tests/cluster"
 	"github.com/kpr-io/kpr/tests/harness"
@@ -147,10 +146,8 @@ func newDemo(out io.Writer) (*demo, error) {
 		return nil, fmt.Errorf("create %s: %w", logPath, err)
 	}
 	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), f, zap.DebugLevel))
-	// client-go (klog) and envtest (controller-runtime's logger) would
-	// otherwise write to the terminal.
+	// client-go (klog) would otherwise write to the terminal.
 	klog.SetLogger(zapr.NewLogger(log.Named("klog")))
-	ctrllog.SetLogger(zapr.NewLogger(log.Named("envtest")))
 	return &demo{
 		out:    out,
 		td:     &teardown{},

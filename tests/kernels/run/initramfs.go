@@ -59,8 +59,8 @@ func packInitramfs(path, kernelDir string, p *payload, args []string) error {
 	w.file("kpr/kpr", p.kpr, 0o755)
 	if len(p.kubeTools) > 0 {
 		w.dir("kpr/kube")
-		// envtest and etcd name the loopback "localhost", and the VM has
-		// no resolver to ask.
+		// etcd's default cluster URLs name the loopback "localhost", and
+		// the VM has no resolver to ask.
 		w.data("etc/hosts", []byte("127.0.0.1 localhost\n::1 localhost\n"), 0o644)
 	}
 	for _, t := range p.kubeTools {

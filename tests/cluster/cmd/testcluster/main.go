@@ -31,17 +31,14 @@ func main() {
 }
 
 func run() error {
-	// A FlagSet of our own: controller-runtime (linked in via envtest)
-	// registers a global -kubeconfig flag of its own in flag.CommandLine.
-	flags := flag.NewFlagSet("testcluster", flag.ExitOnError)
 	var (
-		kubeconfig   = flags.String("kubeconfig", "", "write the admin kubeconfig to this path (required)")
-		serviceCIDRs = flags.String("service-cluster-ip-range", cluster.DefaultServiceClusterIPRange, "Service CIDRs, comma separated")
-		netNS        = flags.String("netns", "", "run etcd and kube-apiserver in network namespace /run/netns/NAME")
-		advertise    = flags.String("advertise-address", "", "kube-apiserver --advertise-address (required with -netns)")
-		nodes        = flags.String("nodes", "", "Node objects to create, as name=ip[,ip...] separated by ';'")
+		kubeconfig   = flag.String("kubeconfig", "", "write the admin kubeconfig to this path (required)")
+		serviceCIDRs = flag.String("service-cluster-ip-range", cluster.DefaultServiceClusterIPRange, "Service CIDRs, comma separated")
+		netNS        = flag.String("netns", "", "run etcd and kube-apiserver in network namespace /run/netns/NAME")
+		advertise    = flag.String("advertise-address", "", "kube-apiserver --advertise-address (required with -netns)")
+		nodes        = flag.String("nodes", "", "Node objects to create, as name=ip[,ip...] separated by ';'")
 	)
-	_ = flags.Parse(os.Args[1:]) // ExitOnError: Parse exits on a bad flag
+	flag.Parse()
 	if *kubeconfig == "" {
 		return errors.New("-kubeconfig is required")
 	}
