@@ -11,14 +11,13 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kpr-io/kpr/apiclient"
+	"github.com/kpr-io/kpr/metrics"
 	"github.com/kpr-io/kpr/tests/cluster"
 )
 
 // The start-up read of the Node says when --hostname-override names no
-// Node and says nothing when it does. (That the read is timed into
-// rest_client_request_duration_seconds is checked on the real binary by
-// tests/e2e's TestKubeProxyDashboard: in this test binary envtest's
-// controller-runtime has taken client-go's one metrics registration.)
+// Node and says nothing when it does, and is timed into
+// rest_client_request_duration_seconds like every API request.
 func TestCheckNode(t *testing.T) {
 	c := cluster.StartForTest(t, cluster.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -32,6 +31,11 @@ func TestCheckNode(t *testing.T) {
 	}
 	core, logs := observer.New(zapcore.WarnLevel)
 	log := zap.New(core)
+	// New hands client-go the request metrics (once per process); reads
+	// are counted from here on.
+	m := metrics.New()
+	apiHost := strings.TrimPrefix(c.Config.Host, "https://")
+	timedBefore := timedGets(t, m, apiHost)
 
 	checkNode(ctx, client.Core, "node-a", log)
 	if n := logs.Len(); n != 0 {
@@ -42,5 +46,27 @@ func TestCheckNode(t *testing.T) {
 	if len(warned) != 1 || !strings.Contains(warned[0].Message, "--hostname-override") {
 		t.Fatalf("a missing Node drew %v, want one warning naming --hostname-override", warned)
 	}
+	if n := timedGets(t, m, apiHost) - timedBefore; n != 2 {
+		t.Errorf("rest_client_request_duration_seconds counted %d GETs to %s during the two reads, want 2", n, apiHost)
+	}
+}
 
+// timedGets is how many GET requests to host client-go has timed into m.
+func timedGets(t *testing.T, m *metrics.Metrics, host string) uint64 {
+	t.Helper()
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "rest_client_request_duration_seconds" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			if labelOf(s, "verb") == "GET" && labelOf(s, "host") == host {
+				return s.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return 0
 }
