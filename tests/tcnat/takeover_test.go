@@ -65,15 +65,7 @@ func TestSNATTakeoverSparesAHandshakeInProgress(t *testing.T) {
 // closed connection's ends are gone, and the half-open one may still be a
 // slow client's, and its backend still holds it.
 func TestSNATTakeoverPrefersAClosedFlow(t *testing.T) {
-	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61001}})
-	raw := newRawTCP(t, l.client.NetNS)
-	fe := netip.AddrPortFrom(nodeAddr(false), 30096)
-	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
-
-	closed := requestAndClose(t, l, fe)
-	if f, ok := l.flowOf(closed, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Fin }); !ok {
-		t.Fatalf("the closed request's flow shows no FIN within 3s: %+v", f)
-	}
+	l, raw, fe := afterAClosedRequest(t, [2]uint16{61000, 61001}, 30096)
 	src := netip.AddrPortFrom(spoofed(false, 8), 20008)
 	raw.send(t, flow{src: src, dst: fe, proto: dataplane.TCP, tcpFlags: "S", seq: 4243, empty: true})
 	halfOpen, ok := l.flowOf(src, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Replied })
@@ -429,15 +421,7 @@ func TestSNATTakeoverSparesACompletedHandshake(t *testing.T) {
 // out a retransmission. A spoofed SYN right after the close finds the only
 // port held and is dropped; one sent after the moment takes the port over.
 func TestSNATTakeoverWaitsForAClosedFlowsLastPackets(t *testing.T) {
-	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61000}})
-	raw := newRawTCP(t, l.client.NetNS)
-	fe := netip.AddrPortFrom(nodeAddr(false), 30091)
-	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
-
-	closed := requestAndClose(t, l, fe)
-	if f, ok := l.flowOf(closed, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Fin }); !ok {
-		t.Fatalf("the closed request's flow shows no FIN within 3s: %+v", f)
-	}
+	l, raw, fe := afterAClosedRequest(t, [2]uint16{61000, 61000}, 30091)
 	// The backend's FIN follows the client's within a millisecond or two
 	// (the echo server closes on its EOF): then the flow is closed.
 	time.Sleep(30 * time.Millisecond)
@@ -479,15 +463,7 @@ func spoofedSYNTakesAPort(t *testing.T, l *lan, raw *rawTCP, fe netip.AddrPort, 
 // plays the other CPU by writing its claim; without it, the same SYN takes
 // the port, and no claim is left behind.
 func TestSNATTakeoverLeavesAClaimedPort(t *testing.T) {
-	l := newLAN(t, loader.TCOptions{SNATPorts: [2]uint16{61000, 61000}})
-	raw := newRawTCP(t, l.client.NetNS)
-	fe := netip.AddrPortFrom(nodeAddr(false), 30092)
-	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
-
-	closed := requestAndClose(t, l, fe)
-	if f, ok := l.flowOf(closed, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Fin }); !ok {
-		t.Fatalf("the closed request's flow shows no FIN within 3s: %+v", f)
-	}
+	l, raw, fe := afterAClosedRequest(t, [2]uint16{61000, 61000}, 30092)
 	time.Sleep(400 * time.Millisecond) // the closed flow's port is reclaimable
 
 	claims := l.loaded.Maps.KprSnatClaims
@@ -531,4 +507,21 @@ func snatReplyKey(t *testing.T, l *lan, port uint16) (bpf.KprCtKey, bool) {
 		}
 	}
 	return bpf.KprCtKey{}, false
+}
+
+// afterAClosedRequest makes a LAN whose node SNATs to snatPorts, a NodePort
+// nodePort with the remote backend, and one request to it that the client
+// has closed, whose flow shows the FIN; it returns the LAN, a raw socket in
+// the client's namespace and the frontend.
+func afterAClosedRequest(t *testing.T, snatPorts [2]uint16, nodePort uint16) (*lan, *rawTCP, netip.AddrPort) {
+	t.Helper()
+	l := newLAN(t, loader.TCOptions{SNATPorts: snatPorts})
+	raw := newRawTCP(t, l.client.NetNS)
+	fe := netip.AddrPortFrom(nodeAddr(false), nodePort)
+	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
+	closed := requestAndClose(t, l, fe)
+	if f, ok := l.flowOf(closed, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Fin }); !ok {
+		t.Fatalf("the closed request's flow shows no FIN within 3s: %+v", f)
+	}
+	return l, raw, fe
 }
