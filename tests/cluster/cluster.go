@@ -87,7 +87,10 @@ type Cluster struct {
 	apiPort    string // on 127.0.0.1 (in NetNS mode on both sides)
 	forwarders []*netnsForwarder
 	watchdog   *watchdog
-	log        *zap.Logger
+	netNS      string
+	// processes are the programs StartProcess started, in start order.
+	processes []*server
+	log       *zap.Logger
 
 	mu      sync.Mutex
 	stopped bool
@@ -116,7 +119,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the cluster's work directory: %w", err)
 	}
-	c := &Cluster{workDir: workDir, log: log}
+	c := &Cluster{workDir: workDir, log: log, netNS: opts.NetNS}
 	if c.watchdog, err = startWatchdog(workDir); err != nil {
 		os.RemoveAll(workDir)
 		return nil, err
@@ -130,7 +133,8 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	}()
 
 	began := time.Now()
-	if c.pki, err = newPKI(filepath.Join(workDir, "pki")); err != nil {
+	servingIPs, servingNames := servingAddresses(opts)
+	if c.pki, err = newPKI(filepath.Join(workDir, "pki"), servingIPs, servingNames); err != nil {
 		return nil, err
 	}
 	if err := c.startControlPlane(ctx, toolsDir, opts); err != nil {
@@ -151,6 +155,50 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		zap.Duration("took", time.Since(began)))
 	return c, nil
 }
+
+// servingAddresses are the addresses and names, beyond loopback and
+// localhost, that the API server's certificate must name for clients that
+// reach it the way a cluster's clients do: at the advertised address, or
+// through the "kubernetes" Service (its ClusterIP, the first address of
+// each Service range, and its DNS names), as pods' in-cluster configs do.
+func servingAddresses(opts Options) ([]net.IP, []string) {
+	var ips []net.IP
+	if ip := net.ParseIP(opts.AdvertiseAddress); ip != nil {
+		ips = append(ips, ip)
+	}
+	serviceRange := opts.ServiceClusterIPRange
+	if serviceRange == "" {
+		serviceRange = DefaultServiceClusterIPRange
+	}
+	for _, cidr := range strings.Split(serviceRange, ",") {
+		if _, ipnet, err := net.ParseCIDR(strings.TrimSpace(cidr)); err == nil {
+			first := slices.Clone(ipnet.IP)
+			first[len(first)-1]++
+			ips = append(ips, first)
+		}
+	}
+	return ips, []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+}
+
+// IssueClientCert makes a client certificate and key (PEM) that the API
+// server accepts as user cn in the groups orgs: for a kubelet,
+// system:node:NAME in system:nodes.
+func (c *Cluster) IssueClientCert(cn string, orgs ...string) (cert, key []byte, err error) {
+	return c.pki.issueClient(cn, orgs...)
+}
+
+// ServiceAccountKeyPath is the private key the API server verifies
+// service-account tokens with, for kube-controller-manager's
+// --service-account-private-key-file.
+func (c *Cluster) ServiceAccountKeyPath() string { return c.pki.path(serviceAccountKeyFile) }
+
+// CACertPath is the cluster CA's certificate, for --root-ca-file and
+// clients' kubeconfigs.
+func (c *Cluster) CACertPath() string { return c.pki.path(caCertFile) }
+
+// APIServerPort is the API server's port: on 127.0.0.1 of the host and, in
+// NetNS mode, on every address of the namespace.
+func (c *Cluster) APIServerPort() string { return c.apiPort }
 
 // maxStartAttempts bounds retries of a start that lost a port race.
 const maxStartAttempts = 3
@@ -381,20 +429,22 @@ func (c *Cluster) pidFile(binary string) string {
 // logTails returns the last lines of each control-plane log, to make a
 // failed start explain itself (the logs are deleted with the work dir).
 func (c *Cluster) logTails() string {
+	return tail(c.LogPath(apiServerBinary)) + tail(c.LogPath(etcdBinary))
+}
+
+// tail is the last lines of the log at path, headed by its name, or ""
+// when it is empty or missing.
+func tail(path string) string {
 	const maxLines = 15
-	var b strings.Builder
-	for _, binary := range []string{apiServerBinary, etcdBinary} {
-		data, err := os.ReadFile(filepath.Join(c.workDir, binary+".log"))
-		if err != nil || len(data) == 0 {
-			continue
-		}
-		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		if len(lines) > maxLines {
-			lines = lines[len(lines)-maxLines:]
-		}
-		fmt.Fprintf(&b, "\n--- last lines of %s.log:\n%s", binary, strings.Join(lines, "\n"))
+	data, err := os.ReadFile(path)
+	if err != nil || len(data) == 0 {
+		return ""
 	}
-	return b.String()
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > maxLines {
+		lines = lines[len(lines)-maxLines:]
+	}
+	return fmt.Sprintf("\n--- last lines of %s:\n%s", filepath.Base(path), strings.Join(lines, "\n"))
 }
 
 // StopAPIServer stops only the API server; etcd keeps running and the
@@ -419,6 +469,39 @@ func (c *Cluster) StartAPIServer() error {
 	return nil
 }
 
+// StartProcess starts binary with args beside the control plane (in its
+// network namespace, if it has one), logging to LogPath(name), and waits
+// until ready succeeds, if ready is not nil. Such a process is covered by
+// the same watchdog as etcd and the API server, and Stop stops it, in the
+// reverse of the start order, before them: the controller manager,
+// scheduler and node VMs of a cluster with kubelets use it. name must be
+// unique in the cluster.
+func (c *Cluster) StartProcess(ctx context.Context, name, binary string, args []string, ready func(context.Context) error) error {
+	launcher, err := writeLauncher(filepath.Join(c.workDir, "bin"), name, binary, c.netNS)
+	if err != nil {
+		return err
+	}
+	s := &server{name: name, launcher: launcher, args: args, logPath: c.LogPath(name), pidFile: c.pidFile(name)}
+	if ready == nil {
+		ready = func(context.Context) error { return nil }
+	}
+	c.mu.Lock()
+	c.processes = append(c.processes, s)
+	c.mu.Unlock()
+	if err := s.start(ctx, ready); err != nil {
+		return fmt.Errorf("%w%s", err, tail(s.logPath))
+	}
+	return nil
+}
+
+// LogPath is the file a server or a process of StartProcess called name
+// logs to.
+func (c *Cluster) LogPath(name string) string { return filepath.Join(c.workDir, name+".log") }
+
+// WorkDir is the cluster's own directory, removed by Stop: the place for
+// files that live as long as the cluster (kubeconfigs, node images).
+func (c *Cluster) WorkDir() string { return c.workDir }
+
 // Stop stops the API server and etcd, and removes the work directory with
 // its certificates, data and kubeconfig. It is safe to call more than once.
 func (c *Cluster) Stop() error {
@@ -429,6 +512,11 @@ func (c *Cluster) Stop() error {
 	}
 	c.stopped = true
 	var errs []error
+	for i := len(c.processes) - 1; i >= 0; i-- {
+		if err := c.processes[i].stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stopping %s: %w", c.processes[i].name, err))
+		}
+	}
 	if err := errors.Join(c.apiServer.stop(), c.etcd.stop()); err != nil {
 		errs = append(errs, fmt.Errorf("stopping the control plane: %w", err))
 	}

@@ -32,6 +32,8 @@ const certLifetime = 365 * 24 * time.Hour
 // clusters mints tokens.
 type pki struct {
 	dir string
+	// ca signs the client certificates IssueClientCert makes later.
+	ca *certPair
 	// PEM data for the admin's rest.Config and kubeconfig.
 	caCert, adminCert, adminKey []byte
 }
@@ -46,7 +48,11 @@ const (
 	serviceAccountKeyFile = "sa.key"
 )
 
-func newPKI(dir string) (*pki, error) {
+// newPKI makes the cluster's CA, the API server's serving certificate (for
+// localhost and loopback, and for servingIPs and servingNames, the names
+// clients outside the host's loopback reach it by), the admin's client
+// certificate and the service-account key.
+func newPKI(dir string, servingIPs []net.IP, servingNames []string) (*pki, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the certificate directory: %w", err)
 	}
@@ -60,11 +66,12 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	// Clients reach the API server on 127.0.0.1 (also through the netns
-	// relay); clients elsewhere name it localhost (tls-server-name).
+	// relay); clients elsewhere name it localhost (tls-server-name), or
+	// use one of servingIPs and servingNames.
 	serving, err := issue(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: "localhost"},
-		DNSNames:    []string{"localhost"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		DNSNames:    append([]string{"localhost"}, servingNames...),
+		IPAddresses: append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, servingIPs...),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}, ca)
@@ -84,7 +91,7 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 
-	p := &pki{dir: dir, caCert: ca.certPEM(), adminCert: admin.certPEM()}
+	p := &pki{dir: dir, ca: ca, caCert: ca.certPEM(), adminCert: admin.certPEM()}
 	if p.adminKey, err = keyPEM(admin.key); err != nil {
 		return nil, err
 	}
@@ -124,6 +131,24 @@ func (p *pki) adminConfig(host string) *rest.Config {
 		QPS:   1000,
 		Burst: 2000,
 	}
+}
+
+// issueClient makes a client certificate and key (PEM) for the user cn in
+// the groups orgs, signed by the cluster's CA: a kubelet's is
+// system:node:NAME in system:nodes, which the Node authorizer admits.
+func (p *pki) issueClient(cn string, orgs ...string) (cert, key []byte, err error) {
+	pair, err := issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn, Organization: orgs},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, p.ca)
+	if err != nil {
+		return nil, nil, err
+	}
+	if key, err = keyPEM(pair.key); err != nil {
+		return nil, nil, err
+	}
+	return pair.certPEM(), key, nil
 }
 
 // certPair is a certificate and its private key.

@@ -8,7 +8,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vishvananda/netlink"
+	"github.com/kpr-io/kpr/tests/kernels/guest"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,8 +37,8 @@ func main() {
 	}
 	// Tests that change the whole kernel (e.g. withholding a hook through
 	// the BPF LSM) run only where this is set: inside these VMs.
-	os.Setenv("KPR_KERNEL_MATRIX", kernelRelease())
-	if err := mounts(); err != nil {
+	os.Setenv("KPR_KERNEL_MATRIX", guest.KernelRelease())
+	if err := guest.MountAll(guest.NodeMounts); err != nil {
 		report("error", "mounts: %v", err)
 	}
 	// Before 5.11 BPF maps are charged to RLIMIT_MEMLOCK, whose default
@@ -48,11 +47,11 @@ func main() {
 	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}); err != nil {
 		report("error", "raise RLIMIT_MEMLOCK: %v", err)
 	}
-	if err := loopbackUp(); err != nil {
+	if err := guest.LoopbackUp(); err != nil {
 		report("error", "loopback: %v", err)
 	}
 	loadModules("/kpr/modules.load", "/kpr/modules")
-	report("kernel", "%s", kernelRelease())
+	report("kernel", "%s", guest.KernelRelease())
 	probe()
 	runTests("/kpr/tests", readArgs("/kpr/test-args"))
 	report("done", "")
@@ -69,83 +68,13 @@ func report(kind, format string, args ...any) {
 	fmt.Printf("%s%s %s\n", Marker, kind, fmt.Sprintf(format, args...))
 }
 
-// mounts gives the VM what a node has and the tests use: /run/netns for
-// named namespaces, cgroup2 for the test cgroups, bpffs for the pins.
-func mounts() error {
-	for _, m := range []struct{ fstype, target string }{
-		{"proc", "/proc"},
-		{"sysfs", "/sys"},
-		{"devtmpfs", "/dev"},
-		{"tmpfs", "/run"},
-		{"tmpfs", "/tmp"},
-		{"bpf", "/sys/fs/bpf"},
-		{"cgroup2", "/sys/fs/cgroup"},
-		{"tracefs", "/sys/kernel/tracing"},
-		// securityfs lists the active LSMs, which the withheld-hook test checks.
-		{"securityfs", "/sys/kernel/security"},
-	} {
-		if err := os.MkdirAll(m.target, 0o755); err != nil {
-			return err
-		}
-		if err := unix.Mount(m.fstype, m.target, m.fstype, 0, ""); err != nil && err != unix.EBUSY {
-			return fmt.Errorf("mount %s on %s: %w", m.fstype, m.target, err)
-		}
-	}
-	return nil
-}
-
-func loopbackUp() error {
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		return err
-	}
-	return netlink.LinkSetUp(lo)
-}
-
-// loadModules loads the modules named in list (one a line, dependencies
-// first, as hack/kernels.sh wrote them) from dir. A module the kernel has
-// built in is not in the list; one already loaded is fine.
+// loadModules loads hack/kernels.sh's modules and reports what it loaded.
 func loadModules(list, dir string) {
-	f, err := os.Open(list)
-	if err != nil {
-		report("error", "modules: %v", err)
-		return
-	}
-	defer f.Close()
-	var loaded []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name := strings.TrimSpace(sc.Text())
-		if name == "" {
-			continue
-		}
-		if err := loadModule(filepath.Join(dir, name+".ko")); err != nil {
-			report("error", "load module %s: %v", name, err)
-			continue
-		}
-		loaded = append(loaded, name)
+	loaded, errs := guest.LoadModules(list, dir)
+	for _, err := range errs {
+		report("error", "%v", err)
 	}
 	report("modules", "%s", strings.Join(loaded, ","))
-}
-
-func loadModule(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && err != unix.EEXIST {
-		return err
-	}
-	return nil
-}
-
-func kernelRelease() string {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return "unknown"
-	}
-	return unix.ByteSliceToString(u.Release[:])
 }
 
 // probe prints kpr's own feature report, the matrix's feature columns.
