@@ -31,7 +31,10 @@ arch=$(dpkg --print-architecture)
 # (tests/e2e's IPVS mode, pod clients of a ClusterIP). The nft_* beyond
 # those serve the nftables mode (tests/e2e's move between it and the IPVS
 # mode): the expressions its ruleset uses that are modules of their own.
-modules=(crc32c_generic veth bridge br_netfilter dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr
+# virtio_net, overlay and qemu_fw_cfg serve the real cluster's node VMs
+# (tests/realcluster): their NIC, containerd's snapshotter, and the node's
+# configuration, which the host passes in through fw_cfg.
+modules=(virtio_net overlay qemu_fw_cfg crc32c_generic veth bridge br_netfilter dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr
 	nf_nat nfnetlink nf_conntrack_netlink nf_tables nft_compat nft_chain_nat nft_counter
 	nft_ct nft_nat nft_masq nft_numgen nft_fib nft_fib_inet nft_fib_ipv4 nft_fib_ipv6
 	nft_reject nft_reject_inet nft_reject_ipv4 nft_reject_ipv6

@@ -115,6 +115,23 @@ func (c *Writer) File(name, src string, perm uint32) {
 	c.pad(int(st.Size()))
 }
 
+// Busybox adds the static busybox at src as bin/busybox, with a symlink in
+// bin for each of its applets but those named in shadowed (tools the
+// archive carries in their real form).
+func (c *Writer) Busybox(src string, shadowed map[string]bool) error {
+	c.File("bin/busybox", src, 0o755)
+	applets, err := exec.Command(src, "--list").Output()
+	if err != nil {
+		return fmt.Errorf("%s --list: %w", src, err)
+	}
+	for _, a := range strings.Fields(string(applets)) {
+		if !shadowed[a] && a != "busybox" {
+			c.Symlink("bin/"+a, "busybox")
+		}
+	}
+	return nil
+}
+
 func (c *Writer) trailer() { c.header("TRAILER!!!", 0, 0) }
 
 // Dynamic adds a host executable (or shared object) and the shared

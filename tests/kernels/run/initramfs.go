@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io/fs"
-	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -33,21 +32,14 @@ func packInitramfs(path, kernelDir string, p *payload, args []string) error {
 		w.Dir(d)
 	}
 	w.File("init", p.init, 0o755)
-	w.File("bin/busybox", p.busybox, 0o755)
-	applets, err := exec.Command(p.busybox, "--list").Output()
-	if err != nil {
-		return fmt.Errorf("%s --list: %w", p.busybox, err)
-	}
 	// A host tool wins over the busybox applet of its name: busybox's ip
 	// has no `ip netns exec`, for one.
-	shadowed := map[string]bool{"busybox": true}
+	shadowed := map[string]bool{}
 	for _, tool := range p.tools {
 		shadowed[filepath.Base(tool)] = true
 	}
-	for _, a := range strings.Fields(string(applets)) {
-		if !shadowed[a] {
-			w.Symlink("bin/"+a, "busybox")
-		}
+	if err := w.Busybox(p.busybox, shadowed); err != nil {
+		return err
 	}
 	for _, tool := range p.tools {
 		if err := w.Dynamic(tool); err != nil {
