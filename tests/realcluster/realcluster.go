@@ -207,9 +207,6 @@ func (c *Cluster) startNodes(ctx context.Context, opts Options) error {
 		return err
 	}
 	images = append(images, opts.ExtraImages...)
-	if len(images) == 0 {
-		return fmt.Errorf("no image archives in %s: run make cluster-images", opts.ImagesDir)
-	}
 	kernelDir := opts.KernelDir
 	if kernelDir == "" {
 		root, err := repoRoot()
@@ -323,7 +320,7 @@ func packNode(path, kernelDir, toolsDir string, images []string) error {
 		w.File("usr/local/bin/"+b, filepath.Join(toolsDir, b), 0o755)
 	}
 	for _, p := range cniPlugins {
-		w.File("opt/cni/bin/"+p, filepath.Join(toolsDir, p), 0o755)
+		w.File("opt/cni/bin/"+p, filepath.Join(toolsDir, "cni", p), 0o755)
 	}
 	for _, tool := range iptablesTools {
 		if err := w.Dynamic(tool); err != nil {

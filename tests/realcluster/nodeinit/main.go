@@ -86,8 +86,12 @@ func moveToTmpfs() error {
 				return err
 			}
 			return os.Symlink(link, target)
-		default:
+		case d.Type().IsRegular():
 			return copyFile(path, target, info.Mode().Perm())
+		default:
+			// The kernel's own initramfs has /dev/console: reading a
+			// device would block forever, and stage 2 mounts devtmpfs.
+			return nil
 		}
 	})
 	if err != nil {
