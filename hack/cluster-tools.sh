@@ -83,11 +83,13 @@ members() {
 
 # Everything group $1's binaries are built from: its module's go.mod,
 # go.sum and sources (for tests/tools that includes e2eimports, which
-# decides go.sum), and this script, with its flags. A change to any of them
-# (a version bump, a new ldflag) makes that group's cached build stale.
+# decides go.sum), this script, with its flags, and the Go release. A
+# change to any of them (a version bump, a new ldflag, a new Go) makes that
+# group's cached build stale.
 stamp_of() {
 	(
 		cd "$repo_root"
+		go env GOVERSION
 		find "$1" -maxdepth 2 -type f \( -name go.mod -o -name go.sum -o -name '*.go' -o -name '*.c' \) | LC_ALL=C sort |
 			while read -r f; do
 				echo "== $f"
@@ -174,10 +176,21 @@ build_group() {
 		done
 		local -a cmds=()
 		for pkg in "${pkgs[@]}"; do
-			[[ $pkg == k8s.io/kubernetes/test/e2e ]] || cmds+=("$pkg")
+			case $pkg in
+			k8s.io/kubernetes/test/e2e | k8s.io/kubernetes/test/images/agnhost) ;;
+			*) cmds+=("$pkg") ;;
+			esac
 		done
 		CGO_ENABLED=0 go build -trimpath -ldflags="-s -w$version_flags" -o "$scratch/" "${cmds[@]}"
-		CGO_ENABLED=0 go test -c -trimpath -ldflags="-s -w$version_flags" -o "$scratch/e2e.test" k8s.io/kubernetes/test/e2e
+		# agnhost carries its own version, the one e2e.test asks for
+		# (registry.k8s.io/e2e-test-images/agnhost:<it>), in a VERSION
+		# file that its image build stamps in.
+		local agnhost=k8s.io/kubernetes/test/images/agnhost agnhost_version
+		agnhost_version=$(cat "$(go list -f '{{.Dir}}' "$agnhost")/VERSION")
+		CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.Version=$agnhost_version" -o "$scratch/" "$agnhost"
+		# -vet=off: go test runs vet on the package it builds, and this
+		# is Kubernetes' code, not ours to check.
+		CGO_ENABLED=0 go test -c -vet=off -trimpath -ldflags="-s -w$version_flags" -o "$scratch/e2e.test" k8s.io/kubernetes/test/e2e
 		;;
 	tests/clustertools/containerd)
 		# The tags and flags of containerd's `make STATIC=1`: static,
