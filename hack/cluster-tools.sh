@@ -241,7 +241,7 @@ build_group() {
 	esac
 }
 
-log "building ${stale[*]} into $tools_dir (the first build takes a long while: see docs/cluster-tools.md)"
+log "building ${stale[*]} into $tools_dir (all of them from scratch: about 10 minutes on 2 CPUs, docs/cluster-tools.md)"
 start=$SECONDS
 # Build each group into a scratch directory and move its binaries in only
 # when all of them built, so an interrupted build never leaves a half set
