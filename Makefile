@@ -5,6 +5,7 @@ GOFLAGS_TEST ?= -count=1 -timeout 45m
 export GOFLAGS := -buildvcs=false
 
 -include tests/tools/tools.mk
+-include tests/clustertools/clustertools.mk
 
 .PHONY: all build image release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
 
