@@ -7,7 +7,7 @@ export GOFLAGS := -buildvcs=false
 -include tests/tools/tools.mk
 -include tests/clustertools/clustertools.mk
 
-.PHONY: all build image release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
+.PHONY: all build image cluster-images release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
 
 all: build
 
@@ -38,6 +38,19 @@ image: build
 	cd hack/image && $(GO) run . -rootfs $(abspath $(IMAGE_ROOTFS)) -kpr $(abspath $(KPR_BIN)) \
 		-version '$(VERSION)' -ref '$(IMAGE_REF)' -o $(abspath $(IMAGE_ARCHIVE))
 	rm -rf $(IMAGE_ROOTFS)
+
+## cluster-images: the container images a real test cluster (kubelet
+## v1.37.2, containerd 2.x) needs and cannot pull, as archives for `ctr -n
+## k8s.io images import`, named as upstream names them: pause, coredns,
+## agnhost, busybox, nginx, glibc-dns-testing and distroless-iptables
+## (docs/cluster-images.md). hack/cluster-images.sh builds their file trees
+## from Debian's packages and the binaries pause, coredns and agnhost in
+## KPR_CLUSTER_TOOLS_DIR; hack/image/clusterimages writes the archives into
+## KPR_CLUSTER_IMAGES_DIR, again only when an input changed.
+KPR_CLUSTER_TOOLS_DIR ?= $(HOME)/.cache/kpr/cluster-tools/v1.37.2
+KPR_CLUSTER_IMAGES_DIR ?= $(HOME)/.cache/kpr/cluster-images/v1.37.2
+cluster-images:
+	KPR_CLUSTER_TOOLS_DIR='$(KPR_CLUSTER_TOOLS_DIR)' KPR_CLUSTER_IMAGES_DIR='$(KPR_CLUSTER_IMAGES_DIR)' GO='$(GO)' hack/cluster-images.sh
 
 ## release: a versioned release in RELEASE_DIR (docs/releasing.md), every
 ## file stamped with VERSION, the tag v0.x.y: the static binary

@@ -1,5 +1,5 @@
 # Sourced, not run: a private apt configuration for fetching Debian packages
-# of a suite the system may not carry (hack/kernels.sh, hack/image-debs.sh).
+# of a suite the system may not carry (hack/kernels.sh, hack/debroot.sh).
 # apt gets its own sources list, state and cache under a directory of the
 # caller's cache, so the system's apt setup is never touched, and the
 # status file is empty, so nothing installed here counts as present.
