@@ -1,6 +1,7 @@
 package realcluster
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -59,6 +60,11 @@ func nodeConfig(n node, all []node, apiPort string, secrets nodeSecrets, images 
 			{Path: nodeKubeletConfig, Mode: 0o644, Data: kubeletConfig(n)},
 			{Path: containerdConfig, Mode: 0o644, Data: containerdConfigTOML},
 			{Path: "/etc/cni/net.d/10-bridge.conflist", Mode: 0o644, Data: cni},
+			// The kubelet reads the users (its user-namespace ranges)
+			// and the machine ID (the Node's systemUUID and machineID).
+			{Path: "/etc/passwd", Mode: 0o644, Data: "root:x:0:0:root:/root:/bin/sh\n"},
+			{Path: "/etc/group", Mode: 0o644, Data: "root:x:0:\n"},
+			{Path: "/etc/machine-id", Mode: 0o444, Data: machineID(n.name) + "\n"},
 			{Path: "/etc/hosts", Mode: 0o644, Data: "127.0.0.1 localhost\n::1 localhost\n" + n.address.String() + " " + n.name + "\n"},
 			// The control plane's namespace serves no DNS: names outside
 			// the cluster fail at once, as on an air-gapped node, and
@@ -173,8 +179,8 @@ state = "/run/containerd"
     conf_dir = "/etc/cni/net.d"
 `
 
-// pauseImage is the sandbox image, as kubeadm v1.37 names it.
-const pauseImage = "registry.k8s.io/pause:3.10.1"
+// pauseImage is the sandbox image, as kubeadm v1.37 and containerd 2.4 name it.
+const pauseImage = "registry.k8s.io/pause:3.10.2"
 
 // cniConfig is the bridge plugin's network for n's pods: cni0 as their
 // gateway, addresses from n's pod CIDR, no masquerade (every node and the
@@ -197,4 +203,10 @@ func cniConfig(n node) (string, error) {
 	}
 	b, err := json.MarshalIndent(conf, "", "  ")
 	return strings.TrimSpace(string(b)) + "\n", err
+}
+
+// machineID is a node's /etc/machine-id: 32 hex digits, stable for a name.
+func machineID(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return fmt.Sprintf("%x", sum[:16])
 }
