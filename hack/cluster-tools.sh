@@ -29,6 +29,7 @@ BINARIES=(
 	"kube-controller-manager  tests/tools                    k8s.io/kubernetes/cmd/kube-controller-manager"
 	"kube-scheduler           tests/tools                    k8s.io/kubernetes/cmd/kube-scheduler"
 	"kubectl                  tests/tools                    k8s.io/kubernetes/cmd/kubectl"
+	"kubeadm                  tests/tools                    k8s.io/kubernetes/cmd/kubeadm"
 	"agnhost                  tests/tools                    k8s.io/kubernetes/test/images/agnhost"
 	"e2e.test                 tests/tools                    k8s.io/kubernetes/test/e2e"
 	"containerd               tests/clustertools/containerd  github.com/containerd/containerd/v2/cmd/containerd"
@@ -41,14 +42,15 @@ BINARIES=(
 	"cni/portmap              tests/clustertools/cni         github.com/containernetworking/plugins/plugins/meta/portmap"
 	"coredns                  tests/clustertools/coredns     github.com/coredns/coredns"
 	"pause                    tests/clustertools/pause       pause.c"
+	"helm                     tests/clustertools/helm        helm.sh/helm/v3/cmd/helm"
 )
 
 usage() {
 	cat >&2 <<EOF
 usage: hack/cluster-tools.sh
-Builds kubelet, kube-controller-manager, kube-scheduler, kubectl, agnhost and
-e2e.test ($KUBE_VERSION), containerd, runc, the CNI plugins bridge, host-local,
-loopback and portmap, CoreDNS and pause into \$KPR_CLUSTER_TOOLS_DIR
+Builds kubelet, kube-controller-manager, kube-scheduler, kubectl, kubeadm,
+agnhost and e2e.test ($KUBE_VERSION), containerd, runc, the CNI plugins bridge,
+host-local, loopback and portmap, CoreDNS, Helm and pause into \$KPR_CLUSTER_TOOLS_DIR
 (default ~/.cache/kpr/cluster-tools/$KUBE_VERSION), unless already built from
 the current inputs, and prints that directory.
 EOF
@@ -230,6 +232,12 @@ build_group() {
 		# As CoreDNS' Makefile: no cgo; its version is a constant in
 		# the source.
 		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$scratch/" "${pkgs[@]}"
+		;;
+	tests/clustertools/helm)
+		# As Helm's Makefile: no cgo, its version stamped in.
+		local mod=helm.sh/helm/v3 v
+		v=$(module_version "$dir" "$mod")
+		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X $mod/internal/version.version=$v" -o "$scratch/" "${pkgs[@]}"
 		;;
 	tests/clustertools/pause)
 		gcc -Os -static -s -Wall -Wextra -Werror -o "$scratch/pause" "${pkgs[@]}"

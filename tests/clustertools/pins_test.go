@@ -324,3 +324,15 @@ func TestDocsNameVersions(t *testing.T) {
 		}
 	}
 }
+
+// TestHelmVersion: the Helm CLI that installs kpr on the real cluster is
+// the Helm whose library renders and packages the chart in
+// tests/deploy/helm, so what the chart tests accept is what installs.
+func TestHelmVersion(t *testing.T) {
+	const helm = "helm.sh/helm/v3"
+	cli := parseGoMod(t, "tests/clustertools/helm/go.mod").require[helm]
+	lib := parseGoMod(t, "tests/deploy/helm/go.mod").require[helm]
+	if cli == "" || cli != lib {
+		t.Errorf("tests/clustertools/helm pins %s %q, tests/deploy/helm %q: pin both to one release", helm, cli, lib)
+	}
+}
