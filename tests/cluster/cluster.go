@@ -367,6 +367,11 @@ func (c *Cluster) apiServerArgs(opts Options, etcdURL string) []string {
 		"disable-admission-plugins":        "ServiceAccount",
 		"allow-privileged":                 "true",
 		"service-cluster-ip-range":         serviceRange,
+		// For clusters with kubelets (tests/realcluster): the API
+		// server reaches them at their node address, as its client.
+		"kubelet-client-certificate":      c.pki.path(kubeletClientCertFile),
+		"kubelet-client-key":              c.pki.path(kubeletClientKeyFile),
+		"kubelet-preferred-address-types": "InternalIP,Hostname",
 	}
 	if opts.AdvertiseAddress != "" {
 		args["advertise-address"] = opts.AdvertiseAddress

@@ -46,6 +46,10 @@ const (
 	// The API server accepts a private key for --service-account-key-file
 	// (it takes the public half), so one file serves both SA flags.
 	serviceAccountKeyFile = "sa.key"
+	// The API server's client certificate for kubelets (logs, exec,
+	// port-forward, proxy), where a cluster has them.
+	kubeletClientCertFile = "apiserver-kubelet-client.crt"
+	kubeletClientKeyFile  = "apiserver-kubelet-client.key"
 )
 
 // newPKI makes the cluster's CA, the API server's serving certificate (for
@@ -103,11 +107,19 @@ func newPKI(dir string, servingIPs []net.IP, servingNames []string) (*pki, error
 	if err != nil {
 		return nil, err
 	}
+	// As kubeadm's: a superuser, so that kubelets that authorize through
+	// the API server (webhook mode) allow it everything.
+	kubeletClientCert, kubeletClientKey, err := p.issueClient("kube-apiserver-kubelet-client", "system:masters")
+	if err != nil {
+		return nil, err
+	}
 	for name, data := range map[string][]byte{
 		caCertFile:            p.caCert,
 		servingCertFile:       serving.certPEM(),
 		servingKeyFile:        servingKey,
 		serviceAccountKeyFile: saKeyPEM,
+		kubeletClientCertFile: kubeletClientCert,
+		kubeletClientKeyFile:  kubeletClientKey,
 	} {
 		if err := os.WriteFile(p.path(name), data, 0o600); err != nil {
 			return nil, fmt.Errorf("writing %s: %w", name, err)

@@ -64,8 +64,9 @@ type Cluster struct {
 	// Nodes are the nodes' names.
 	Nodes []string
 
-	nodes []node
-	log   *zap.Logger
+	nodes    []node
+	toolsDir string
+	log      *zap.Logger
 }
 
 // nodeBinaries are the programs every node runs, from the tools directory.
@@ -81,7 +82,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		return nil, err
 	}
 	log := opts.Logger
-	c := &Cluster{NetNS: fmt.Sprintf("kpr-rc-%d", os.Getpid()), log: log}
+	c := &Cluster{NetNS: fmt.Sprintf("kpr-rc-%d", os.Getpid()), toolsDir: opts.ToolsDir, log: log}
 	for i := 1; i <= opts.Nodes; i++ {
 		c.nodes = append(c.nodes, newNode(i))
 		c.Nodes = append(c.Nodes, c.nodes[i-1].name)
@@ -137,14 +138,13 @@ func (o *Options) defaults() error {
 	if o.Nodes > 200 {
 		return fmt.Errorf("realcluster: %d nodes do not fit the cluster network", o.Nodes)
 	}
-	if o.ToolsDir == "" {
-		o.ToolsDir = os.Getenv("KPR_CLUSTER_TOOLS_DIR")
+	var err error
+	if o.ToolsDir, err = cacheDir(o.ToolsDir, "KPR_CLUSTER_TOOLS_DIR", "hack/cluster-tools.sh"); err != nil {
+		return err
 	}
-	if o.ImagesDir == "" {
-		o.ImagesDir = os.Getenv("KPR_CLUSTER_IMAGES_DIR")
-	}
-	if o.ToolsDir == "" || o.ImagesDir == "" {
-		return errors.New("realcluster: the cluster's binaries and images are not known: run make cluster-tools cluster-images, or set KPR_CLUSTER_TOOLS_DIR and KPR_CLUSTER_IMAGES_DIR")
+	// The images carry binaries of the tools build (pause, coredns, agnhost).
+	if o.ImagesDir, err = cacheDir(o.ImagesDir, "KPR_CLUSTER_IMAGES_DIR", "hack/cluster-images.sh", "KPR_CLUSTER_TOOLS_DIR="+o.ToolsDir); err != nil {
+		return err
 	}
 	if o.MemoryMB == 0 {
 		o.MemoryMB = 3072
@@ -153,6 +153,32 @@ func (o *Options) defaults() error {
 		o.Logger = zap.NewNop()
 	}
 	return nil
+}
+
+// cacheDir is dir if set, else $env if set, else the directory script
+// prints once it has built (or found up to date) what it caches there: the
+// same directory make cluster-tools and make cluster-images fill. The
+// script runs with scriptEnv added to the environment; its progress goes to
+// stderr.
+func cacheDir(dir, env, script string, scriptEnv ...string) (string, error) {
+	if dir != "" {
+		return dir, nil
+	}
+	if dir = os.Getenv(env); dir != "" {
+		return dir, nil
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command(filepath.Join(root, script))
+	cmd.Env = append(os.Environ(), scriptEnv...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s (set %s to use a build of your own): %w", script, env, err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // Down stops every VM and server and removes the namespace. It is safe to

@@ -1,0 +1,80 @@
+package realcluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// kubeadmConfig is the ClusterConfiguration kubeadm's add-on phases read:
+// the cluster's release, Service range and DNS domain.
+func kubeadmConfig() string {
+	return fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+kubernetesVersion: %s
+networking:
+  serviceSubnet: %s
+  podSubnet: %s
+  dnsDomain: %s
+`, KubernetesVersion, serviceCIDR, podCIDR, clusterDomain)
+}
+
+// KubernetesVersion is the release of every Kubernetes binary of the
+// cluster (hack/cluster-tools.sh, hack/tools.sh).
+const KubernetesVersion = "v1.37.2"
+
+// InstallCoreDNS installs CoreDNS as kubeadm does (kubeadm init phase addon
+// coredns: its Deployment, the kube-dns Service on the tenth address of the
+// Service range, RBAC and Corefile) and waits until its pods are ready.
+func (c *Cluster) InstallCoreDNS(ctx context.Context) error {
+	cfg := filepath.Join(c.WorkDir(), "kubeadm.yaml")
+	if err := os.WriteFile(cfg, []byte(kubeadmConfig()), 0o600); err != nil {
+		return err
+	}
+	if _, err := c.Run(ctx, "kubeadm", "init", "phase", "addon", "coredns", "--config", cfg, "--kubeconfig", c.KubeconfigPath); err != nil {
+		return err
+	}
+	return c.WaitRollout(ctx, "kube-system", "deployment/coredns", 10*time.Minute)
+}
+
+// Run runs one of the cluster's tools (kubectl, helm, kubeadm, ...) on the
+// host with the admin's kubeconfig in KUBECONFIG and returns its output.
+func (c *Cluster) Run(ctx context.Context, tool string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.toolsDir, tool), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.KubeconfigPath)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", tool, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// WaitRollout waits until kubectl rollout status reports the workload
+// (deployment/NAME, daemonset/NAME) in namespace fully rolled out.
+func (c *Cluster) WaitRollout(ctx context.Context, namespace, workload string, timeout time.Duration) error {
+	_, err := c.Run(ctx, "kubectl", "-n", namespace, "rollout", "status", workload, "--timeout="+timeout.String())
+	return err
+}
+
+// nodeAddresses are the nodes' InternalIPs, by name.
+func (c *Cluster) nodeAddresses(ctx context.Context) (map[string]string, error) {
+	list, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, n := range list.Items {
+		for _, a := range n.Status.Addresses {
+			if a.Type == "InternalIP" {
+				out[n.Name] = a.Address
+			}
+		}
+	}
+	return out, nil
+}
