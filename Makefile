@@ -7,7 +7,7 @@ export GOFLAGS := -buildvcs=false
 -include tests/tools/tools.mk
 -include tests/clustertools/clustertools.mk
 
-.PHONY: all build image cluster-images release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
+.PHONY: all build image cluster-images cluster-up cluster-down test-cluster-smoke release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
 
 all: build
 
@@ -49,8 +49,34 @@ image: build
 ## KPR_CLUSTER_IMAGES_DIR, again only when an input changed.
 KPR_CLUSTER_TOOLS_DIR ?= $(HOME)/.cache/kpr/cluster-tools/v1.37.2
 KPR_CLUSTER_IMAGES_DIR ?= $(HOME)/.cache/kpr/cluster-images/v1.37.2
-cluster-images:
+cluster-images: cluster-tools
 	KPR_CLUSTER_TOOLS_DIR='$(KPR_CLUSTER_TOOLS_DIR)' KPR_CLUSTER_IMAGES_DIR='$(KPR_CLUSTER_IMAGES_DIR)' GO='$(GO)' hack/cluster-images.sh
+
+## cluster-up, cluster-down: a real cluster on this machine (tests/realcluster,
+## docs/cluster-e2e.md): the control plane in a network namespace of its own,
+## two qemu VMs as nodes with containerd and the kubelet, kpr's image in each
+## node's containerd; no kube-proxy and no Service proxy until you install
+## one. cluster-up returns once the nodes are Ready and writes
+## bin/cluster/kubeconfig; cluster-down removes everything.
+CLUSTER_DIR ?= bin/cluster
+CHART_APP_VERSION = $(shell sed -n 's/^appVersion: //p' deploy/helm/kpr/Chart.yaml)
+CLUSTER_KPR_IMAGE = bin/kpr-image-$(CHART_APP_VERSION).tar
+cluster-up: deps tools cluster-images
+	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:$(CHART_APP_VERSION) IMAGE_ARCHIVE=$(CLUSTER_KPR_IMAGE)
+	$(GO) run ./tests/realcluster/cmd/realcluster up -dir $(CLUSTER_DIR) -images $(abspath $(CLUSTER_KPR_IMAGE))
+
+cluster-down:
+	$(GO) run ./tests/realcluster/cmd/realcluster down -dir $(CLUSTER_DIR)
+
+## test-cluster-smoke: kpr installed by its chart on a real two-node cluster
+## (TestSmoke in tests/realcluster): CoreDNS through kpr, a NodePort from
+## outside the nodes, and a rolling update of kpr with no failed request.
+## Two images of kpr: the chart's appVersion, and a second tag to roll to.
+test-cluster-smoke: deps tools cluster-images
+	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:$(CHART_APP_VERSION) IMAGE_ARCHIVE=$(CLUSTER_KPR_IMAGE)
+	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:v0.1.0-next IMAGE_ARCHIVE=bin/kpr-image-next.tar
+	KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_KPR_NEXT_IMAGE=$(abspath bin/kpr-image-next.tar) \
+		$(GO) test -count=1 -timeout 45m -run '^TestSmoke$$' -v ./tests/realcluster
 
 ## release: a versioned release in RELEASE_DIR (docs/releasing.md), every
 ## file stamped with VERSION, the tag v0.x.y: the static binary

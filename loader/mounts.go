@@ -67,6 +67,21 @@ func FindCgroup2Mount() (string, error) {
 	return "", nil
 }
 
+// cgroup2Mounts returns every cgroup2 mount point, in /proc/mounts' order.
+func cgroup2Mounts() ([]string, error) {
+	mounts, err := readMounts()
+	if err != nil {
+		return nil, err
+	}
+	var points []string
+	for _, m := range mounts {
+		if m.FSType == "cgroup2" {
+			points = append(points, m.Point)
+		}
+	}
+	return points, nil
+}
+
 // EnsureCgroup2 returns a cgroup2 mount point, mounting cgroup2 at
 // /run/kpr/cgroupv2 when the machine has none.
 func EnsureCgroup2() (string, error) {

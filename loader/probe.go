@@ -284,16 +284,9 @@ func probeBatch() error {
 // probeCgroupLink attaches a do-nothing program to a fresh, empty cgroup and
 // checks that the result is a real bpf_link (only those report Info).
 func probeCgroupLink() error {
-	root, err := FindCgroup2Mount()
+	dir, err := probeCgroup()
 	if err != nil {
 		return err
-	}
-	if root == "" {
-		return errors.New("cgroup2 is not mounted")
-	}
-	dir, err := os.MkdirTemp(root, "kpr-probe-")
-	if err != nil {
-		return fmt.Errorf("create probe cgroup: %w", err)
 	}
 	defer os.Remove(dir)
 	p, err := minimalProgram(ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect)
@@ -310,6 +303,30 @@ func probeCgroupLink() error {
 		return fmt.Errorf("attached with legacy PROG_ATTACH only: %w", err)
 	}
 	return nil
+}
+
+// probeCgroup creates a cgroup for a probe to attach to. In kpr's pod the
+// first cgroup2 mount is the container's own /sys/fs/cgroup, read-only,
+// and the node's hierarchy is mounted elsewhere (the chart's
+// /run/kpr/cgroupv2), so each cgroup2 mount is tried in turn until one
+// takes a new cgroup.
+func probeCgroup() (string, error) {
+	roots, err := cgroup2Mounts()
+	if err != nil {
+		return "", err
+	}
+	if len(roots) == 0 {
+		return "", errors.New("cgroup2 is not mounted")
+	}
+	var errs []error
+	for _, root := range roots {
+		dir, err := os.MkdirTemp(root, "kpr-probe-")
+		if err == nil {
+			return dir, nil
+		}
+		errs = append(errs, err)
+	}
+	return "", fmt.Errorf("create probe cgroup: %w", errors.Join(errs...))
 }
 
 // probeTCX asks the kernel for a tcx link on an interface that cannot

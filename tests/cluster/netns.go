@@ -98,7 +98,7 @@ func (f *netnsForwarder) acceptLoop() {
 
 func (f *netnsForwarder) relay(client net.Conn) {
 	defer f.wg.Done()
-	server, err := dialInNetNS(f.ns, net.JoinHostPort("127.0.0.1", f.port))
+	server, err := DialInNetNS(f.ns, net.JoinHostPort("127.0.0.1", f.port))
 	if err != nil {
 		// Normal while the server is starting or stopped: the client sees a
 		// closed connection, as it would without the forwarder.
@@ -162,11 +162,11 @@ func (f *netnsForwarder) Close() error {
 	return err
 }
 
-// dialInNetNS opens a TCP connection from inside ns. A socket belongs to the
+// DialInNetNS opens a TCP connection from inside ns. A socket belongs to the
 // namespace of the thread that creates it, so the dial runs on a locked OS
 // thread switched into ns and back; the connection keeps working from any
 // thread afterwards.
-func dialInNetNS(ns netns.NsHandle, address string) (net.Conn, error) {
+func DialInNetNS(ns netns.NsHandle, address string) (net.Conn, error) {
 	runtime.LockOSThread()
 	orig, err := netns.Get()
 	if err != nil {

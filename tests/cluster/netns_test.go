@@ -88,7 +88,7 @@ func TestClusterInNetNS(t *testing.T) {
 	onAdvertised.TLSClientConfig.ServerName = "localhost"
 	for _, cfg := range []*rest.Config{rest.CopyConfig(c.Config), onAdvertised} {
 		cfg.Dial = func(_ context.Context, _, address string) (net.Conn, error) {
-			return dialInNetNS(ns, address)
+			return DialInNetNS(ns, address)
 		}
 		insideClient, err := kubernetes.NewForConfig(cfg)
 		if err != nil {

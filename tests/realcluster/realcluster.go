@@ -44,6 +44,10 @@ type Options struct {
 	// ImagesDir holds the image archives every node imports (make
 	// cluster-images); default $KPR_CLUSTER_IMAGES_DIR.
 	ImagesDir string
+	// Images are the archives of ImagesDir to import, by file name
+	// (agnhost.tar); default all of them. Each costs the node's boot
+	// time (importing agnhost's takes most of a minute under emulation).
+	Images []string
 	// ExtraImages are more archives to import, such as kpr's own from
 	// make image.
 	ExtraImages []string
@@ -231,6 +235,12 @@ func (c *Cluster) startNodes(ctx context.Context, opts Options) error {
 	images, err := filepath.Glob(filepath.Join(opts.ImagesDir, "*.tar"))
 	if err != nil {
 		return err
+	}
+	if opts.Images != nil {
+		images = nil
+		for _, name := range opts.Images {
+			images = append(images, filepath.Join(opts.ImagesDir, name))
+		}
 	}
 	images = append(images, opts.ExtraImages...)
 	kernelDir := opts.KernelDir

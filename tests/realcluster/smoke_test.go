@@ -1,0 +1,173 @@
+package realcluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kpr-io/kpr/tests/harness"
+)
+
+// The images of kpr the smoke test installs and then rolls the DaemonSet
+// to, built by make test-cluster-smoke (make image with these references).
+const (
+	kprImageEnv     = "KPR_CLUSTER_KPR_IMAGE"
+	kprNextImageEnv = "KPR_CLUSTER_KPR_NEXT_IMAGE"
+	// kprNextTag is the tag of the second image.
+	kprNextTag = "v0.1.0-next"
+)
+
+// TestSmoke installs kpr on a real two-node cluster with the chart, as
+// docs/quickstart.md says, and checks what a platform team checks first:
+// the DaemonSet rolls out, kpr reports its eBPF mode and is healthy through
+// the API server's proxy, CoreDNS (kubeadm's) becomes ready through kpr and
+// answers a pod, a NodePort answers from outside the nodes, and a rolling
+// update of kpr loses none of the requests sent to it every 10 ms.
+func TestSmoke(t *testing.T) {
+	harness.RequireRoot(t)
+	image, next := os.Getenv(kprImageEnv), os.Getenv(kprNextImageEnv)
+	if image == "" || next == "" {
+		t.Skipf("skipping: %s and %s name kpr's image archives; make test-cluster-smoke (part of make test) builds them and runs this test", kprImageEnv, kprNextImageEnv)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	c, err := Up(ctx, Options{
+		Images:      []string{"pause.tar", "coredns.tar", "agnhost.tar", "busybox.tar"},
+		ExtraImages: []string{image, next},
+		Logger:      zaptest.NewLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			keepLogs(t, c)
+		}
+		if err := c.Down(); err != nil {
+			t.Error(err)
+		}
+	})
+	run := func(tool string, args ...string) string {
+		t.Helper()
+		out, err := c.Run(ctx, tool, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// kubeadm's CoreDNS first, as on a new cluster: it waits for a Service
+	// proxy to reach the API server through the kubernetes Service.
+	cfg := filepath.Join(c.WorkDir(), "kubeadm.yaml")
+	if err := os.WriteFile(cfg, []byte(kubeadmConfig()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run("kubeadm", "init", "phase", "addon", "coredns", "--config", cfg, "--kubeconfig", c.KubeconfigPath)
+
+	// docs/quickstart.md, step 3, with the control plane's address.
+	chart := filepath.Join(root, "deploy/helm/kpr")
+	run("helm", "install", "kpr", chart, "--namespace", "kpr-system", "--create-namespace",
+		"--set", "apiServer.host="+controlPlane.String(), "--set", "apiServer.port="+c.APIServerPort())
+	if err := c.WaitRollout(ctx, "kpr-system", "daemonset/kpr", 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// Step 4.
+	status := run("kubectl", "-n", "kpr-system", "exec", "ds/kpr", "--", "kpr", "status")
+	if !strings.Contains(status, "mode: ebpf") {
+		t.Errorf("kpr status does not report the eBPF mode:\n%s", status)
+	}
+	pods, err := c.Client.CoreV1().Pods("kpr-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kpr"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != len(c.Nodes) {
+		t.Fatalf("%d kpr pods, want one on each of %d nodes", len(pods.Items), len(c.Nodes))
+	}
+	for _, p := range pods.Items {
+		out := run("kubectl", "get", "--raw", fmt.Sprintf("/api/v1/namespaces/kpr-system/pods/%s:10256/proxy/healthz", p.Name))
+		if !strings.Contains(out, "lastUpdated") && !strings.Contains(out, "ok") {
+			t.Errorf("/healthz of %s through the API server's proxy: %q", p.Name, out)
+		}
+	}
+
+	// CoreDNS reaches the API server through kpr, then answers a pod.
+	if err := c.WaitRollout(ctx, "kube-system", "deployment/coredns", 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	run("kubectl", "run", "dns-check", "--restart=Never", "--image=registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+		"--", "nslookup", "kubernetes.default.svc.cluster.local")
+	run("kubectl", "wait", "pod/dns-check", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=5m")
+	if out := run("kubectl", "logs", "dns-check"); !strings.Contains(out, "10.96.0.1") {
+		t.Errorf("nslookup kubernetes.default from a pod:\n%s", out)
+	}
+
+	// A NodePort, from outside the nodes, on every node.
+	run("kubectl", "create", "deployment", "web", "--replicas=2", "--image=registry.k8s.io/e2e-test-images/agnhost:2.66.1",
+		"--", "/agnhost", "netexec", "--http-port=8080")
+	run("kubectl", "expose", "deployment", "web", "--port=80", "--target-port=8080", "--type=NodePort")
+	if err := c.WaitRollout(ctx, "default", "deployment/web", 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := c.Client.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls []string
+	for _, n := range c.nodes {
+		urls = append(urls, fmt.Sprintf("http://%s:%d/hostname", n.address, svc.Spec.Ports[0].NodePort))
+	}
+	traffic, err := c.StartTraffic(urls, 10*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	if sent, failed := traffic.Stop(); sent == 0 || len(failed) > 0 {
+		t.Fatalf("NodePort from outside: %d requests, %d failed: %s", sent, len(failed), strings.Join(first(failed, 10), "; "))
+	}
+
+	// A rolling update of kpr under that traffic.
+	traffic, err = c.StartTraffic(urls, 10*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run("helm", "upgrade", "kpr", chart, "--namespace", "kpr-system", "--reuse-values", "--set", "image.tag="+kprNextTag)
+	rollErr := c.WaitRollout(ctx, "kpr-system", "daemonset/kpr", 10*time.Minute)
+	time.Sleep(5 * time.Second)
+	sent, failed := traffic.Stop()
+	if rollErr != nil {
+		t.Fatal(rollErr)
+	}
+	t.Logf("rolling update of kpr: %d NodePort requests, %d failed", sent, len(failed))
+	if len(failed) > 0 {
+		t.Errorf("%d of %d NodePort requests failed during kpr's rolling update: %s", len(failed), sent, strings.Join(first(failed, 10), "; "))
+	}
+}
+
+func first(s []string, n int) []string { return s[:min(n, len(s))] }
+
+// keepLogs copies the cluster's logs (the VMs' consoles among them) to
+// where a failed CI run keeps them, before Down removes them.
+func keepLogs(t *testing.T, c *Cluster) {
+	dir := os.Getenv("KPR_CLUSTER_LOG_DIR")
+	if dir == "" {
+		return
+	}
+	logs, _ := filepath.Glob(filepath.Join(c.WorkDir(), "*.log"))
+	for _, l := range logs {
+		if data, err := os.ReadFile(l); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, filepath.Base(l)), data, 0o644)
+		}
+	}
+	t.Logf("cluster logs kept in %s", dir)
+}
