@@ -2,6 +2,7 @@ package loader
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -80,6 +81,42 @@ func cgroup2Mounts() ([]string, error) {
 		}
 	}
 	return points, nil
+}
+
+// ownCgroup is the directory of the calling process's own cgroup v2 cgroup,
+// found through a cgroup2 mount of the root of its cgroup namespace (in a
+// container, the container's /sys/fs/cgroup, which may be read-only).
+func ownCgroup() (string, error) {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", fmt.Errorf("read /proc/self/cgroup: %w", err)
+	}
+	path := ""
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "0::"); ok {
+			path = rest
+		}
+	}
+	if path == "" {
+		return "", errors.New("the process is in no cgroup v2 cgroup (/proc/self/cgroup has no 0:: line)")
+	}
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", fmt.Errorf("read /proc/self/mountinfo: %w", err)
+	}
+	// mountinfo: ID PARENT MAJ:MIN ROOT POINT OPTIONS... - FSTYPE SOURCE SUPER
+	for _, line := range strings.Split(string(info), "\n") {
+		before, after, ok := strings.Cut(line, " - ")
+		fields, fsFields := strings.Fields(before), strings.Fields(after)
+		if !ok || len(fields) < 5 || len(fsFields) == 0 || fsFields[0] != "cgroup2" || fields[3] != "/" {
+			continue
+		}
+		dir := filepath.Join(unescapeMount(fields[4]), path)
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			return dir, nil
+		}
+	}
+	return "", fmt.Errorf("no cgroup2 mount shows the process's own cgroup %s", path)
 }
 
 // EnsureCgroup2 returns a cgroup2 mount point, mounting cgroup2 at

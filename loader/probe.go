@@ -284,11 +284,13 @@ func probeBatch() error {
 // probeCgroupLink attaches a do-nothing program to a fresh, empty cgroup and
 // checks that the result is a real bpf_link (only those report Info).
 func probeCgroupLink() error {
-	dir, err := probeCgroup()
+	dir, created, err := probeCgroup()
 	if err != nil {
 		return err
 	}
-	defer os.Remove(dir)
+	if created {
+		defer os.Remove(dir)
+	}
 	p, err := minimalProgram(ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect)
 	if err != nil {
 		return err
@@ -305,28 +307,36 @@ func probeCgroupLink() error {
 	return nil
 }
 
-// probeCgroup creates a cgroup for a probe to attach to. In kpr's pod the
-// first cgroup2 mount is the container's own /sys/fs/cgroup, read-only,
-// and the node's hierarchy is mounted elsewhere (the chart's
-// /run/kpr/cgroupv2), so each cgroup2 mount is tried in turn until one
-// takes a new cgroup.
-func probeCgroup() (string, error) {
+// probeCgroup returns a cgroup for a probe to attach to, and whether it
+// created it (and the caller removes it). It creates one under the first
+// cgroup2 mount that takes it. In kpr's pod none does: the container's own
+// /sys/fs/cgroup is read-only, and the root of the node's hierarchy (the
+// chart's /run/kpr/cgroupv2) is mode 0555, writable only with
+// CAP_DAC_OVERRIDE, which kpr does not need otherwise. There the probe
+// uses the process's own cgroup, the container's: the probe's program
+// allows every connect, and only kpr's own sockets pass through it.
+func probeCgroup() (dir string, created bool, err error) {
 	roots, err := cgroup2Mounts()
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if len(roots) == 0 {
-		return "", errors.New("cgroup2 is not mounted")
+		return "", false, errors.New("cgroup2 is not mounted")
 	}
 	var errs []error
 	for _, root := range roots {
 		dir, err := os.MkdirTemp(root, "kpr-probe-")
 		if err == nil {
-			return dir, nil
+			return dir, true, nil
 		}
 		errs = append(errs, err)
 	}
-	return "", fmt.Errorf("create probe cgroup: %w", errors.Join(errs...))
+	own, err := ownCgroup()
+	if err != nil {
+		errs = append(errs, err)
+		return "", false, fmt.Errorf("create probe cgroup: %w", errors.Join(errs...))
+	}
+	return own, false, nil
 }
 
 // probeTCX asks the kernel for a tcx link on an interface that cannot
