@@ -372,7 +372,7 @@ var checks = map[string]struct {
 				ln -sfn iptables-wrapper /usr/sbin/$c; done
 				printf '%s\n' 'apiVersion: kubeproxy.config.k8s.io/v1alpha1' 'kind: KubeProxyConfiguration' 'mode: nftables' >/tmp/config.conf
 				nft add table ip kube-proxy; nft add table ip6 kube-proxy; iptables -t nat -N KUBE-SERVICES
-				nft list tables; iptables -t nat -S KUBE-SERVICES
+				nft list tables | grep kube-proxy; iptables -t nat -S KUBE-SERVICES
 				/usr/local/bin/kube-proxy --config=/tmp/config.conf --hostname-override=node-1 --cleanup
 				if nft list tables | grep kube-proxy || iptables -t nat -S | grep KUBE-; then exit 1; fi
 				echo cleaned up`}, want: "table ip6 kube-proxy\n-N KUBE-SERVICES\ncleaned up", net: true},
