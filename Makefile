@@ -42,15 +42,16 @@ image: build
 ## cluster-images: the container images a real test cluster (kubelet
 ## v1.37.2, containerd 2.x) needs and cannot pull, as archives for `ctr -n
 ## k8s.io images import`, named as upstream names them: pause, coredns,
-## agnhost, busybox, nginx, glibc-dns-testing and distroless-iptables
-## (docs/cluster-images.md). hack/cluster-images.sh builds their file trees
-## from Debian's packages and the binaries pause, coredns and agnhost in
-## KPR_CLUSTER_TOOLS_DIR; hack/image/clusterimages writes the archives into
-## KPR_CLUSTER_IMAGES_DIR, again only when an input changed.
+## agnhost, busybox, nginx, glibc-dns-testing, distroless-iptables,
+## regression-issue-74839 and kube-proxy (docs/cluster-images.md).
+## hack/cluster-images.sh builds their file trees from Debian's packages and
+## the binaries pause, coredns and agnhost in KPR_CLUSTER_TOOLS_DIR and
+## kube-proxy in KPR_TOOLS_DIR; hack/image/clusterimages writes the archives
+## into KPR_CLUSTER_IMAGES_DIR, again only when an input changed.
 KPR_CLUSTER_TOOLS_DIR ?= $(HOME)/.cache/kpr/cluster-tools/v1.37.2
 KPR_CLUSTER_IMAGES_DIR ?= $(HOME)/.cache/kpr/cluster-images/v1.37.2
-cluster-images: cluster-tools
-	KPR_CLUSTER_TOOLS_DIR='$(KPR_CLUSTER_TOOLS_DIR)' KPR_CLUSTER_IMAGES_DIR='$(KPR_CLUSTER_IMAGES_DIR)' GO='$(GO)' hack/cluster-images.sh
+cluster-images: tools cluster-tools
+	KPR_TOOLS_DIR='$(KPR_TOOLS_DIR)' KPR_CLUSTER_TOOLS_DIR='$(KPR_CLUSTER_TOOLS_DIR)' KPR_CLUSTER_IMAGES_DIR='$(KPR_CLUSTER_IMAGES_DIR)' GO='$(GO)' hack/cluster-images.sh
 
 ## cluster-up, cluster-down: a real cluster on this machine (tests/realcluster,
 ## docs/cluster-e2e.md): the control plane in a network namespace of its own,

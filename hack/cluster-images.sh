@@ -11,14 +11,19 @@
 #   glibc-dns-testing    registry.k8s.io/e2e-test-images/glibc-dns-testing
 #   distroless-iptables  registry.k8s.io/build-image/distroless-iptables
 #   regression-issue-74839  registry.k8s.io/e2e-test-images/regression-issue-74839
+#   kube-proxy           registry.k8s.io/kube-proxy, kubeadm's kube-proxy add-on
+#                        (distroless-iptables with kube-proxy on top)
 # The references, run configurations and binaries of each image are in
 # hack/image/clusterimages (images.go); the file trees from Debian packages
 # (hack/debroot.sh) and what their Dockerfiles' RUN steps do are here.
 #
 # Inputs: the static binaries pause, coredns and agnhost in
 # ${KPR_CLUSTER_TOOLS_DIR:-~/.cache/kpr/cluster-tools/v1.37.2}, and
-# regression-issue-74839 there too or else built here from tests/tools'
-# k8s.io/kubernetes (the same release); Debian's packages (cached,
+# regression-issue-74839 and kube-log-runner there too or else built here
+# from tests/tools' module (k8s.io/kubernetes and k8s.io/component-base of
+# the same release); kube-proxy from hack/tools.sh (which builds it into
+# ${KPR_TOOLS_DIR:-~/.cache/kpr/tools/v1.37.2} unless it is there and up to
+# date, and prints that directory); Debian's packages (cached,
 # hack/debroot.sh); k8s.io/kubernetes@v1.37.2 from the Go module cache
 # (agnhost's porter certificate). The archives go to
 # ${KPR_CLUSTER_IMAGES_DIR:-~/.cache/kpr/cluster-images/v1.37.2}, with
@@ -49,17 +54,38 @@ for b in "${BINARIES[@]}"; do
 	fi
 	ln -s "$tools_dir/$b" "$bin/$b"
 done
-# The conntrack test's boom-server: test/images/regression-issue-74839,
-# a small program of std and k8s.io/utils, so it builds in a second from
-# the module the test tools are built from (hack/tools.sh).
-b=regression-issue-74839
-if [[ -x $tools_dir/$b ]]; then
-	ln -s "$tools_dir/$b" "$bin/$b"
-else
+# Small programs of the module the test tools are built from (hack/tools.sh,
+# tests/tools), which build in a second: the conntrack test's boom-server
+# (test/images/regression-issue-74839, std and k8s.io/utils), and
+# kube-log-runner, the /go-runner of upstream's server images (std and
+# k8s.io/apimachinery's resource).
+small=(
+	"regression-issue-74839  k8s.io/kubernetes/test/images/regression-issue-74839"
+	"kube-log-runner         k8s.io/component-base/logs/kube-log-runner"
+)
+pkgs=()
+for line in "${small[@]}"; do
+	read -r b pkg <<<"$line"
+	if [[ -x $tools_dir/$b ]]; then
+		ln -s "$tools_dir/$b" "$bin/$b"
+	else
+		pkgs+=("$pkg")
+	fi
+	BINARIES+=("$b")
+done
+if [[ ${#pkgs[@]} -gt 0 ]]; then
 	(cd "$repo_root/tests/tools" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false "$GO" build -trimpath -ldflags '-s -w' \
-		-o "$bin/$b" "k8s.io/kubernetes/test/images/$b")
+		-o "$bin/" "${pkgs[@]}")
 fi
-BINARIES+=("$b")
+# kube-proxy: the test tools' (static, stamped v1.37.2 as upstream's
+# release is), where hack/tools.sh builds it or finds it built.
+kube_tools_dir=$("$repo_root/hack/tools.sh")
+if [[ ! -f $kube_tools_dir/kube-proxy || ! -x $kube_tools_dir/kube-proxy ]]; then
+	log "no executable $kube_tools_dir/kube-proxy, which hack/tools.sh builds"
+	exit 1
+fi
+ln -s "$kube_tools_dir/kube-proxy" "$bin/kube-proxy"
+BINARIES+=(kube-proxy)
 
 # Everything the archives are made from but the .debs, which change only
 # with the package lists (in this script) or KPR_IMAGE_REFRESH.
@@ -280,18 +306,77 @@ cp "$r/usr/share/base-passwd/group.master" "$r/etc/group"
 nsswitch "$r"
 mkdir -p "$r/root"
 
-# distroless-iptables (kubernetes/release images/build/distroless-iptables):
-# iptables (nft by default), ipset, nft, kmod, and dash, cat, grep, sleep and
-# the like. The KubeProxy CLOSE_WAIT test runs `sleep 600` in it and reads
-# the node's conntrack table with sh, cat and grep, or with conntrack, which
-# the image carries here (upstream's does not) so that the test runs where
-# the kernel has no /proc/net/nf_conntrack.
+# distroless-iptables (kubernetes/release images/build/distroless-iptables,
+# v0.9.x: Debian trixie's iptables, ipset, nft and kmod, dash, cat, grep,
+# sleep and the like, upstream's iptables-wrapper, /go-runner), which is
+# also the base of kube-proxy's image below. The KubeProxy CLOSE_WAIT test
+# runs `sleep 600` in it and reads the node's conntrack table with sh, cat
+# and grep, or with conntrack, which the image carries here (upstream's
+# does not) so that the test runs where the kernel has no
+# /proc/net/nf_conntrack. kube-proxy runs iptables, ip6tables, their -save
+# and -restore (iptables and IPv6 modes, and the cleanup of their rules in
+# nftables mode), nft (nftables mode), ipset and modprobe (IPVS mode).
 r=$rootfs/distroless-iptables
 debroot distroless-iptables "$r" iptables ipset nftables kmod conntrack dash coreutils grep debianutils
-for t in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
-	ln -sfn "${t/tables/tables-nft}" "$r/usr/sbin/$t"
-done
 debroot_alternative "$r" usr/bin/which which.debianutils
+# iptables-wrapper-installer.sh's work: the six commands run the wrapper,
+# which points them at xtables-nft-multi or xtables-legacy-multi, as the
+# node's rules are, the first time one runs.
+put "$r/usr/sbin/iptables-wrapper" 755 <<'EOF'
+#!/bin/sh
+# iptables-wrapper, as upstream's distroless-iptables has it (the installer
+# of kubernetes-sigs/iptables-wrappers): iptables, iptables-save,
+# iptables-restore and their ip6tables twins are links to this script until
+# the first of them runs. That one finds which iptables the node's rules are
+# in, nft or legacy, points the six links at xtables-nft-multi or
+# xtables-legacy-multi for every later command, and runs its command with
+# it. kubelet's chains KUBE-IPTABLES-HINT and KUBE-KUBELET-CANARY, in the
+# mangle table, name the node's iptables; where neither has them, the one
+# with more rules wins, nft if that is neither.
+set -e
+cmd=${0##*/}
+case $cmd in
+iptables | iptables-save | iptables-restore | ip6tables | ip6tables-save | ip6tables-restore) ;;
+*)
+	echo "iptables-wrapper: runs as iptables, iptables-save, iptables-restore or their ip6tables twins, not as $cmd" >&2
+	exit 2
+	;;
+esac
+sbin=/usr/sbin
+
+# legacy_rules, nft_rules [ARG...]: IPv4's and IPv6's rules in that iptables, or
+# nothing where the kernel has none. iptables-legacy-save is never given a
+# table: naming one would make the kernel create it. An nft save that hangs
+# (iptables 1.8.3 could) is given up after 5 seconds, as upstream's is.
+legacy_rules() {
+	{ "$sbin/xtables-legacy-multi" iptables-save || true; "$sbin/xtables-legacy-multi" ip6tables-save || true; } 2>/dev/null
+}
+nft_rules() {
+	{ timeout 5 "$sbin/xtables-nft-multi" iptables-save "$@" || true; timeout 5 "$sbin/xtables-nft-multi" ip6tables-save "$@" || true; } 2>/dev/null
+}
+hint='^:(KUBE-IPTABLES-HINT|KUBE-KUBELET-CANARY) '
+if [ "$(nft_rules -t mangle | grep -cE "$hint")" -gt 0 ]; then
+	mode=nft
+elif [ "$(legacy_rules | grep -cE "$hint")" -gt 0 ]; then
+	mode=legacy
+elif [ "$(legacy_rules | grep -c '^-')" -gt "$(nft_rules | grep -c '^-')" ]; then
+	mode=legacy
+else
+	mode=nft
+fi
+
+# Each link is replaced by a rename, so that a command started meanwhile
+# (kube-proxy runs IPv4's and IPv6's side by side) finds either the wrapper
+# or the chosen iptables. Where the image is read-only the links stay, and
+# every command chooses again.
+for c in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+	ln -sfn "xtables-$mode-multi" "$sbin/.$c.$$" && mv -fT "$sbin/.$c.$$" "$sbin/$c" || rm -f "$sbin/.$c.$$"
+done 2>/dev/null
+exec "$sbin/xtables-$mode-multi" "$cmd" "$@"
+EOF
+for t in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+	ln -sfn iptables-wrapper "$r/usr/sbin/$t"
+done
 put "$r/etc/passwd" 644 <<'EOF'
 root:x:0:0:root:/root:/sbin/nologin
 nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin
@@ -304,6 +389,12 @@ nonroot:x:65532:
 EOF
 nsswitch "$r"
 mkdir -p "$r/root" "$r/home/nonroot"
+
+# kube-proxy (k8s.io/kubernetes build/server-image/Dockerfile with BINARY
+# kube-proxy): FROM distroless-iptables, whose layers images.go puts first
+# (the same layers, stored once by containerd), then kube-proxy at
+# /usr/local/bin/kube-proxy; nothing of its own here.
+mkdir -p "$rootfs/kube-proxy"
 
 log "writing the archives"
 (cd "$repo_root/hack/image" && "$GO" run ./clusterimages -rootfs "$rootfs" -tools "$bin" -o "$scratch/out")

@@ -11,18 +11,21 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/kpr-io/kpr/hack/image/imagetest"
 )
 
 // TestClusterImages runs `make cluster-images` as a user would, with
-// stand-ins for the pause, coredns and agnhost binaries, then checks every
-// archive: the references it carries, its run configuration, that the tools
-// the e2e tests run in it are there and find their libraries and, as root,
-// that they run in a chroot of its file tree (nginx serves its page); then,
-// where the cluster tools build has made containerd, imports them into one
-// and runs some (checkInContainerd). A second run with the same inputs must
-// leave the archives alone.
+// stand-ins for the pause, coredns and agnhost binaries and the real
+// kube-proxy (hack/tools.sh's, built if it is not), then checks every
+// archive: the references it carries, its run configuration, its base
+// image's layers first, that the tools the e2e tests and kube-proxy run in
+// it are there and find their libraries and, as root, that they run in a
+// chroot of its file tree (nginx serves its page, kube-proxy cleans up its
+// nftables and iptables rules); then, where the cluster tools build has made
+// containerd, imports them into one and runs some (checkInContainerd). A
+// second run with the same inputs must leave the archives alone.
 func TestClusterImages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the images (downloads Debian packages on first use)")
@@ -36,7 +39,11 @@ func TestClusterImages(t *testing.T) {
 	standIns(t, tools)
 	mk := func() string {
 		t.Helper()
-		cmd := exec.Command("make", "-C", root, "--no-print-directory", "cluster-images",
+		// -o cluster-tools: the stand-ins are the cluster tools; make
+		// would otherwise build every cluster tool into their
+		// directory. The tools prerequisite builds kube-proxy into
+		// KPR_TOOLS_DIR if it is not there (make test builds it anyway).
+		cmd := exec.Command("make", "-C", root, "--no-print-directory", "-o", "cluster-tools", "cluster-images",
 			"KPR_CLUSTER_TOOLS_DIR="+tools, "KPR_CLUSTER_IMAGES_DIR="+out)
 		b, err := cmd.CombinedOutput()
 		if err != nil {
@@ -57,9 +64,16 @@ func TestClusterImages(t *testing.T) {
 		t.Errorf("IMAGES lists\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(listed, "\n"))
 	}
 
+	layers := map[string][]v1.Hash{}
 	for _, s := range Images {
 		t.Run(s.Name, func(t *testing.T) {
-			fsDir := checkArchive(t, s, filepath.Join(out, s.Name+".tar"), filepath.Join(tmp, s.Name))
+			fsDir, l := checkArchive(t, s, filepath.Join(out, s.Name+".tar"), filepath.Join(tmp, s.Name))
+			layers[s.Name] = l
+			// An image built FROM another starts with its layers, which
+			// a node then stores once.
+			if base, ok := layers[s.Base]; s.Base != "" && (!ok || len(l) <= len(base) || !slices.Equal(l[:len(base)], base)) {
+				t.Errorf("layers %v do not start with those of its base %s, %v", l, s.Base, base)
+			}
 			if t.Failed() {
 				return
 			}
@@ -147,8 +161,9 @@ func main() { fmt.Printf("stand-in %s %q\n", filepath.Base(os.Args[0]), os.Args[
 }
 
 // checkArchive checks the archive's references and run configuration
-// against s and returns the directory of its file tree.
-func checkArchive(t *testing.T, s Spec, archive, dir string) string {
+// against s and returns the directory of its file tree and its layers'
+// digests.
+func checkArchive(t *testing.T, s Spec, archive, dir string) (string, []v1.Hash) {
 	t.Helper()
 	a := imagetest.Open(t, archive, filepath.Join(dir, "layout"))
 	var tags []string
@@ -183,9 +198,17 @@ func checkArchive(t *testing.T, s Spec, archive, dir string) string {
 	if !slices.Contains(cf.Config.Env, "PATH="+Path) {
 		t.Errorf("env %q lacks PATH", cf.Config.Env)
 	}
+	m, err := a.Image.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var layers []v1.Hash
+	for _, l := range m.Layers {
+		layers = append(layers, l.Digest)
+	}
 	fsDir := filepath.Join(dir, "fs")
 	imagetest.Extract(t, a.Image, fsDir)
-	return fsDir
+	return fsDir, layers
 }
 
 type run struct {
@@ -303,15 +326,56 @@ var checks = map[string]struct {
 		},
 	},
 	"distroless-iptables": {
-		files: []string{"/bin/sh", "/usr/sbin/iptables", "/etc/passwd", "/etc/nsswitch.conf"},
+		files: []string{"/bin/sh", "/usr/sbin/iptables", "/usr/sbin/iptables-wrapper", "/go-runner", "/etc/passwd", "/etc/nsswitch.conf"},
 		programs: []string{"/bin/dash", "/usr/bin/sleep", "/usr/bin/cat", "/usr/bin/grep", "/usr/sbin/conntrack",
-			"/usr/sbin/xtables-nft-multi", "/usr/sbin/xtables-legacy-multi", "/usr/sbin/ipset", "/usr/sbin/nft", "/usr/bin/kmod"},
+			"/usr/sbin/xtables-nft-multi", "/usr/sbin/xtables-legacy-multi", "/usr/sbin/ipset", "/usr/sbin/nft", "/usr/bin/kmod",
+			"/go-runner"},
 		run: []run{
 			// What the KubeProxy CLOSE_WAIT test runs in it.
 			{argv: []string{"sleep", "0"}},
 			sh("test -f /proc/net/nf_conntrack || which conntrack", ""),
 			sh("cat /etc/passwd | grep -m 1 root", "root:x:0:0"),
+			// The iptables-wrapper: until an iptables command runs,
+			// the six are the wrapper; the first picks legacy where
+			// kubelet's hint chain is in legacy's tables (the links
+			// are put back for the next check) ...
+			sh("readlink /usr/sbin/iptables /usr/sbin/ip6tables-restore", "iptables-wrapper\niptables-wrapper"),
+			{argv: []string{"sh", "-c", `if iptables-legacy -t mangle -N KUBE-IPTABLES-HINT 2>/dev/null; then
+				iptables --version; readlink /usr/sbin/ip6tables-save
+				else echo 'no legacy iptables in this kernel: (legacy)'; echo xtables-legacy-multi; fi
+				for c in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+				ln -sfn iptables-wrapper /usr/sbin/$c; done`}, want: "(legacy)\nxtables-legacy-multi", net: true},
+			// ... and nft where neither has rules.
+			{argv: []string{"sh", "-c", "iptables --version; readlink /usr/sbin/ip6tables-save"}, want: "(nf_tables)\nxtables-nft-multi", net: true},
 			sh("iptables --version; iptables-legacy --version; ipset --version; nft --version; conntrack --version", "(nf_tables)"),
+			{argv: []string{"/go-runner", "sh", "-c", "echo run by go-runner"}, want: "run by go-runner"},
+		},
+	},
+	"kube-proxy": {
+		entrypoint: []string{"/go-runner"},
+		files:      []string{"/usr/local/bin/kube-proxy", "/go-runner", "/usr/sbin/iptables-wrapper", "/bin/sh"},
+		programs: []string{"/usr/local/bin/kube-proxy", "/go-runner", "/usr/sbin/nft", "/usr/sbin/xtables-nft-multi",
+			"/usr/sbin/xtables-legacy-multi", "/usr/sbin/ipset", "/usr/sbin/conntrack", "/usr/bin/kmod"},
+		run: []run{
+			{argv: []string{"kube-proxy", "--version"}, want: "Kubernetes v1.37.2"},
+			// The image's entrypoint.
+			{argv: []string{"/go-runner", "/usr/local/bin/kube-proxy", "--version"}, want: "Kubernetes v1.37.2"},
+			sh("nft --version", "nftables v1."),
+			sh("readlink /usr/sbin/iptables", "iptables-wrapper"),
+			{argv: []string{"sh", "-c", "iptables --version; readlink /usr/sbin/iptables"}, want: "(nf_tables)\nxtables-nft-multi", net: true},
+			sh("ipset --version; conntrack --version; modprobe --version", "kmod version"),
+			// kubeadm's command, cleaning up: kube-proxy removes its
+			// nftables tables (nft) and its iptables chains (iptables
+			// through the wrapper, then put back) and ends.
+			{argv: []string{"sh", "-c", `set -e
+				for c in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+				ln -sfn iptables-wrapper /usr/sbin/$c; done
+				printf '%s\n' 'apiVersion: kubeproxy.config.k8s.io/v1alpha1' 'kind: KubeProxyConfiguration' 'mode: nftables' >/tmp/config.conf
+				nft add table ip kube-proxy; nft add table ip6 kube-proxy; iptables -t nat -N KUBE-SERVICES
+				nft list tables | grep kube-proxy; iptables -t nat -S KUBE-SERVICES
+				/usr/local/bin/kube-proxy --config=/tmp/config.conf --hostname-override=node-1 --cleanup
+				if nft list tables | grep kube-proxy || iptables -t nat -S | grep KUBE-; then exit 1; fi
+				echo cleaned up`}, want: "table ip6 kube-proxy\n-N KUBE-SERVICES\ncleaned up", net: true},
 		},
 	},
 	"regression-issue-74839": {

@@ -30,7 +30,7 @@ func clusterToolsDir() string {
 // API, unpacking into overlayfs), then checks the names containerd gave
 // them, and runs containers of a few with runc: agnhost's tools, busybox
 // as the Conntrack test runs it, nginx serving its page, the pause
-// stand-in as user 65535.
+// stand-in as user 65535, kube-proxy and its iptables and nft.
 func checkInContainerd(t *testing.T, dir string) {
 	if os.Geteuid() != 0 {
 		t.Skip("not root: containerd needs root")
@@ -141,6 +141,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
 		{e2eRegistry + "agnhost:" + AgnhostTag, []string{"sh", "-c", "id; nc -h 2>&1; curl --version; ip -V"}, "uid=0(root)"},
 		{e2eRegistry + "busybox:" + BusyBoxTag, []string{"/bin/sh", "-c", "echo Pausing start. && sleep 0"}, "Pausing start."},
 		{e2eRegistry + "nginx:" + NginxTag, []string{"sh", "-c", "ip link set lo up; /docker-entrypoint.sh nginx && sleep 0.5 && wget -qO- http://127.0.0.1/"}, "Welcome to nginx!"},
+		// kube-proxy as kubeadm's DaemonSet runs it (its command, by
+		// path), on its base's layers as unpacked by containerd, and
+		// its entrypoint.
+		{"registry.k8s.io/kube-proxy:" + KubeProxyTag, []string{"/usr/local/bin/kube-proxy", "--version"}, "Kubernetes " + KubeVersion},
+		{"registry.k8s.io/kube-proxy:" + KubeProxyTag, []string{"/go-runner", "sh", "-c", "iptables --version; nft --version"}, "(nf_tables)\nnftables v1."},
 	} {
 		if got := run(c.ref, c.argv...); !strings.Contains(got, c.want) {
 			t.Errorf("ctr run %s %q printed %q, want %q in it", c.ref, c.argv, got, c.want)

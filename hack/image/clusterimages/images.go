@@ -17,6 +17,11 @@ const (
 	PauseTag = "3.10.2"
 	// CoreDNSTag: cmd/kubeadm/app/constants CoreDNSVersion.
 	CoreDNSTag = "v1.14.6"
+	// KubeProxyTag: the release itself, as kubeadm's GetKubernetesImage
+	// tags kube-proxy (KubernetesVersionToImageTag of the cluster
+	// configuration's kubernetesVersion, which tests/realcluster sets to
+	// this release).
+	KubeProxyTag = KubeVersion
 	// The rest are test/utils/image/manifest.go's: Agnhost, BusyBox,
 	// Nginx and NginxNew, GlibcDnsTesting, DistrolessIptables,
 	// RegressionIssue74839.
@@ -42,10 +47,15 @@ type Binary struct {
 	Dst  string // its path in the image
 }
 
-// Spec is an image: its archive is Name.tar, its file tree the one
-// hack/cluster-images.sh leaves in rootfs/Name with Binaries on top.
+// Spec is an image: its archive is Name.tar, its layers Base's (if any),
+// then the file tree hack/cluster-images.sh leaves in rootfs/Name (unless
+// empty), then Binaries.
 type Spec struct {
-	Name     string
+	Name string
+	// Base is the Name of an earlier image of Images this one is built
+	// FROM: its layers come first, byte for byte, so that a node stores
+	// them once. Its run configuration is not inherited.
+	Base     string
 	Refs     []string
 	Binaries []Binary
 	Config   v1.Config
@@ -127,10 +137,13 @@ var Images = []Spec{
 	},
 	{
 		// kubernetes/release distroless-iptables: no entrypoint or
-		// command; the KubeProxy test gives `sleep 600`.
-		Name:   "distroless-iptables",
-		Refs:   []string{"registry.k8s.io/build-image/distroless-iptables:" + DistrolessIptablesTag},
-		Config: v1.Config{Env: []string{"PATH=" + Path}},
+		// command (the KubeProxy test gives `sleep 600`); /go-runner
+		// from the go-runner image, here kube-log-runner, which
+		// upstream's server images put over it.
+		Name:     "distroless-iptables",
+		Refs:     []string{"registry.k8s.io/build-image/distroless-iptables:" + DistrolessIptablesTag},
+		Binaries: []Binary{{"kube-log-runner", "/go-runner"}},
+		Config:   v1.Config{Env: []string{"PATH=" + Path}},
 	},
 	{
 		// test/images/regression-issue-74839/Dockerfile: debian-base
@@ -141,6 +154,22 @@ var Images = []Spec{
 		Binaries: []Binary{{"regression-issue-74839", "/regression-issue-74839"}},
 		Config: v1.Config{
 			Entrypoint: []string{"/regression-issue-74839"},
+			Env:        []string{"PATH=" + Path},
+		},
+	},
+	{
+		// k8s.io/kubernetes build/server-image/Dockerfile, BINARY
+		// kube-proxy: FROM distroless-iptables (build/common.sh's
+		// KUBE_PROXY_BASE_IMAGE), the binary at /usr/local/bin,
+		// ENTRYPOINT ["/go-runner"]. kubeadm's DaemonSet gives the
+		// command: /usr/local/bin/kube-proxy --config=...
+		// --hostname-override=$(NODE_NAME).
+		Name:     "kube-proxy",
+		Base:     "distroless-iptables",
+		Refs:     []string{"registry.k8s.io/kube-proxy:" + KubeProxyTag},
+		Binaries: []Binary{{"kube-proxy", "/usr/local/bin/kube-proxy"}},
+		Config: v1.Config{
+			Entrypoint: []string{"/go-runner"},
 			Env:        []string{"PATH=" + Path},
 		},
 	},

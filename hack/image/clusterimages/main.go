@@ -1,8 +1,8 @@
 // Command clusterimages writes the archives of the test cluster's images
 // (images.go) for hack/cluster-images.sh (`make cluster-images`): each an
 // OCI image layout in a tar, the image named with each of its references,
-// made of the file tree the script built for it and the binaries it takes
-// from the cluster tools directory. It also writes IMAGES, a line for each
+// made of its base image's layers, the file tree the script built for it and
+// the binaries it takes from the tools directory. It also writes IMAGES, a line for each
 // archive: its file name and the references it carries.
 package main
 
@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -20,7 +21,7 @@ import (
 
 func main() {
 	rootfs := flag.String("rootfs", "", "directory of the images' file trees, one per image name (hack/cluster-images.sh)")
-	tools := flag.String("tools", "", "directory of the binaries pause, coredns and agnhost")
+	tools := flag.String("tools", "", "directory of the binaries the images take (images.go's Binaries)")
 	out := flag.String("o", "", "directory the archives go to")
 	flag.Parse()
 	if *rootfs == "" || *tools == "" || *out == "" {
@@ -32,9 +33,10 @@ func main() {
 		os.Exit(1)
 	}
 	var list strings.Builder
+	var layers layerSet
 	for _, s := range Images {
 		archive := s.Name + ".tar"
-		if err := build(s, *rootfs, *tools, filepath.Join(*out, archive)); err != nil {
+		if err := build(s, *rootfs, *tools, filepath.Join(*out, archive), &layers); err != nil {
 			fmt.Fprintf(os.Stderr, "clusterimages: %s: %v\n", s.Name, err)
 			os.Exit(1)
 		}
@@ -47,8 +49,8 @@ func main() {
 	}
 }
 
-// build writes the archive of s: the file tree, then the binaries.
-func build(s Spec, rootfs, tools, out string) error {
+// build writes the archive of s.
+func build(s Spec, rootfs, tools, out string, l *layerSet) error {
 	var refs []name.Reference
 	for _, r := range s.Refs {
 		ref, err := name.ParseReference(r, name.StrictValidation)
@@ -57,15 +59,46 @@ func build(s Spec, rootfs, tools, out string) error {
 		}
 		refs = append(refs, ref)
 	}
+	layers, err := l.of(s, rootfs, tools)
+	if err != nil {
+		return err
+	}
+	img, err := oci.Image(layers, s.Config)
+	if err != nil {
+		return err
+	}
+	return oci.WriteArchive(img, refs, out)
+}
+
+// layerSet makes the layers of a base image once: an image's Base's are its
+// first ones.
+type layerSet map[string][][]byte
+
+// of is the layers of s: its Base's, its file tree's, its binaries'.
+func (l *layerSet) of(s Spec, rootfs, tools string) ([][]byte, error) {
+	if layers, ok := (*l)[s.Name]; ok {
+		return layers, nil
+	}
 	var layers [][]byte
+	if s.Base != "" {
+		i := slices.IndexFunc(Images, func(b Spec) bool { return b.Name == s.Base })
+		if i < 0 || Images[i].Name == s.Name {
+			return nil, fmt.Errorf("base %q is no other image", s.Base)
+		}
+		base, err := l.of(Images[i], rootfs, tools)
+		if err != nil {
+			return nil, fmt.Errorf("base %s: %w", s.Base, err)
+		}
+		layers = append(layers, base...)
+	}
 	dir := filepath.Join(rootfs, s.Name)
 	if entries, err := os.ReadDir(dir); err != nil {
-		return err
+		return nil, err
 	} else if len(entries) > 0 {
 		// pause's tree is empty: its one layer is the binary's.
 		tree, err := oci.TreeTar(dir)
 		if err != nil {
-			return fmt.Errorf("file tree: %w", err)
+			return nil, fmt.Errorf("file tree: %w", err)
 		}
 		layers = append(layers, tree)
 	}
@@ -76,13 +109,16 @@ func build(s Spec, rootfs, tools, out string) error {
 		}
 		bin, err := oci.FilesTar(files...)
 		if err != nil {
-			return fmt.Errorf("binaries: %w", err)
+			return nil, fmt.Errorf("binaries: %w", err)
 		}
 		layers = append(layers, bin)
 	}
-	img, err := oci.Image(layers, s.Config)
-	if err != nil {
-		return err
+	// Kept only for the images based on it: the rest are large.
+	if slices.ContainsFunc(Images, func(o Spec) bool { return o.Base == s.Name }) {
+		if *l == nil {
+			*l = layerSet{}
+		}
+		(*l)[s.Name] = layers
 	}
-	return oci.WriteArchive(img, refs, out)
+	return layers, nil
 }
