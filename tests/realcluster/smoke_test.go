@@ -127,6 +127,11 @@ func TestSmoke(t *testing.T) {
 	for _, n := range c.nodes {
 		urls = append(urls, fmt.Sprintf("http://%s:%d/hostname", n.address, svc.Spec.Ports[0].NodePort))
 	}
+	// kpr programs the NodePort once it has seen the Service and its
+	// endpoints; from the first answer on, every request must succeed.
+	if err := c.WaitAnswer(ctx, urls, 2*time.Minute); err != nil {
+		t.Fatalf("NodePort from outside: %v", err)
+	}
 	traffic, err := c.StartTraffic(urls, 10*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)

@@ -34,15 +34,7 @@ func (c *Cluster) StartTraffic(urls []string, interval time.Duration) (*Traffic,
 	if err != nil {
 		return nil, fmt.Errorf("opening the cluster's network namespace: %w", err)
 	}
-	client := &http.Client{
-		Timeout: 2 * time.Second,
-		Transport: &http.Transport{
-			DisableKeepAlives: true,
-			DialContext: func(_ context.Context, _, address string) (net.Conn, error) {
-				return cluster.DialInNetNS(ns, address)
-			},
-		},
-	}
+	client := netnsClient(ns)
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Traffic{cancel: cancel}
 	for _, u := range urls {
@@ -70,6 +62,47 @@ func (c *Cluster) StartTraffic(urls []string, interval time.Duration) (*Traffic,
 		ns.Close()
 	}()
 	return t, nil
+}
+
+// WaitAnswer waits until each of urls has answered a GET with 200 OK from
+// the cluster network, or timeout passes.
+func (c *Cluster) WaitAnswer(ctx context.Context, urls []string, timeout time.Duration) error {
+	ns, err := netns.GetFromPath(namedns.Path(c.NetNS))
+	if err != nil {
+		return fmt.Errorf("opening the cluster's network namespace: %w", err)
+	}
+	defer ns.Close()
+	client := netnsClient(ns)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for _, u := range urls {
+		for {
+			err := get(ctx, client, u)
+			if err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s has not answered within %s: %v", u, timeout, err)
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// netnsClient is an HTTP client whose connections are made in ns, each
+// request on a new one.
+func netnsClient(ns netns.NsHandle) *http.Client {
+	return &http.Client{
+		Timeout: 2 * time.Second,
+		Transport: &http.Transport{
+			DisableKeepAlives: true,
+			DialContext: func(_ context.Context, _, address string) (net.Conn, error) {
+				return cluster.DialInNetNS(ns, address)
+			},
+		},
+	}
 }
 
 func get(ctx context.Context, client *http.Client, url string) error {
