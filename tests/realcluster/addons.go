@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // kubeadmConfig is the ClusterConfiguration kubeadm's add-on phases read:
@@ -31,16 +29,16 @@ const KubernetesVersion = "v1.37.2"
 
 // InstallCoreDNS installs CoreDNS as kubeadm does (kubeadm init phase addon
 // coredns: its Deployment, the kube-dns Service on the tenth address of the
-// Service range, RBAC and Corefile) and waits until its pods are ready.
+// Service range, RBAC and Corefile). Its pods become ready once a Service
+// proxy lets them reach the API server through the kubernetes Service:
+// WaitRollout(ctx, "kube-system", "deployment/coredns", ...) waits for that.
 func (c *Cluster) InstallCoreDNS(ctx context.Context) error {
 	cfg := filepath.Join(c.WorkDir(), "kubeadm.yaml")
 	if err := os.WriteFile(cfg, []byte(kubeadmConfig()), 0o600); err != nil {
 		return err
 	}
-	if _, err := c.Run(ctx, "kubeadm", "init", "phase", "addon", "coredns", "--config", cfg, "--kubeconfig", c.KubeconfigPath); err != nil {
-		return err
-	}
-	return c.WaitRollout(ctx, "kube-system", "deployment/coredns", 10*time.Minute)
+	_, err := c.Run(ctx, "kubeadm", "init", "phase", "addon", "coredns", "--config", cfg, "--kubeconfig", c.KubeconfigPath)
+	return err
 }
 
 // Run runs one of the cluster's tools (kubectl, helm, kubeadm, ...) on the
@@ -60,21 +58,4 @@ func (c *Cluster) Run(ctx context.Context, tool string, args ...string) (string,
 func (c *Cluster) WaitRollout(ctx context.Context, namespace, workload string, timeout time.Duration) error {
 	_, err := c.Run(ctx, "kubectl", "-n", namespace, "rollout", "status", workload, "--timeout="+timeout.String())
 	return err
-}
-
-// nodeAddresses are the nodes' InternalIPs, by name.
-func (c *Cluster) nodeAddresses(ctx context.Context) (map[string]string, error) {
-	list, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, n := range list.Items {
-		for _, a := range n.Status.Addresses {
-			if a.Type == "InternalIP" {
-				out[n.Name] = a.Address
-			}
-		}
-	}
-	return out, nil
 }

@@ -69,11 +69,9 @@ func TestSmoke(t *testing.T) {
 
 	// kubeadm's CoreDNS first, as on a new cluster: it waits for a Service
 	// proxy to reach the API server through the kubernetes Service.
-	cfg := filepath.Join(c.WorkDir(), "kubeadm.yaml")
-	if err := os.WriteFile(cfg, []byte(kubeadmConfig()), 0o600); err != nil {
+	if err := c.InstallCoreDNS(ctx); err != nil {
 		t.Fatal(err)
 	}
-	run("kubeadm", "init", "phase", "addon", "coredns", "--config", cfg, "--kubeconfig", c.KubeconfigPath)
 
 	// docs/quickstart.md, step 3, with the control plane's address.
 	chart := filepath.Join(root, "deploy/helm/kpr")

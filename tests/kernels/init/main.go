@@ -16,8 +16,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kpr-io/kpr/tests/kernels/guest"
 	"golang.org/x/sys/unix"
+
+	"github.com/kpr-io/kpr/tests/kernels/guest"
 )
 
 // Marker starts every line the host runner parses; nothing else on the
