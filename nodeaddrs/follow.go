@@ -54,7 +54,11 @@ func New(netnsPath string, named []string, log *zap.Logger) (*Follower, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open network namespace %q to follow its devices: %w", netnsPath, err)
 	}
-	h, err := netlink.NewHandleAt(ns)
+	// Routing netlink only: with no family named, the handle also opens
+	// NETLINK_XFRM, which needs the xfrm_user module, and a node that
+	// cannot load it on demand (no modprobe, modules_disabled) would
+	// refuse kpr for a family it never uses.
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		ns.Close()
 		return nil, fmt.Errorf("open netlink in network namespace %q: %w", netnsPath, err)

@@ -159,18 +159,31 @@ func TestSmoke(t *testing.T) {
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
 
-// keepLogs copies the cluster's logs (the VMs' consoles among them) to
-// where a failed CI run keeps them, before Down removes them.
+// keepLogs puts what a failure needs into the test's log, before Down
+// removes the cluster: the pods, kpr's logs and the end of each node's
+// console (containerd and the kubelet log there).
 func keepLogs(t *testing.T, c *Cluster) {
-	dir := os.Getenv("KPR_CLUSTER_LOG_DIR")
-	if dir == "" {
-		return
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, args := range [][]string{
+		{"get", "pods", "-A", "-o", "wide"},
+		{"-n", "kpr-system", "logs", "-l", "k8s-app=kpr", "-c", "kpr", "--tail=40", "--prefix"},
+	} {
+		out, err := c.Run(ctx, "kubectl", args...)
+		t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	logs, _ := filepath.Glob(filepath.Join(c.WorkDir(), "*.log"))
+	logs, _ := filepath.Glob(c.LogPath("vm-*"))
 	for _, l := range logs {
-		if data, err := os.ReadFile(l); err == nil {
-			_ = os.WriteFile(filepath.Join(dir, filepath.Base(l)), data, 0o644)
-		}
+		t.Logf("%s", tail(l, 60))
 	}
-	t.Logf("cluster logs kept in %s", dir)
+}
+
+// tail is the last n lines of the file at path, headed by its name.
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("%s: %v", path, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return fmt.Sprintf("--- last %d lines of %s:\n%s", n, filepath.Base(path), strings.Join(lines[max(0, len(lines)-n):], "\n"))
 }
