@@ -182,8 +182,11 @@ func build(work string, packages []string) (*payload, error) {
 // toolNames are the host commands the kernel-facing tests exec: bpftool
 // (the dump tests), ip (`ip netns exec` in the iptables backend's tests),
 // the iptables variants the fallback backend drives, nft (the nftables
-// mode's, in tests/e2e's move between it and the IPVS mode), and conntrack.
-var toolNames = []string{"bpftool", "ip", "conntrack", "nft",
+// mode's, in tests/e2e's move between it and the IPVS mode), conntrack, and
+// util-linux's unshare and setpriv (the loader's probe test builds a pod's
+// mount table and capabilities with them; busybox's setpriv cannot drop a
+// capability from the bounding set).
+var toolNames = []string{"bpftool", "ip", "conntrack", "nft", "unshare", "setpriv",
 	"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore",
 	"iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore",
 	"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore",
