@@ -133,7 +133,7 @@ lint:
 unit:
 	$(GO) test -short $(GOFLAGS_TEST) ./...
 
-## test: everything CI runs: generated-code check, lint, all tests (root tests need root)
+## test: everything CI runs: generated-code check, lint, all tests (root tests need root), the 5.10 and IPVS VMs, and the real-cluster smoke test
 test: deps generate-check lint tools
 	$(GO) test $(GOFLAGS_TEST) ./...
 	cd tests/deploy/kustomize && $(GO) test $(GOFLAGS_TEST) ./...
@@ -142,6 +142,7 @@ test: deps generate-check lint tools
 	cd hack/image && $(GO) test $(GOFLAGS_TEST) ./...
 	$(MAKE) test-kernel-oldest
 	$(MAKE) test-kernels-e2e
+	$(MAKE) test-cluster-smoke
 
 ## KERNEL_PACKAGES: the kernel-facing suites that run inside the VMs: every
 ## package with a test file carrying //kpr:kernel-matrix (hack/kernel-packages.sh).

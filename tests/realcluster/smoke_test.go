@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +83,7 @@ func TestSmoke(t *testing.T) {
 	}
 	// Step 4.
 	status := run("kubectl", "-n", "kpr-system", "exec", "ds/kpr", "--", "kpr", "status")
-	if !strings.Contains(status, "mode: ebpf") {
+	if !regexp.MustCompile(`(?m)^mode:\s+ebpf\b`).MatchString(status) {
 		t.Errorf("kpr status does not report the eBPF mode:\n%s", status)
 	}
 	pods, err := c.Client.CoreV1().Pods("kpr-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kpr"})
