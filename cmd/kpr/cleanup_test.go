@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/kpr-io/kpr/dataplane/bpffs"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/namedns"
 )
@@ -20,6 +21,11 @@ import (
 // nothing of the host's is changed.
 func TestCleanupSaysWhatItRemoved(t *testing.T) {
 	requireRoot(t, "pins a map under /sys/fs/bpf and creates a network namespace and a cgroup")
+	// A fresh machine has no bpffs at /sys/fs/bpf until kpr (or another
+	// test) mounts one, as kpr does on a node; this test may run first.
+	if err := bpffs.Ensure("/sys/fs/bpf/kpr-cleanup-test"); err != nil {
+		t.Fatal(err)
+	}
 	bpfRoot := privateDir(t, "/sys/fs/bpf")
 	cgroupRoot, err := loader.FindCgroup2Mount()
 	if err != nil || cgroupRoot == "" {
