@@ -1,0 +1,121 @@
+package realcluster
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/namedns"
+)
+
+// The e2e run's settings, from make test-cluster.
+const (
+	// e2eProxyEnv names the Service proxy to install: "kpr" (the chart's
+	// defaults: eBPF where the kernel has it) or "kpr-iptables".
+	e2eProxyEnv = "KPR_CLUSTER_E2E_PROXY"
+	// e2eReportEnv is where the JUnit report goes.
+	e2eReportEnv = "KPR_CLUSTER_E2E_REPORT"
+	// e2eFocusEnv, if set, replaces e2eFocus (to run one test by hand).
+	e2eFocusEnv = "KPR_CLUSTER_E2E_FOCUS"
+)
+
+// e2eFocus is the selection of upstream's e2e suite that judges a Service
+// proxy: the Services tests, the granular networking checks of Services,
+// conntrack, KubeProxy, and sig-network's conformance tests.
+const e2eFocus = `\[sig-network\] Services|\[sig-network\] Networking Granular Checks: Services|\[sig-network\] Conntrack|KubeProxy|\[sig-network\].*\[Conformance\]`
+
+// e2eSkip leaves out the tests that would take this cluster down or need
+// what it does not have; docs/cluster-e2e.md lists each skip with its
+// reason. Tests that need a cloud provider or more nodes skip themselves
+// (the provider is "skeleton", the cluster has two nodes) and say so in
+// the report.
+const e2eSkip = `\[Disruptive\]|\[Serial\]`
+
+// TestE2E installs a Service proxy on a real cluster and runs upstream's
+// e2e.test (the cluster's release, from make cluster-tools) against it from
+// the cluster network, writing the JUnit report make test-cluster turns
+// into docs/cluster-e2e.md.
+func TestE2E(t *testing.T) {
+	harness.RequireRoot(t)
+	proxy, report, image := os.Getenv(e2eProxyEnv), os.Getenv(e2eReportEnv), os.Getenv(kprImageEnv)
+	if proxy == "" || report == "" || image == "" {
+		t.Skipf("skipping: %s, %s and %s are set by make test-cluster, which runs this test", e2eProxyEnv, e2eReportEnv, kprImageEnv)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Hour)
+	defer cancel()
+	c, err := Up(ctx, Options{ExtraImages: []string{image}, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			keepLogs(t, c)
+		}
+		if err := c.Down(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := c.InstallCoreDNS(ctx); err != nil {
+		t.Fatal(err)
+	}
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"install", "kpr", filepath.Join(root, "deploy/helm/kpr"), "--namespace", "kpr-system", "--create-namespace",
+		"--set", "apiServer.host=" + controlPlane.String(), "--set", "apiServer.port=" + c.APIServerPort()}
+	switch proxy {
+	case "kpr":
+	case "kpr-iptables":
+		args = append(args, "--set", "mode=iptables")
+	default:
+		t.Fatalf("%s=%q: want kpr or kpr-iptables", e2eProxyEnv, proxy)
+	}
+	if _, err := c.Run(ctx, "helm", args...); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct{ ns, name string }{{"kpr-system", "daemonset/kpr"}, {"kube-system", "deployment/coredns"}} {
+		if err := c.WaitRollout(ctx, w.ns, w.name, 10*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	focus := e2eFocus
+	if f := os.Getenv(e2eFocusEnv); f != "" {
+		focus = f
+	}
+	// e2e.test runs in the cluster network, as a node would: it reaches
+	// NodePorts and pods directly.
+	cmd := exec.CommandContext(ctx, "nsenter", "--net="+namedns.Path(c.NetNS), "--",
+		filepath.Join(c.toolsDir, "e2e.test"),
+		"--kubeconfig="+c.KubeconfigPath,
+		"--provider=skeleton",
+		"--num-nodes=2",
+		"--ginkgo.focus="+focus,
+		"--ginkgo.skip="+e2eSkip,
+		"--ginkgo.junit-report="+report,
+		"--ginkgo.timeout=10h",
+		"--ginkgo.no-color",
+		"--ginkgo.v",
+		"--dump-logs-on-failure=false",
+		"--report-dir="+filepath.Dir(report))
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	began := time.Now()
+	err = cmd.Run()
+	t.Logf("e2e.test against %s: %s, %v", proxy, time.Since(began).Round(time.Second), err)
+	// Failed tests are the report's business; only a run that wrote no
+	// report failed as a run.
+	if _, statErr := os.Stat(report); statErr != nil {
+		t.Fatalf("e2e.test wrote no report (%v): %v", statErr, err)
+	}
+	if err != nil && !strings.Contains(err.Error(), "exit status") {
+		t.Fatal(err)
+	}
+}
