@@ -10,17 +10,23 @@ import (
 	"time"
 )
 
-// kubeadmConfig is the ClusterConfiguration kubeadm's add-on phases read:
-// the cluster's release, Service range and DNS domain.
-func kubeadmConfig() string {
+// kubeadmConfig is the configuration kubeadm's add-on phases read: the
+// cluster's release, Service range, pod range and DNS domain, the API
+// server's address for kube-proxy's kubeconfig, and kube-proxy's mode.
+func (c *Cluster) kubeadmConfig(proxyMode string) string {
 	return fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta4
 kind: ClusterConfiguration
 kubernetesVersion: %s
+controlPlaneEndpoint: %s:%s
 networking:
   serviceSubnet: %s
   podSubnet: %s
   dnsDomain: %s
-`, KubernetesVersion, serviceCIDR, podCIDR, clusterDomain)
+---
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: %s
+`, KubernetesVersion, controlPlane, c.APIServerPort(), serviceCIDR, podCIDR, clusterDomain, proxyMode)
 }
 
 // KubernetesVersion is the release of every Kubernetes binary of the
@@ -33,11 +39,23 @@ const KubernetesVersion = "v1.37.2"
 // proxy lets them reach the API server through the kubernetes Service:
 // WaitRollout(ctx, "kube-system", "deployment/coredns", ...) waits for that.
 func (c *Cluster) InstallCoreDNS(ctx context.Context) error {
-	cfg := filepath.Join(c.WorkDir(), "kubeadm.yaml")
-	if err := os.WriteFile(cfg, []byte(kubeadmConfig()), 0o600); err != nil {
+	return c.kubeadmAddon(ctx, "coredns", "nftables")
+}
+
+// InstallKubeProxy installs upstream kube-proxy as kubeadm does (kubeadm
+// init phase addon kube-proxy: its DaemonSet of
+// registry.k8s.io/kube-proxy, ConfigMap and RBAC) in mode (iptables,
+// ipvs or nftables), the reference kpr is measured against.
+func (c *Cluster) InstallKubeProxy(ctx context.Context, mode string) error {
+	return c.kubeadmAddon(ctx, "kube-proxy", mode)
+}
+
+func (c *Cluster) kubeadmAddon(ctx context.Context, addon, proxyMode string) error {
+	cfg := filepath.Join(c.WorkDir(), "kubeadm-"+addon+".yaml")
+	if err := os.WriteFile(cfg, []byte(c.kubeadmConfig(proxyMode)), 0o600); err != nil {
 		return err
 	}
-	_, err := c.Run(ctx, "kubeadm", "init", "phase", "addon", "coredns", "--config", cfg, "--kubeconfig", c.KubeconfigPath)
+	_, err := c.Run(ctx, "kubeadm", "init", "phase", "addon", addon, "--config", cfg, "--kubeconfig", c.KubeconfigPath)
 	return err
 }
 

@@ -2,6 +2,7 @@ package realcluster
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +19,8 @@ import (
 // The e2e run's settings, from make test-cluster.
 const (
 	// e2eProxyEnv names the Service proxy to install: "kpr" (the chart's
-	// defaults: eBPF where the kernel has it) or "kpr-iptables".
+	// defaults: eBPF where the kernel has it), "kpr-iptables", or
+	// "kube-proxy" (kubeadm's DaemonSet in nftables mode, the reference).
 	e2eProxyEnv = "KPR_CLUSTER_E2E_PROXY"
 	// e2eReportEnv is where the JUnit report goes.
 	e2eReportEnv = "KPR_CLUSTER_E2E_REPORT"
@@ -65,26 +67,11 @@ func TestE2E(t *testing.T) {
 	if err := c.InstallCoreDNS(ctx); err != nil {
 		t.Fatal(err)
 	}
-	root, err := repoRoot()
-	if err != nil {
+	if err := installProxy(ctx, c, proxy); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"install", "kpr", filepath.Join(root, "deploy/helm/kpr"), "--namespace", "kpr-system", "--create-namespace",
-		"--set", "apiServer.host=" + controlPlane.String(), "--set", "apiServer.port=" + c.APIServerPort()}
-	switch proxy {
-	case "kpr":
-	case "kpr-iptables":
-		args = append(args, "--set", "mode=iptables")
-	default:
-		t.Fatalf("%s=%q: want kpr or kpr-iptables", e2eProxyEnv, proxy)
-	}
-	if _, err := c.Run(ctx, "helm", args...); err != nil {
+	if err := c.WaitRollout(ctx, "kube-system", "deployment/coredns", 10*time.Minute); err != nil {
 		t.Fatal(err)
-	}
-	for _, w := range []struct{ ns, name string }{{"kpr-system", "daemonset/kpr"}, {"kube-system", "deployment/coredns"}} {
-		if err := c.WaitRollout(ctx, w.ns, w.name, 10*time.Minute); err != nil {
-			t.Fatal(err)
-		}
 	}
 
 	focus := e2eFocus
@@ -118,4 +105,32 @@ func TestE2E(t *testing.T) {
 	if err != nil && !strings.Contains(err.Error(), "exit status") {
 		t.Fatal(err)
 	}
+}
+
+// installProxy installs the Service proxy of an e2e run and waits until it
+// runs on every node.
+func installProxy(ctx context.Context, c *Cluster, proxy string) error {
+	if proxy == "kube-proxy" {
+		if err := c.InstallKubeProxy(ctx, "nftables"); err != nil {
+			return err
+		}
+		return c.WaitRollout(ctx, "kube-system", "daemonset/kube-proxy", 10*time.Minute)
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	args := []string{"install", "kpr", filepath.Join(root, "deploy/helm/kpr"), "--namespace", "kpr-system", "--create-namespace",
+		"--set", "apiServer.host=" + controlPlane.String(), "--set", "apiServer.port=" + c.APIServerPort()}
+	switch proxy {
+	case "kpr":
+	case "kpr-iptables":
+		args = append(args, "--set", "mode=iptables")
+	default:
+		return fmt.Errorf("%s=%q: want kpr, kpr-iptables or kube-proxy", e2eProxyEnv, proxy)
+	}
+	if _, err := c.Run(ctx, "helm", args...); err != nil {
+		return err
+	}
+	return c.WaitRollout(ctx, "kpr-system", "daemonset/kpr", 10*time.Minute)
 }
