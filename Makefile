@@ -7,7 +7,7 @@ export GOFLAGS := -buildvcs=false
 -include tests/tools/tools.mk
 -include tests/clustertools/clustertools.mk
 
-.PHONY: all build image cluster-images cluster-up cluster-down test-cluster-smoke release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
+.PHONY: all build image cluster-images cluster-up cluster-down test-cluster-smoke test-cluster release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
 
 all: build
 
@@ -78,6 +78,26 @@ test-cluster-smoke: deps tools cluster-images
 	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:v0.1.0-next IMAGE_ARCHIVE=bin/kpr-image-next.tar
 	KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_KPR_NEXT_IMAGE=$(abspath bin/kpr-image-next.tar) \
 		$(GO) test -count=1 -timeout 45m -run '^TestSmoke$$' -v ./tests/realcluster
+
+## test-cluster: upstream's e2e selection (tests/realcluster: TestE2E,
+## E2EFocus) on the real cluster three times, each on a cluster of its own:
+## kube-proxy as kubeadm installs it in nftables mode (the reference), kpr
+## (eBPF), and kpr in iptables mode; then docs/cluster-e2e.md from the three
+## JUnit reports (bin/e2e/). E2E_FOCUS replaces the selection, for a try.
+E2E_FOCUS ?=
+E2E_DIR = bin/e2e
+test-cluster: deps tools cluster-images
+	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:$(CHART_APP_VERSION) IMAGE_ARCHIVE=$(CLUSTER_KPR_IMAGE)
+	rm -rf $(E2E_DIR) && mkdir -p $(E2E_DIR)
+	start=$$(date +%s); \
+	for proxy in kube-proxy kpr kpr-iptables; do \
+		KPR_CLUSTER_E2E_PROXY=$$proxy KPR_CLUSTER_E2E_REPORT=$(abspath $(E2E_DIR))/$$proxy.xml \
+		KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_E2E_FOCUS='$(E2E_FOCUS)' \
+			$(GO) test -count=1 -timeout 12h -run '^TestE2E$$' -v ./tests/realcluster || exit 1; \
+	done; \
+	$(GO) run ./tests/realcluster/cmd/e2edoc -o docs/cluster-e2e.md $(if $(E2E_FOCUS),-focus '$(E2E_FOCUS)') \
+		-took "$$(( ($$(date +%s) - start) / 60 )) minutes" \
+		kube-proxy=$(E2E_DIR)/kube-proxy.xml kpr=$(E2E_DIR)/kpr.xml kpr-iptables=$(E2E_DIR)/kpr-iptables.xml
 
 ## release: a versioned release in RELEASE_DIR (docs/releasing.md), every
 ## file stamped with VERSION, the tag v0.x.y: the static binary

@@ -28,18 +28,6 @@ const (
 	e2eFocusEnv = "KPR_CLUSTER_E2E_FOCUS"
 )
 
-// e2eFocus is the selection of upstream's e2e suite that judges a Service
-// proxy: the Services tests, the granular networking checks of Services,
-// conntrack, KubeProxy, and sig-network's conformance tests.
-const e2eFocus = `\[sig-network\] Services|\[sig-network\] Networking Granular Checks: Services|\[sig-network\] Conntrack|KubeProxy|\[sig-network\].*\[Conformance\]`
-
-// e2eSkip leaves out the tests that would take this cluster down or need
-// what it does not have; docs/cluster-e2e.md lists each skip with its
-// reason. Tests that need a cloud provider or more nodes skip themselves
-// (the provider is "skeleton", the cluster has two nodes) and say so in
-// the report.
-const e2eSkip = `\[Disruptive\]|\[Serial\]`
-
 // TestE2E installs a Service proxy on a real cluster and runs upstream's
 // e2e.test (the cluster's release, from make cluster-tools) against it from
 // the cluster network, writing the JUnit report make test-cluster turns
@@ -74,7 +62,7 @@ func TestE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	focus := e2eFocus
+	focus := E2EFocus
 	if f := os.Getenv(e2eFocusEnv); f != "" {
 		focus = f
 	}
@@ -86,7 +74,7 @@ func TestE2E(t *testing.T) {
 		"--provider=skeleton",
 		"--num-nodes=2",
 		"--ginkgo.focus="+focus,
-		"--ginkgo.skip="+e2eSkip,
+		"--ginkgo.skip="+E2ESkip,
 		"--ginkgo.junit-report="+report,
 		"--ginkgo.timeout=10h",
 		"--ginkgo.no-color",

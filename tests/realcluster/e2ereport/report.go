@@ -131,3 +131,18 @@ func cell(r Result) string {
 func escape(s string) string {
 	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
 }
+
+// Counts are how many of r's tests passed, failed and were skipped.
+func (r *Run) Counts() (passed, failed, skipped int) {
+	for _, res := range r.Results {
+		switch res.Status {
+		case "passed":
+			passed++
+		case "failed":
+			failed++
+		default:
+			skipped++
+		}
+	}
+	return passed, failed, skipped
+}
