@@ -4,8 +4,10 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/kpr-io/kpr/tests/realcluster/nodeconfig"
@@ -34,8 +36,10 @@ type nodeSecrets struct {
 // containerd configured as kubeadm and containerd's defaults would on a
 // cgroup v2 host, the bridge CNI for n's pod network, and routes to the
 // other nodes' pods. images are the archives to import into containerd
-// before the kubelet starts.
-func nodeConfig(n node, all []node, apiPort string, secrets nodeSecrets, images []string) (*nodeconfig.Config, error) {
+// before the kubelet starts; registry, if not empty, is the cluster's
+// registry (host:port), which containerd pulls registry.k8s.io, docker.io
+// and ghcr.io images from instead.
+func nodeConfig(n node, all []node, apiPort string, secrets nodeSecrets, images []string, registry string) (*nodeconfig.Config, error) {
 	cni, err := cniConfig(n)
 	if err != nil {
 		return nil, err
@@ -71,6 +75,9 @@ func nodeConfig(n node, all []node, apiPort string, secrets nodeSecrets, images 
 			// CoreDNS's forward plugin has an upstream to name.
 			{Path: "/etc/resolv.conf", Mode: 0o644, Data: "nameserver " + controlPlane.String() + "\n"},
 		},
+	}
+	if registry != "" {
+		cfg.Files = append(cfg.Files, mirrorFiles(registry)...)
 	}
 	for _, o := range all {
 		if o.index != n.index {
@@ -167,6 +174,8 @@ state = "/run/containerd"
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "` + pauseImage + `"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "` + registryConfigDir + `"
 
 [plugins.'io.containerd.cri.v1.runtime']
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -178,6 +187,35 @@ state = "/run/containerd"
     bin_dirs = ["` + nodeCNIBinDir + `"]
     conf_dir = "/etc/cni/net.d"
 `
+
+// registryConfigDir holds containerd's per-registry hosts.toml files.
+const registryConfigDir = "/etc/containerd/certs.d"
+
+// mirroredRegistries are the registries whose images the cluster's
+// registry serves, with the server containerd would otherwise ask.
+var mirroredRegistries = map[string]string{
+	"registry.k8s.io": "https://registry.k8s.io",
+	"docker.io":       "https://registry-1.docker.io",
+	"ghcr.io":         "https://ghcr.io",
+}
+
+// mirrorFiles make containerd pull each of mirroredRegistries' images from
+// the cluster's registry at addr, under a path that names the registry
+// (hack/image/clusterregistry serves each image under its whole
+// reference): registry.k8s.io/pause:3.10.2 is
+// http://addr/v2/registry.k8s.io/pause/manifests/3.10.2.
+func mirrorFiles(addr string) []nodeconfig.File {
+	var files []nodeconfig.File
+	for _, host := range slices.Sorted(maps.Keys(mirroredRegistries)) {
+		files = append(files, nodeconfig.File{
+			Path: path.Join(registryConfigDir, host, "hosts.toml"),
+			Mode: 0o644,
+			Data: fmt.Sprintf("server = %q\n\n[host.\"http://%s/v2/%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n",
+				mirroredRegistries[host], addr, host),
+		})
+	}
+	return files
+}
 
 // pauseImage is the sandbox image, as kubeadm v1.37 and containerd 2.4 name it.
 const pauseImage = "registry.k8s.io/pause:3.10.2"

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +52,16 @@ type Options struct {
 	// ExtraImages are more archives to import, such as kpr's own from
 	// make image.
 	ExtraImages []string
+	// Registry serves the images from a registry on the cluster network
+	// (hack/image/clusterregistry), which the nodes' containerd pulls
+	// registry.k8s.io, docker.io and ghcr.io images from, instead of
+	// importing every archive at boot: nodes boot sooner, hold only the
+	// images their pods use, and imagePullPolicy Always pulls as on a
+	// real cluster.
+	Registry bool
+	// ImageAliases are more names for the registry to serve images under,
+	// as NEW=EXISTING (docker.io/library/nginx:latest=registry.k8s.io/...).
+	ImageAliases []string
 	// KernelDir is hack/kernels.sh's cache of the nodes' kernel; default
 	// the trixie (Debian 13, Linux 6.12) one, fetched if missing.
 	KernelDir string
@@ -255,6 +266,13 @@ func (c *Cluster) startNodes(ctx context.Context, opts Options) error {
 		}
 		kernelDir = strings.TrimSpace(string(out))
 	}
+	registry := ""
+	if opts.Registry {
+		if err := c.startRegistry(ctx, images, opts.ImageAliases); err != nil {
+			return err
+		}
+		registry, images = registryAddr, nil
+	}
 	initrd := filepath.Join(c.WorkDir(), "node-initramfs.cpio")
 	if err := packNode(initrd, kernelDir, opts.ToolsDir, images); err != nil {
 		return fmt.Errorf("packing the nodes' initramfs: %w", err)
@@ -268,7 +286,7 @@ func (c *Cluster) startNodes(ctx context.Context, opts Options) error {
 		if err != nil {
 			return err
 		}
-		cfg, err := nodeConfig(n, c.nodes, c.APIServerPort(), nodeSecrets{caCert: caCert, clientCert: cert, clientKey: key}, images)
+		cfg, err := nodeConfig(n, c.nodes, c.APIServerPort(), nodeSecrets{caCert: caCert, clientCert: cert, clientKey: key}, images, registry)
 		if err != nil {
 			return err
 		}
@@ -297,6 +315,37 @@ func (c *Cluster) startNodes(ctx context.Context, opts Options) error {
 		c.log.Info("node VM started", zap.String("node", n.name), zap.String("console", c.LogPath("vm-"+n.name)))
 	}
 	return nil
+}
+
+// registryAddr is where the cluster's registry listens, on the control
+// plane's address in the cluster network.
+var registryAddr = net.JoinHostPort(controlPlane.String(), "5000")
+
+// startRegistry builds hack/image/clusterregistry and serves the archives
+// from it in the cluster's namespace, waiting until every image is in.
+func (c *Cluster) startRegistry(ctx context.Context, archives, aliases []string) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	bin := filepath.Join(c.WorkDir(), "clusterregistry")
+	build := exec.Command("go", "build", "-o", bin, "./clusterregistry")
+	build.Dir = filepath.Join(root, "hack/image")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building hack/image/clusterregistry: %v: %s", err, out)
+	}
+	args := []string{"-listen", registryAddr}
+	for _, a := range aliases {
+		args = append(args, "-alias", a)
+	}
+	args = append(args, archives...)
+	logPath := c.LogPath("registry")
+	return c.StartProcess(ctx, "registry", bin, args, func(context.Context) error {
+		if data, _ := os.ReadFile(logPath); strings.Contains(string(data), "ready:") {
+			return nil
+		}
+		return errors.New("loading the images")
+	})
 }
 
 // nodeBootTimeout bounds a node's way from boot to Ready under emulation.

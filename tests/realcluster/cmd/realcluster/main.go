@@ -36,13 +36,14 @@ func main() {
 	dir := fs.String("dir", "bin/cluster", "directory for the kubeconfig, the PID file and the log")
 	nodes := fs.Int("nodes", 2, "number of node VMs (up)")
 	images := fs.String("images", "", "more image archives for every node, comma separated (up), such as kpr's from make image")
+	registry := fs.Bool("registry", false, "serve the images from a registry the nodes pull from, instead of importing them at boot (up); `nginx` is served as the e2e nginx image")
 	foreground := fs.Bool("foreground", false, "run the cluster in this process until SIGINT or SIGTERM (up)")
 	_ = fs.Parse(os.Args[2:])
 	var err error
 	switch os.Args[1] {
 	case "up":
 		if *foreground {
-			err = serve(*dir, *nodes, *images)
+			err = serve(*dir, *nodes, *images, *registry)
 		} else {
 			err = up(*dir)
 		}
@@ -106,14 +107,18 @@ func up(dir string) error {
 }
 
 // serve runs the cluster until SIGINT or SIGTERM.
-func serve(dir string, nodes int, images string) error {
+func serve(dir string, nodes int, images string, registry bool) error {
 	log, err := zap.NewDevelopment()
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	opts := realcluster.Options{Nodes: nodes, Logger: log}
+	opts := realcluster.Options{Nodes: nodes, Logger: log, Registry: registry}
+	if registry {
+		// The quick start's `kubectl create deployment web --image=nginx`.
+		opts.ImageAliases = []string{"docker.io/library/nginx:latest=registry.k8s.io/e2e-test-images/nginx:1.27.0-2"}
+	}
 	if images != "" {
 		opts.ExtraImages = strings.Split(images, ",")
 	}
