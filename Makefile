@@ -7,7 +7,7 @@ export GOFLAGS := -buildvcs=false
 -include tests/tools/tools.mk
 -include tests/clustertools/clustertools.mk
 
-.PHONY: all build image cluster-images cluster-up cluster-down test-cluster-smoke test-cluster release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
+.PHONY: all build image cluster-images cluster-up cluster-down test-cluster-smoke test-cluster-docs test-cluster release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
 
 all: build
 
@@ -78,6 +78,14 @@ test-cluster-smoke: deps tools cluster-images
 	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:v0.1.0-next IMAGE_ARCHIVE=bin/kpr-image-next.tar
 	KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_KPR_NEXT_IMAGE=$(abspath bin/kpr-image-next.tar) \
 		$(GO) test -count=1 -timeout 45m -run '^TestSmoke$$' -v ./tests/realcluster
+
+## test-cluster-docs: every sh block of docs/quickstart.md, in order, on a
+## real cluster that starts as kubeadm's does, with kube-proxy and CoreDNS
+## (TestQuickstart in tests/realcluster): the page cannot rot.
+test-cluster-docs: deps tools cluster-images
+	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:$(CHART_APP_VERSION) IMAGE_ARCHIVE=$(CLUSTER_KPR_IMAGE)
+	KPR_CLUSTER_DOCS=1 KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) \
+		$(GO) test -count=1 -timeout 60m -run '^TestQuickstart$$' -v ./tests/realcluster
 
 ## test-cluster: upstream's e2e selection (tests/realcluster: TestE2E,
 ## E2EFocus) on the real cluster three times, each on a cluster of its own:
