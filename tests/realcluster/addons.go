@@ -10,23 +10,25 @@ import (
 	"time"
 )
 
-// kubeadmConfig is the configuration kubeadm's add-on phases read: the
-// cluster's release, Service range, pod range and DNS domain, the API
-// server's address for kube-proxy's kubeconfig, and kube-proxy's mode.
-func (c *Cluster) kubeadmConfig(proxyMode string) string {
+// kubeadmConfig is the ClusterConfiguration kubeadm's add-on phases read:
+// the cluster's release, Service range, pod range and DNS domain.
+func kubeadmConfig() string {
 	return fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta4
 kind: ClusterConfiguration
 kubernetesVersion: %s
-controlPlaneEndpoint: %s:%s
 networking:
   serviceSubnet: %s
   podSubnet: %s
   dnsDomain: %s
----
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: %s
-`, KubernetesVersion, controlPlane, c.APIServerPort(), serviceCIDR, podCIDR, clusterDomain, proxyMode)
+`, KubernetesVersion, serviceCIDR, podCIDR, clusterDomain)
+}
+
+// kubeProxyConfig adds to kubeadmConfig what the kube-proxy add-on needs:
+// the API server's address for kube-proxy's kubeconfig, and its mode.
+func (c *Cluster) kubeProxyConfig(mode string) string {
+	return strings.Replace(kubeadmConfig(), "networking:",
+		fmt.Sprintf("controlPlaneEndpoint: %s:%s\nnetworking:", controlPlane, c.APIServerPort()), 1) +
+		fmt.Sprintf("---\napiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: %s\n", mode)
 }
 
 // KubernetesVersion is the release of every Kubernetes binary of the
@@ -39,7 +41,7 @@ const KubernetesVersion = "v1.37.2"
 // proxy lets them reach the API server through the kubernetes Service:
 // WaitRollout(ctx, "kube-system", "deployment/coredns", ...) waits for that.
 func (c *Cluster) InstallCoreDNS(ctx context.Context) error {
-	return c.kubeadmAddon(ctx, "coredns", "nftables")
+	return c.kubeadmAddon(ctx, "coredns", kubeadmConfig())
 }
 
 // InstallKubeProxy installs upstream kube-proxy as kubeadm does (kubeadm
@@ -47,12 +49,14 @@ func (c *Cluster) InstallCoreDNS(ctx context.Context) error {
 // registry.k8s.io/kube-proxy, ConfigMap and RBAC) in mode (iptables,
 // ipvs or nftables), the reference kpr is measured against.
 func (c *Cluster) InstallKubeProxy(ctx context.Context, mode string) error {
-	return c.kubeadmAddon(ctx, "kube-proxy", mode)
+	return c.kubeadmAddon(ctx, "kube-proxy", c.kubeProxyConfig(mode))
 }
 
-func (c *Cluster) kubeadmAddon(ctx context.Context, addon, proxyMode string) error {
+// kubeadmAddon runs kubeadm's phase for addon with the configuration
+// config.
+func (c *Cluster) kubeadmAddon(ctx context.Context, addon, config string) error {
 	cfg := filepath.Join(c.WorkDir(), "kubeadm-"+addon+".yaml")
-	if err := os.WriteFile(cfg, []byte(c.kubeadmConfig(proxyMode)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
 		return err
 	}
 	_, err := c.Run(ctx, "kubeadm", "init", "phase", "addon", addon, "--config", cfg, "--kubeconfig", c.KubeconfigPath)
