@@ -62,7 +62,7 @@ func nodeConfig(n node, all []node, apiPort string, secrets nodeSecrets, images 
 			{Path: path.Join(nodePKIDir, "kubelet-client.key"), Mode: 0o600, Data: string(secrets.clientKey)},
 			{Path: nodeKubeconfig, Mode: 0o600, Data: kubeletKubeconfig(apiPort)},
 			{Path: nodeKubeletConfig, Mode: 0o644, Data: kubeletConfig(n)},
-			{Path: containerdConfig, Mode: 0o644, Data: containerdConfigTOML},
+			{Path: containerdConfig, Mode: 0o644, Data: containerdConfigTOML(registry != "")},
 			{Path: "/etc/cni/net.d/10-bridge.conflist", Mode: 0o644, Data: cni},
 			// The kubelet reads the users (its user-namespace ranges)
 			// and the machine ID (the Node's systemUUID and machineID).
@@ -162,8 +162,19 @@ runtimeRequestTimeout: 10m
 }
 
 // containerdConfigTOML is containerd 2's configuration: CRI with runc under
-// cgroupfs, the pause image built here as the sandbox, and the CNI plugins.
-const containerdConfigTOML = `version = 3
+// cgroupfs, the pause image built here as the sandbox, the CNI plugins,
+// and, with mirrors, the registry hosts in registryConfigDir.
+func containerdConfigTOML(mirrors bool) string {
+	if !mirrors {
+		return containerdBaseConfig
+	}
+	return containerdBaseConfig + `
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = "` + registryConfigDir + `"
+`
+}
+
+const containerdBaseConfig = `version = 3
 root = "/var/lib/containerd"
 state = "/run/containerd"
 
@@ -174,8 +185,6 @@ state = "/run/containerd"
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "` + pauseImage + `"
-  [plugins.'io.containerd.cri.v1.images'.registry]
-    config_path = "` + registryConfigDir + `"
 
 [plugins.'io.containerd.cri.v1.runtime']
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
