@@ -161,7 +161,10 @@ lint:
 unit:
 	$(GO) test -short $(GOFLAGS_TEST) ./...
 
-## test: everything CI runs: generated-code check, lint, all tests (root tests need root), the 5.10 and IPVS VMs, and the real-cluster smoke test
+## test: everything CI runs: generated-code check, lint, all tests (root tests need root), the 5.10 and IPVS VMs.
+## Not yet the real-cluster smoke test (make test-cluster-smoke, about 8 minutes):
+## with the 5.10 VM at up to 40 minutes under emulation it would not fit
+## CI's 90 minutes.
 test: deps generate-check lint tools
 	$(GO) test $(GOFLAGS_TEST) ./...
 	cd tests/deploy/kustomize && $(GO) test $(GOFLAGS_TEST) ./...
@@ -170,7 +173,6 @@ test: deps generate-check lint tools
 	cd hack/image && $(GO) test $(GOFLAGS_TEST) ./...
 	$(MAKE) test-kernel-oldest
 	$(MAKE) test-kernels-e2e
-	$(MAKE) test-cluster-smoke
 
 ## KERNEL_PACKAGES: the kernel-facing suites that run inside the VMs: every
 ## package with a test file carrying //kpr:kernel-matrix (hack/kernel-packages.sh).
@@ -187,9 +189,11 @@ test-kernels: deps
 	$(GO) run ./tests/kernels/run -kernels bullseye,bookworm,trixie -packages $(kernel_packages) -out docs/kernel-matrix.md $(KERNEL_MATRIX_FLAGS)
 
 ## test-kernel-oldest: the same on 5.10 only, the oldest kernel kpr
-## supports; part of make test
+## supports; part of make test. Under emulation on a busy 2-core machine the
+## tcnat suite alone can take 20 minutes and the whole VM more than the
+## runner's default 40, hence 55.
 test-kernel-oldest: deps
-	$(GO) run ./tests/kernels/run -kernels bullseye -packages $(kernel_packages) $(KERNEL_MATRIX_FLAGS)
+	$(GO) run ./tests/kernels/run -kernels bullseye -packages $(kernel_packages) -timeout 55m $(KERNEL_MATRIX_FLAGS)
 
 ## test-kernels-e2e: tests/e2e's IPVS-mode scenarios (TestServices/ipvs,
 ## explain and status in that mode, TestExplainIPVS/ipvs, connects

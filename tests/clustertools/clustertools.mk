@@ -3,8 +3,8 @@
 # CoreDNS, pause: docs/cluster-tools.md). The main Makefile includes it;
 # `make cluster-tools` builds them once per machine into a shared cache
 # directory, and KPR_CLUSTER_TOOLS_DIR tells anything the Makefile runs
-# where they are. make test builds them for the real-cluster smoke test
-# (make test-cluster-smoke, through make cluster-images).
+# where they are. make test does not build them; the real-cluster targets
+# (make cluster-up, make test-cluster-smoke) do, through make cluster-images.
 
 # Keep this default equal to hack/cluster-tools.sh's own (used without
 # make), so both find the same build; tests/clustertools checks it.
