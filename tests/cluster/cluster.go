@@ -434,23 +434,22 @@ func (c *Cluster) pidFile(binary string) string {
 // logTails returns the last lines of each control-plane log, to make a
 // failed start explain itself (the logs are deleted with the work dir).
 func (c *Cluster) logTails() string {
-	return tail(c.LogPath(apiServerBinary)) + tail(c.LogPath(etcdBinary))
+	return LogTail(c.LogPath(apiServerBinary), startLogLines) + LogTail(c.LogPath(etcdBinary), startLogLines)
 }
 
-// tail is the last lines of the log at path, headed by its name, or ""
-// when it is empty or missing.
-func tail(path string) string {
-	const maxLines = 15
+// LogTail is the last n lines of the log at path, headed by its name, or
+// "" when it is empty or missing.
+func LogTail(path string, n int) string {
 	data, err := os.ReadFile(path)
 	if err != nil || len(data) == 0 {
 		return ""
 	}
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > maxLines {
-		lines = lines[len(lines)-maxLines:]
-	}
-	return fmt.Sprintf("\n--- last lines of %s:\n%s", filepath.Base(path), strings.Join(lines, "\n"))
+	return fmt.Sprintf("\n--- last lines of %s:\n%s", filepath.Base(path), strings.Join(lines[max(0, len(lines)-n):], "\n"))
 }
+
+// startLogLines is how much of a server's log a failed start shows.
+const startLogLines = 15
 
 // StopAPIServer stops only the API server; etcd keeps running and the
 // certificates and port are kept, so StartAPIServer brings back a server
@@ -494,7 +493,7 @@ func (c *Cluster) StartProcess(ctx context.Context, name, binary string, args []
 	c.processes = append(c.processes, s)
 	c.mu.Unlock()
 	if err := s.start(ctx, ready); err != nil {
-		return fmt.Errorf("%w%s", err, tail(s.logPath))
+		return fmt.Errorf("%w%s", err, LogTail(s.logPath, startLogLines))
 	}
 	return nil
 }

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
 	"github.com/kpr-io/kpr/tests/harness"
 	"github.com/kpr-io/kpr/tests/namedns"
 )
@@ -40,18 +38,7 @@ func TestE2E(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Hour)
 	defer cancel()
-	c, err := Up(ctx, Options{ExtraImages: []string{image}, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			keepLogs(t, c)
-		}
-		if err := c.Down(); err != nil {
-			t.Error(err)
-		}
-	})
+	c := upForTest(ctx, t, Options{ExtraImages: []string{image}})
 	if err := c.InstallCoreDNS(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +70,7 @@ func TestE2E(t *testing.T) {
 		"--report-dir="+filepath.Dir(report))
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	began := time.Now()
-	err = cmd.Run()
+	err := cmd.Run()
 	t.Logf("e2e.test against %s: %s, %v", proxy, time.Since(began).Round(time.Second), err)
 	// Failed tests are the report's business; only a run that wrote no
 	// report failed as a run.
@@ -98,27 +85,17 @@ func TestE2E(t *testing.T) {
 // installProxy installs the Service proxy of an e2e run and waits until it
 // runs on every node.
 func installProxy(ctx context.Context, c *Cluster, proxy string) error {
-	if proxy == "kube-proxy" {
+	switch proxy {
+	case "kube-proxy":
 		if err := c.InstallKubeProxy(ctx, "nftables"); err != nil {
 			return err
 		}
 		return c.WaitRollout(ctx, "kube-system", "daemonset/kube-proxy", 10*time.Minute)
-	}
-	root, err := repoRoot()
-	if err != nil {
-		return err
-	}
-	args := []string{"install", "kpr", filepath.Join(root, "deploy/helm/kpr"), "--namespace", "kpr-system", "--create-namespace",
-		"--set", "apiServer.host=" + controlPlane.String(), "--set", "apiServer.port=" + c.APIServerPort()}
-	switch proxy {
 	case "kpr":
+		return installKpr(ctx, c)
 	case "kpr-iptables":
-		args = append(args, "--set", "mode=iptables")
+		return installKpr(ctx, c, "mode=iptables")
 	default:
 		return fmt.Errorf("%s=%q: want kpr, kpr-iptables or kube-proxy", e2eProxyEnv, proxy)
 	}
-	if _, err := c.Run(ctx, "helm", args...); err != nil {
-		return err
-	}
-	return c.WaitRollout(ctx, "kpr-system", "daemonset/kpr", 10*time.Minute)
 }

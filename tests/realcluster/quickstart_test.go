@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kpr-io/kpr/tests/harness"
@@ -41,22 +40,10 @@ func TestQuickstart(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
-	c, err := Up(ctx, Options{
+	c := upForTest(ctx, t, Options{
 		Registry:     true,
 		ImageAliases: []string{"docker.io/library/nginx:latest=registry.k8s.io/e2e-test-images/nginx:1.27.0-2"},
 		ExtraImages:  []string{image},
-		Logger:       zaptest.NewLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			keepLogs(t, c)
-		}
-		if err := c.Down(); err != nil {
-			t.Error(err)
-		}
 	})
 	if err := c.InstallKubeProxy(ctx, "iptables"); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kpr-io/kpr/tests/harness"
@@ -35,25 +34,13 @@ func TestSmoke(t *testing.T) {
 	harness.RequireRoot(t)
 	image, next := os.Getenv(kprImageEnv), os.Getenv(kprNextImageEnv)
 	if image == "" || next == "" {
-		t.Skipf("skipping: %s and %s name kpr's image archives; make test-cluster-smoke (part of make test) builds them and runs this test", kprImageEnv, kprNextImageEnv)
+		t.Skipf("skipping: %s and %s name kpr's image archives; make test-cluster-smoke builds them and runs this test", kprImageEnv, kprNextImageEnv)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	c, err := Up(ctx, Options{
+	c := upForTest(ctx, t, Options{
 		Images:      []string{"pause.tar", "coredns.tar", "agnhost.tar", "busybox.tar"},
 		ExtraImages: []string{image, next},
-		Logger:      zaptest.NewLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			keepLogs(t, c)
-		}
-		if err := c.Down(); err != nil {
-			t.Error(err)
-		}
 	})
 	run := func(tool string, args ...string) string {
 		t.Helper()
@@ -75,12 +62,10 @@ func TestSmoke(t *testing.T) {
 	}
 
 	// docs/quickstart.md, step 3, with the control plane's address.
-	chart := filepath.Join(root, "deploy/helm/kpr")
-	run("helm", "install", "kpr", chart, "--namespace", "kpr-system", "--create-namespace",
-		"--set", "apiServer.host="+controlPlane.String(), "--set", "apiServer.port="+c.APIServerPort())
-	if err := c.WaitRollout(ctx, "kpr-system", "daemonset/kpr", 10*time.Minute); err != nil {
+	if err := installKpr(ctx, c); err != nil {
 		t.Fatal(err)
 	}
+	chart := filepath.Join(root, "deploy/helm/kpr")
 	// Step 4.
 	status := run("kubectl", "-n", "kpr-system", "exec", "ds/kpr", "--", "kpr", "status")
 	if !regexp.MustCompile(`(?m)^mode:\s+ebpf\b`).MatchString(status) {
@@ -159,32 +144,3 @@ func TestSmoke(t *testing.T) {
 }
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
-
-// keepLogs puts what a failure needs into the test's log, before Down
-// removes the cluster: the pods, kpr's logs and the end of each node's
-// console (containerd and the kubelet log there).
-func keepLogs(t *testing.T, c *Cluster) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, args := range [][]string{
-		{"get", "pods", "-A", "-o", "wide"},
-		{"-n", "kpr-system", "logs", "-l", "k8s-app=kpr", "-c", "kpr", "--tail=40", "--prefix"},
-	} {
-		out, err := c.Run(ctx, "kubectl", args...)
-		t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	logs, _ := filepath.Glob(c.LogPath("vm-*"))
-	for _, l := range logs {
-		t.Logf("%s", tail(l, 60))
-	}
-}
-
-// tail is the last n lines of the file at path, headed by its name.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("%s: %v", path, err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	return fmt.Sprintf("--- last %d lines of %s:\n%s", n, filepath.Base(path), strings.Join(lines[max(0, len(lines)-n):], "\n"))
-}
