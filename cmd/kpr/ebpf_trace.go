@@ -30,6 +30,9 @@ type traceFlags struct {
 	services  []string
 	frontends []string
 	output    string
+	// count, if positive, ends the trace after that many decisions, so
+	// that a script can wait for the next connect() without a signal.
+	count int
 }
 
 func newTraceCommand(g *globalFlags) *cobra.Command {
@@ -43,12 +46,15 @@ func newTraceCommand(g *globalFlags) *cobra.Command {
 			"Nothing else is recorded, and with no trace running the programs record nothing. --service reads the " +
 			"Service from the API and traces all its frontends on this node (pass the daemon's --hostname-override, " +
 			"--nodeport-addresses and --external-ips); --frontend needs no API. Several traces may run at once, each " +
-			"with its own selection. Stop with Ctrl-C." +
-			exitCodesHelp("the trace ran until Ctrl-C or SIGTERM", exitNeedsRoot),
+			"with its own selection. Stop with Ctrl-C, or after --count decisions." +
+			exitCodesHelp("the trace ran until Ctrl-C, SIGTERM or --count decisions", exitNeedsRoot),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.output != "text" && f.output != "json" {
 				return usageError(fmt.Errorf("--output %q: want text or json", f.output))
+			}
+			if f.count < 0 {
+				return usageError(fmt.Errorf("--count %d: want 0 (no limit) or more", f.count))
 			}
 			if len(f.services) == 0 && len(f.frontends) == 0 {
 				return usageError(errors.New("select what to trace with --service namespace/name[:port] or --frontend address:port"))
@@ -59,13 +65,14 @@ func newTraceCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return runTrace(ctx, g.bpfRoot, frontends, f.output, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return runTrace(ctx, g.bpfRoot, frontends, f.output, f.count, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringArrayVar(&f.services, "service", nil, "trace this Service's frontends on this node: namespace/name, or namespace/name:port for one port (repeatable)")
 	fl.StringArrayVar(&f.frontends, "frontend", nil, "trace this frontend address:port, TCP and UDP (repeatable)")
 	fl.StringVarP(&f.output, "output", "o", "text", "output format: text (one line per decision) or json (one object per line)")
+	fl.IntVarP(&f.count, "count", "c", 0, "stop after this many decisions (as tcpdump -c); 0 means until Ctrl-C")
 	fl.StringVar(&f.run.kubeconfig, "kubeconfig", "", "for --service: kubeconfig file; empty means the in-cluster config")
 	fl.StringVar(&f.run.hostnameOverride, "hostname-override", "", "for --service: this node's name in the API, as given to kpr run; default: the hostname")
 	fl.StringSliceVar(&f.run.nodePortAddresses, "nodeport-addresses", nil, "for --service: as given to kpr run")
@@ -144,7 +151,7 @@ func (f *traceFlags) serviceFrontends(ctx context.Context) ([]netip.AddrPort, er
 
 // runTrace streams the decisions about frontends until ctx ends, then
 // removes its selection.
-func runTrace(ctx context.Context, bpfRoot string, frontends []netip.AddrPort, output string, out, errOut io.Writer) error {
+func runTrace(ctx context.Context, bpfRoot string, frontends []netip.AddrPort, output string, count int, out, errOut io.Writer) error {
 	pinned, err := openPinnedMaps("trace", bpfRoot)
 	if err != nil {
 		return err
@@ -173,24 +180,28 @@ func runTrace(ctx context.Context, bpfRoot string, frontends []netip.AddrPort, o
 		}
 	}()
 	enc := json.NewEncoder(out)
-	for {
+	for seen := 0; count == 0 || seen < count; seen++ {
 		select {
 		case <-ctx.Done():
 			return tr.Close()
 		case err := <-readErr:
 			return errors.Join(fmt.Errorf("read trace events: %w", err), tr.Close())
 		case ev := <-events:
-			if output == "json" {
-				if err := enc.Encode(ev); err != nil {
-					return errors.Join(err, tr.Close())
-				}
-				continue
-			}
-			if _, err := io.WriteString(out, traceLine(ev)); err != nil {
+			if err := writeTraceEvent(out, enc, output, ev); err != nil {
 				return errors.Join(err, tr.Close())
 			}
 		}
 	}
+	return tr.Close()
+}
+
+// writeTraceEvent writes one decision in the output format.
+func writeTraceEvent(out io.Writer, enc *json.Encoder, output string, ev maps.TraceEvent) error {
+	if output == "json" {
+		return enc.Encode(ev)
+	}
+	_, err := io.WriteString(out, traceLine(ev))
+	return err
 }
 
 // traceLine is one decision as text.

@@ -51,12 +51,14 @@ const (
 )
 
 func main() {
-	os.Exit(run())
+	os.Exit(run(os.Stdout, os.Stderr))
 }
 
-func run() int {
+// run is the demo: the narration goes to out, failures and their logs to
+// errOut. It returns the exit code.
+func run(out, errOut io.Writer) int {
 	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "kpr demo: needs root, to create network namespaces and a cgroup and to load BPF programs; run `sudo make demo`")
+		fmt.Fprintln(errOut, "kpr demo: needs root, to create network namespaces and a cgroup and to load BPF programs; run `sudo make demo`")
 		return exitFailed
 	}
 	// Caught until the very end, so a second Ctrl-C cannot cut the teardown
@@ -64,9 +66,9 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	d, err := newDemo(os.Stdout)
+	d, err := newDemo(out)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "kpr demo: %v\n", err)
+		fmt.Fprintf(errOut, "kpr demo: %v\n", err)
 		return exitFailed
 	}
 	began := time.Now()
@@ -92,13 +94,13 @@ func run() int {
 	}
 
 	if runErr != nil && !interrupted {
-		fmt.Fprintf(os.Stderr, "\nkpr demo FAILED: %v\n", runErr)
+		fmt.Fprintf(errOut, "\nkpr demo FAILED: %v\n", runErr)
 	}
 	if teardownErr != nil {
-		fmt.Fprintf(os.Stderr, "\nkpr demo: teardown problems (check `ip netns list`, %s and the cgroup2 mount): %v\n", d.bpfRoot, teardownErr)
+		fmt.Fprintf(errOut, "\nkpr demo: teardown problems (check `ip netns list`, %s and the cgroup2 mount): %v\n", d.bpfRoot, teardownErr)
 	}
 	if d.failed {
-		d.printLogs(os.Stderr)
+		d.printLogs(errOut)
 		return exitFailed
 	}
 	// Nothing to look at: do not leave the logs lying around.

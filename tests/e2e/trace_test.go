@@ -120,3 +120,67 @@ func TestTraceService(t *testing.T) {
 		t.Errorf("kpr_sock_translations_total{hook=\"connect4\"} grew by %v over 3 connects to Services, want 3", d)
 	}
 }
+
+// TestTraceCount: `kpr trace --count N` ends by itself, with exit 0, once
+// it has written N decisions, so that a script can wait for the next
+// connect() to a Service without sending a signal.
+func TestTraceCount(t *testing.T) {
+	f := newFixture(t)
+	ns := f.namespace(t, "trace-count")
+	web := f.createService(t, kubeobj.Service(ns, "web", tcp80))
+	f.setEndpoints(t, web, v4, f.ep("pod-a", v4))
+	vip := clusterIP(t, web, v1.IPv4Protocol, 80)
+	waitUntil(t, convergeTimeout, "Service at "+vip.String(), func() error {
+		_, err := tcpWho(f.node.NetNS, vip)
+		return err
+	})
+
+	bin, err := kprproc.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "trace", "--frontend", vip.String(), "--count", "2", "--bpf-root", f.kpr.BPFRoot)
+	stdout, _ := cmd.StdoutPipe()
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	defer func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	if _, err := bufio.NewReader(stderr).ReadString('\n'); err != nil {
+		t.Fatalf("kpr trace wrote no header: %v", err)
+	}
+	lines := make(chan []string, 1)
+	go func() {
+		var got []string
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			got = append(got, sc.Text())
+		}
+		lines <- got
+		exited <- cmd.Wait()
+	}()
+	for i := 0; i < 2; i++ {
+		if _, err := tcpWho(f.node.NetNS, vip); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case got := <-lines:
+		if len(got) != 2 || !strings.Contains(got[0], "translated") {
+			t.Errorf("kpr trace --count 2 wrote %q, want two translated decisions", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("kpr trace --count 2 still runs 10s after two connects")
+	}
+	if err := <-exited; err != nil {
+		t.Errorf("kpr trace --count 2: %v, want exit 0", err)
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -24,12 +23,13 @@ const (
 	kprNextTag = "v0.1.0-next"
 )
 
-// TestSmoke installs kpr on a real two-node cluster with the chart, as
-// docs/quickstart.md says, and checks what a platform team checks first:
-// the DaemonSet rolls out, kpr reports its eBPF mode and is healthy through
-// the API server's proxy, CoreDNS (kubeadm's) becomes ready through kpr and
+// TestSmoke installs kpr on a real two-node cluster with the chart, by the
+// README's quick start, and checks what a platform team checks first: the
+// DaemonSet rolls out, kpr reports its eBPF mode and is healthy through the
+// API server's proxy, CoreDNS (kubeadm's) becomes ready through kpr and
 // answers a pod, a NodePort answers from outside the nodes, and a rolling
-// update of kpr loses none of the requests sent to it every 10 ms.
+// update of kpr loses none of the requests sent to it every 10 ms. Then
+// every command of the README's CLI tour runs on a node.
 func TestSmoke(t *testing.T) {
 	harness.RequireRoot(t)
 	image, next := os.Getenv(kprImageEnv), os.Getenv(kprNextImageEnv)
@@ -61,16 +61,23 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// docs/quickstart.md, step 3, with the control plane's address.
-	if err := installKpr(ctx, c); err != nil {
+	// A NodePort Service for the README's curl: its pods start without a
+	// Service proxy.
+	run("kubectl", "create", "deployment", "web", "--replicas=2", "--image=registry.k8s.io/e2e-test-images/agnhost:2.66.1",
+		"--", "/agnhost", "netexec", "--http-port=8080")
+	run("kubectl", "expose", "deployment", "web", "--port=80", "--target-port=8080", "--type=NodePort")
+	if err := c.WaitRollout(ctx, "default", "deployment/web", 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	chart := filepath.Join(root, "deploy/helm/kpr")
-	// Step 4.
-	status := run("kubectl", "-n", "kpr-system", "exec", "ds/kpr", "--", "kpr", "status")
-	if !regexp.MustCompile(`(?m)^mode:\s+ebpf\b`).MatchString(status) {
-		t.Errorf("kpr status does not report the eBPF mode:\n%s", status)
+	svc, err := c.Client.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
+
+	// The README's quick start: helm install with the control plane's
+	// address, the rollout, kpr status and a curl of the NodePort.
+	runReadmeQuickStart(ctx, t, c, svc.Spec.Ports[0].NodePort)
+	chart := filepath.Join(root, "deploy/helm/kpr")
 	pods, err := c.Client.CoreV1().Pods("kpr-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kpr"})
 	if err != nil {
 		t.Fatal(err)
@@ -96,17 +103,7 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("nslookup kubernetes.default from a pod:\n%s", out)
 	}
 
-	// A NodePort, from outside the nodes, on every node.
-	run("kubectl", "create", "deployment", "web", "--replicas=2", "--image=registry.k8s.io/e2e-test-images/agnhost:2.66.1",
-		"--", "/agnhost", "netexec", "--http-port=8080")
-	run("kubectl", "expose", "deployment", "web", "--port=80", "--target-port=8080", "--type=NodePort")
-	if err := c.WaitRollout(ctx, "default", "deployment/web", 10*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := c.Client.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The NodePort, from outside the nodes, on every node.
 	var urls []string
 	for _, n := range c.nodes {
 		urls = append(urls, fmt.Sprintf("http://%s:%d/hostname", n.address, svc.Spec.Ports[0].NodePort))
@@ -141,6 +138,9 @@ func TestSmoke(t *testing.T) {
 	if len(failed) > 0 {
 		t.Errorf("%d of %d NodePort requests failed during kpr's rolling update: %s", len(failed), sent, strings.Join(first(failed, 10), "; "))
 	}
+
+	// Last, the README's tour of the CLI on a node; it ends with kpr cleanup.
+	runReadmeCLI(ctx, t, c)
 }
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
