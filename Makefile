@@ -7,7 +7,7 @@ export GOFLAGS := -buildvcs=false
 -include tests/tools/tools.mk
 -include tests/clustertools/clustertools.mk
 
-.PHONY: all build image cluster-images cluster-up cluster-down test-cluster-smoke test-cluster-docs test-cluster release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
+.PHONY: all build image cluster-images cluster-up cluster-down cluster-kpr-images test-cluster-smoke test-cluster-operations test-cluster-docs test-cluster-e2e test-cluster release release-check deps generate generate-check lint test unit test-kernels test-kernel-oldest test-kernels-e2e bench bench-proxies bench-plots bench-controlplane bench-dataplane bench-tc demo clean
 
 all: build
 
@@ -69,32 +69,47 @@ cluster-up: deps tools cluster-images
 cluster-down:
 	$(GO) run ./tests/realcluster/cmd/realcluster down -dir $(CLUSTER_DIR)
 
+## cluster-kpr-images: the two images of kpr the smoke and operations tests
+## install and roll to: the chart's appVersion, and a second tag.
+cluster-kpr-images:
+	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:$(CHART_APP_VERSION) IMAGE_ARCHIVE=$(CLUSTER_KPR_IMAGE)
+	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:v0.1.0-next IMAGE_ARCHIVE=bin/kpr-image-next.tar
+
 ## test-cluster-smoke: kpr installed by its chart on a real two-node cluster
 ## (TestSmoke in tests/realcluster): CoreDNS through kpr, a NodePort from
 ## outside the nodes, and a rolling update of kpr with no failed request.
 ## Two images of kpr: the chart's appVersion, and a second tag to roll to.
-test-cluster-smoke: deps tools cluster-images
-	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:$(CHART_APP_VERSION) IMAGE_ARCHIVE=$(CLUSTER_KPR_IMAGE)
-	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:v0.1.0-next IMAGE_ARCHIVE=bin/kpr-image-next.tar
+test-cluster-smoke: deps tools cluster-images cluster-kpr-images
 	KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_KPR_NEXT_IMAGE=$(abspath bin/kpr-image-next.tar) \
 		$(GO) test -count=1 -timeout 45m -run '^TestSmoke$$' -v ./tests/realcluster
+
+## test-cluster-operations: item 4 of the real-cluster issue (TestOperations
+## in tests/realcluster): the migration from kubeadm's kube-proxy (nftables)
+## to kpr node by node as docs/migration.md says, a rolling update, a kpr
+## pod deleted, a backend scaled down and up, and the way back, while pods
+## and a client outside the nodes send every 10 ms and hold connections.
+test-cluster-operations: deps tools cluster-images cluster-kpr-images
+	KPR_CLUSTER_OPERATIONS=1 KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_KPR_NEXT_IMAGE=$(abspath bin/kpr-image-next.tar) \
+		$(GO) test -count=1 -timeout 100m -run '^TestOperations$$' -v ./tests/realcluster
 
 ## test-cluster-docs: every sh block of docs/quickstart.md, in order, on a
 ## real cluster that starts as kubeadm's does, with kube-proxy and CoreDNS
 ## (TestQuickstart in tests/realcluster): the page cannot rot.
-test-cluster-docs: deps tools cluster-images
-	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:$(CHART_APP_VERSION) IMAGE_ARCHIVE=$(CLUSTER_KPR_IMAGE)
+test-cluster-docs: deps tools cluster-images cluster-kpr-images
 	KPR_CLUSTER_DOCS=1 KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) \
 		$(GO) test -count=1 -timeout 60m -run '^TestQuickstart$$' -v ./tests/realcluster
 
-## test-cluster: upstream's e2e selection (tests/realcluster: TestE2E,
-## E2EFocus) on the real cluster three times, each on a cluster of its own:
-## kube-proxy as kubeadm installs it in nftables mode (the reference), kpr
-## (eBPF), and kpr in iptables mode; then docs/cluster-e2e.md from the three
-## JUnit reports (bin/e2e/). E2E_FOCUS replaces the selection, for a try.
+## test-cluster: everything on the real cluster: the smoke test, the quick
+## start, the operations under traffic, and upstream's e2e selection
+## (tests/realcluster: TestE2E, E2EFocus) three times, each on a cluster of
+## its own: kube-proxy as kubeadm installs it in nftables mode (the
+## reference), kpr (eBPF), and kpr in iptables mode; then
+## docs/cluster-e2e.md from the three JUnit reports (bin/e2e/). E2E_FOCUS
+## replaces the selection, for a try; test-cluster-e2e runs only that part.
 E2E_FOCUS ?=
 E2E_DIR = bin/e2e
-test-cluster: deps tools cluster-images
+test-cluster: test-cluster-smoke test-cluster-docs test-cluster-operations test-cluster-e2e
+test-cluster-e2e: deps tools cluster-images
 	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:$(CHART_APP_VERSION) IMAGE_ARCHIVE=$(CLUSTER_KPR_IMAGE)
 	rm -rf $(E2E_DIR) && mkdir -p $(E2E_DIR)
 	start=$$(date +%s); \
