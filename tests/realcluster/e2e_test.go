@@ -26,6 +26,9 @@ const (
 	e2eFocusEnv = "KPR_CLUSTER_E2E_FOCUS"
 )
 
+// e2eProcs is how many specs ginkgo runs at once.
+const e2eProcs = 4
+
 // TestE2E installs a Service proxy on a real cluster and runs upstream's
 // e2e.test (the cluster's release, from make cluster-tools) against it from
 // the cluster network, writing the JUnit report make test-cluster turns
@@ -54,18 +57,23 @@ func TestE2E(t *testing.T) {
 		focus = f
 	}
 	// e2e.test runs in the cluster network, as a node would: it reaches
-	// NodePorts and pods directly.
+	// NodePorts and pods directly. ginkgo runs its specs e2eProcs at a
+	// time, as upstream's hack/ginkgo-e2e.sh does: most of a spec's time
+	// is spent waiting for pods, which the emulated nodes make long.
 	cmd := exec.CommandContext(ctx, "nsenter", "--net="+namedns.Path(c.NetNS), "--",
-		filepath.Join(c.toolsDir, "e2e.test"),
+		filepath.Join(c.toolsDir, "ginkgo"),
+		fmt.Sprintf("--procs=%d", e2eProcs),
+		"--focus="+focus,
+		"--skip="+E2ESkip,
+		"--junit-report="+filepath.Base(report),
+		"--output-dir="+filepath.Dir(report),
+		"--timeout=10h",
+		"--no-color",
+		"-v",
+		filepath.Join(c.toolsDir, "e2e.test"), "--",
 		"--kubeconfig="+c.KubeconfigPath,
 		"--provider=skeleton",
 		"--num-nodes=2",
-		"--ginkgo.focus="+focus,
-		"--ginkgo.skip="+E2ESkip,
-		"--ginkgo.junit-report="+report,
-		"--ginkgo.timeout=10h",
-		"--ginkgo.no-color",
-		"--ginkgo.v",
 		"--dump-logs-on-failure=false",
 		"--report-dir="+filepath.Dir(report))
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
