@@ -146,10 +146,9 @@ func TestTraceCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
+	ended := false
 	defer func() {
-		select {
-		case <-exited:
-		default:
+		if !ended {
 			cmd.Process.Kill()
 			<-exited
 		}
@@ -180,7 +179,9 @@ func TestTraceCount(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("kpr trace --count 2 still runs 10s after two connects")
 	}
-	if err := <-exited; err != nil {
+	err = <-exited
+	ended = true
+	if err != nil {
 		t.Errorf("kpr trace --count 2: %v, want exit 0", err)
 	}
 }
