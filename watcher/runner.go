@@ -20,6 +20,9 @@ type SyncResult struct {
 	// the changes for Apply (zero if nothing changed, in which case the
 	// dataplane was not called), every ServicePort for Reconcile.
 	ServicePorts int
+	// Held is how many ServicePorts the dataplane holds after the sync,
+	// whatever this sync changed.
+	Held int
 	// Err is nil when the dataplane now holds the desired state.
 	Err error
 	// Busy is the time the sync loop spent on this sync. It is End-Start,
@@ -176,7 +179,7 @@ func (r *runner) passStep(p *pass) (SyncResult, bool) {
 	if !done {
 		return SyncResult{}, false
 	}
-	res := SyncResult{Full: held && err == nil, Start: p.start, End: end, ServicePorts: p.ports, Busy: p.busy, Err: err}
+	res := SyncResult{Full: held && err == nil, Start: p.start, End: end, ServicePorts: p.ports, Held: r.syncer.heldPorts, Busy: p.busy, Err: err}
 	if err != nil {
 		r.metrics.SyncFailuresTotal.Inc()
 	}
@@ -217,6 +220,7 @@ func (r *runner) syncOnce(full bool) SyncResult {
 	}
 	res.End = r.now()
 	res.Busy = res.End.Sub(res.Start)
+	res.Held = r.syncer.heldPorts
 	written := r.syncer.takeWritten()
 	r.metrics.ObserveSync(full, res.Busy)
 

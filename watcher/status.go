@@ -37,7 +37,11 @@ type SyncStatus struct {
 	Took         time.Duration `json:"tookNanoseconds"`
 	Full         bool          `json:"full"`
 	ServicePorts int           `json:"servicePorts"`
-	Error        string        `json:"error,omitempty"`
+	// HeldServicePorts is how many ServicePorts the dataplane holds after
+	// the sync: a periodic reconcile that found nothing to change writes
+	// none and still serves them all.
+	HeldServicePorts int    `json:"heldServicePorts"`
+	Error            string `json:"error,omitempty"`
 }
 
 // APIStatus is the state of the connection to the API server, as the
@@ -99,7 +103,7 @@ type syncHistory struct {
 
 // record notes one sync attempt that ended (a pass counts when it ends).
 func (h *syncHistory) record(res SyncResult) {
-	s := SyncStatus{At: res.End, Took: res.Busy, Full: res.Full, ServicePorts: res.ServicePorts}
+	s := SyncStatus{At: res.End, Took: res.Busy, Full: res.Full, ServicePorts: res.ServicePorts, HeldServicePorts: res.Held}
 	if res.Err != nil {
 		s.Error = res.Err.Error()
 		h.failures = append(h.failures, s)

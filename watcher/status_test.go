@@ -176,3 +176,29 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// TestStatusSaysWhatTheDataplaneServes: a sync that changes nothing writes
+// no ServicePort, and the status still says how many the dataplane holds,
+// so that kpr status does not read as "serving nothing" between changes.
+func TestStatusSaysWhatTheDataplaneServes(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.putService("a", "10.96.0.1")
+	h.putService("b", "10.96.0.2")
+	h.start()
+	h.syncSeeingAll()
+
+	h.putEndpoints("b", "node-a", time.Time{}, "10.0.0.2")
+	h.syncSeeingAll()
+	h.putEndpoints("b", "node-a", time.Time{}, "10.0.0.2")
+	if r := h.syncSeeingAll(); r.ServicePorts != 0 || r.Held != 2 {
+		t.Errorf("a sync that changed nothing: wrote %d, holds %d; want 0 and 2", r.ServicePorts, r.Held)
+	}
+	if s := h.runner.status().LastSuccessfulSync; s == nil || s.HeldServicePorts != 2 {
+		t.Errorf("status after it: %+v, want 2 ServicePorts held", s)
+	}
+
+	h.deleteService("a")
+	if r := h.syncSeeingAll(); r.Held != 1 {
+		t.Errorf("after a's deletion the dataplane holds %d ServicePorts, want 1", r.Held)
+	}
+}

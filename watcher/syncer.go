@@ -85,6 +85,9 @@ type syncer struct {
 	// metrics.Families (a dual-stack Service counts in both), kept
 	// current on every commit.
 	noLocalTotal [2]noLocalCount
+	// heldPorts is the number of ServicePorts in applied, kept current
+	// on every commit: kpr status says how much the dataplane serves.
+	heldPorts int
 	// problems are the translation problems last logged per Service, so
 	// that a bad object is logged when it turns bad, not on every sync.
 	problems map[serviceName]map[desired.Problem]bool
@@ -399,6 +402,7 @@ func (s *syncer) commit(key serviceName, c computed) {
 	} else {
 		delete(s.healthChecks, key)
 	}
+	s.heldPorts += len(c.ports) - len(old.ports)
 	if len(c.ports) == 0 {
 		delete(s.applied, key)
 		return

@@ -271,7 +271,8 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 		}
 		ws := d.Watcher
 		if s := ws.LastSuccessfulSync; s != nil {
-			fmt.Fprintf(w, "sync:     last successful %s, took %s, %d service ports handed to the dataplane\n", ago(s.At), s.Took, s.ServicePorts)
+			fmt.Fprintf(w, "sync:     last successful %s, took %s, wrote %d service ports; the dataplane serves %d\n",
+				ago(s.At), s.Took, s.ServicePorts, s.HeldServicePorts)
 		} else {
 			fmt.Fprintln(w, "sync:     no successful sync yet")
 		}

@@ -329,7 +329,7 @@ func (o *operations) waitStatusSynced(pod string) {
 	o.t.Helper()
 	o.poll("kpr status of "+pod+" reports a sync", func() bool {
 		out, err := o.c.Run(o.ctx, "kubectl", "-n", "kpr-system", "exec", pod, "--", "kpr", "status")
-		return err == nil && strings.Contains(out, "sync: last successful") && !strings.Contains(out, "NOT CONNECTED")
+		return err == nil && statusSynced.MatchString(out) && !strings.Contains(out, "NOT CONNECTED")
 	})
 }
 
@@ -380,6 +380,9 @@ func (o *operations) stopOutside() {
 		o.t.Errorf("%d of %d NodePort requests from outside failed: %s", len(failed), sent, strings.Join(first(failed, 10), "; "))
 	}
 }
+
+// statusSynced matches kpr status's line of a successful sync.
+var statusSynced = regexp.MustCompile(`(?m)^sync:\s+last successful `)
 
 // heldAge matches a line of check's script: a held connection and the
 // seconds since it last echoed.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,8 @@ const (
 // API server's proxy, CoreDNS (kubeadm's) becomes ready through kpr and
 // answers a pod, a NodePort answers from outside the nodes, and a rolling
 // update of kpr loses none of the requests sent to it every 10 ms. Then
-// every command of the README's CLI tour runs on a node.
+// every command of the README's CLI tour runs on a node, and kpr is
+// installed again from the kustomize base.
 func TestSmoke(t *testing.T) {
 	harness.RequireRoot(t)
 	image, next := os.Getenv(kprImageEnv), os.Getenv(kprNextImageEnv)
@@ -139,8 +141,46 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("%d of %d NodePort requests failed during kpr's rolling update: %s", len(failed), sent, strings.Join(first(failed, 10), "; "))
 	}
 
-	// Last, the README's tour of the CLI on a node; it ends with kpr cleanup.
+	// The README's tour of the CLI on a node; it ends with kpr cleanup.
 	runReadmeCLI(ctx, t, c)
+
+	// Last, the same kpr from the kustomize base instead of the chart.
+	run("helm", "uninstall", "kpr", "--namespace", "kpr-system", "--wait")
+	reinstallWithKustomize(ctx, t, c, root)
+	status := run("kubectl", "-n", "kpr-system", "exec", "ds/kpr", "--", "kpr", "status")
+	if !regexp.MustCompile(`(?m)^mode:\s+ebpf\b`).MatchString(status) {
+		t.Errorf("kpr from the kustomize base: kpr status does not report the eBPF mode:\n%s", status)
+	}
+	if err := c.WaitAnswer(ctx, urls, 2*time.Minute); err != nil {
+		t.Errorf("kpr from the kustomize base: NodePort from outside: %v", err)
+	}
+}
+
+// reinstallWithKustomize installs kpr from deploy/base as deploy/README.md
+// says: an overlay that sets the API server's address in the kpr-apiserver
+// ConfigMap, applied with kubectl apply -k; and waits for the rollout.
+func reinstallWithKustomize(ctx context.Context, t *testing.T, c *Cluster, root string) {
+	t.Helper()
+	overlay := t.TempDir()
+	if err := os.Symlink(filepath.Join(root, "deploy/base"), filepath.Join(overlay, "base")); err != nil {
+		t.Fatal(err)
+	}
+	kustomization := fmt.Sprintf(`resources: [base]
+configMapGenerator:
+  - name: kpr-apiserver
+    namespace: kpr-system
+    behavior: replace
+    literals: [host=%s, port=%s]
+`, controlPlane, c.APIServerPort())
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Run(ctx, "kubectl", "apply", "-k", overlay); err != nil {
+		t.Fatalf("kubectl apply -k of an overlay of deploy/base: %v\n%s", err, out)
+	}
+	if err := c.WaitRollout(ctx, "kpr-system", "daemonset/kpr", 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
