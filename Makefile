@@ -107,20 +107,24 @@ test-cluster-docs: deps tools cluster-images cluster-kpr-images
 ## docs/cluster-e2e.md from the three JUnit reports (bin/e2e/). E2E_FOCUS
 ## replaces the selection, for a try; test-cluster-e2e runs only that part.
 E2E_FOCUS ?=
+## E2E_TIMEOUT (a Go duration) ends each run early, with the report of
+## what ran by then.
+E2E_TIMEOUT ?=
+## E2E_PROXIES are the columns, in order.
+E2E_PROXIES ?= kube-proxy kpr kpr-iptables
 E2E_DIR = bin/e2e
 test-cluster: test-cluster-smoke test-cluster-docs test-cluster-operations test-cluster-e2e
-test-cluster-e2e: deps tools cluster-images
-	$(MAKE) image IMAGE_REF=ghcr.io/kpr-io/kpr:$(CHART_APP_VERSION) IMAGE_ARCHIVE=$(CLUSTER_KPR_IMAGE)
+test-cluster-e2e: deps tools cluster-images cluster-kpr-images
 	rm -rf $(E2E_DIR) && mkdir -p $(E2E_DIR)
 	start=$$(date +%s); \
-	for proxy in kube-proxy kpr kpr-iptables; do \
+	for proxy in $(E2E_PROXIES); do \
 		KPR_CLUSTER_E2E_PROXY=$$proxy KPR_CLUSTER_E2E_REPORT=$(abspath $(E2E_DIR))/$$proxy.xml \
-		KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_E2E_FOCUS='$(E2E_FOCUS)' \
+		KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_E2E_FOCUS='$(E2E_FOCUS)' KPR_CLUSTER_E2E_TIMEOUT='$(E2E_TIMEOUT)' \
 			$(GO) test -count=1 -timeout 12h -run '^TestE2E$$' -v ./tests/realcluster || exit 1; \
 	done; \
 	$(GO) run ./tests/realcluster/cmd/e2edoc -o docs/cluster-e2e.md $(if $(E2E_FOCUS),-focus '$(E2E_FOCUS)') \
 		-took "$$(( ($$(date +%s) - start) / 60 )) minutes" \
-		kube-proxy=$(E2E_DIR)/kube-proxy.xml kpr=$(E2E_DIR)/kpr.xml kpr-iptables=$(E2E_DIR)/kpr-iptables.xml
+		$(foreach p,$(E2E_PROXIES),$(p)=$(E2E_DIR)/$(p).xml)
 
 ## release: a versioned release in RELEASE_DIR (docs/releasing.md), every
 ## file stamped with VERSION, the tag v0.x.y: the static binary

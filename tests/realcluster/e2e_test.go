@@ -24,6 +24,9 @@ const (
 	e2eReportEnv = "KPR_CLUSTER_E2E_REPORT"
 	// e2eFocusEnv, if set, replaces e2eFocus (to run one test by hand).
 	e2eFocusEnv = "KPR_CLUSTER_E2E_FOCUS"
+	// e2eTimeoutEnv, if set, is ginkgo's --timeout (default 10h): when it
+	// passes, ginkgo stops and still writes the report of what ran.
+	e2eTimeoutEnv = "KPR_CLUSTER_E2E_TIMEOUT"
 )
 
 // e2eProcs is how many specs ginkgo runs at once.
@@ -52,6 +55,10 @@ func TestE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	timeout := "10h"
+	if v := os.Getenv(e2eTimeoutEnv); v != "" {
+		timeout = v
+	}
 	focus := E2EFocus
 	if f := os.Getenv(e2eFocusEnv); f != "" {
 		focus = f
@@ -67,7 +74,7 @@ func TestE2E(t *testing.T) {
 		"--skip="+E2ESkip,
 		"--junit-report="+filepath.Base(report),
 		"--output-dir="+filepath.Dir(report),
-		"--timeout=10h",
+		"--timeout="+timeout,
 		"--no-color",
 		"-v",
 		filepath.Join(c.toolsDir, "e2e.test"), "--",
