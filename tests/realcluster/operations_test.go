@@ -95,8 +95,14 @@ spec:
             - sh
             - -c
             - |
+              # A connection that never answered (the Service not yet
+              # resolvable) is retried; one that answered and ended is broken.
               hold() {
-                while :; do date +%%s; sleep 1; done | nc $2 $3 | while read -r ts; do echo "$ts" > /tmp/held-$1; done
+                while :; do
+                  while :; do date +%%s; sleep 1; done | nc $2 $3 | while read -r ts; do echo "$ts" > /tmp/held-$1; done
+                  [ -e /tmp/held-$1 ] && break
+                  sleep 1
+                done
                 echo "BROKEN $1 $(date +%%T)"
               }
               hold clusterip-1 echo.default.svc.cluster.local 9000 &
@@ -404,7 +410,7 @@ func (o *operations) check(phase string) {
 		}
 	}
 	state := o.run("kubectl", "exec", "deployment/client", "--", "sh", "-c",
-		`cat /tmp/answered; now=$(date +%s); for f in /tmp/held-*; do echo "$f $((now - $(cat $f)))"; done`)
+		`cat /tmp/answered; now=$(date +%s); for f in /tmp/held-*; do [ -s "$f" ] && echo "$f $((now - $(cat "$f")))"; done; true`)
 	answered, err := strconv.Atoi(strings.SplitN(strings.TrimSpace(state), "\n", 2)[0])
 	if err != nil {
 		o.t.Fatalf("%s: the client's state: %q", phase, state)
@@ -417,7 +423,7 @@ func (o *operations) check(phase string) {
 	}
 	o.answered = answered
 	if len(held) != 4 {
-		o.t.Errorf("%s: %d held connections echo, want 4:\n%s", phase, len(held), state)
+		o.t.Errorf("%s: %d held connections echo, want 4:\n%s\nthe client's log:\n%s", phase, len(held), state, logs)
 	}
 	for _, h := range held {
 		if age, _ := strconv.Atoi(h[2]); age > 5 {
