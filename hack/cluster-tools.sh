@@ -32,6 +32,7 @@ BINARIES=(
 	"kubeadm                  tests/tools                    k8s.io/kubernetes/cmd/kubeadm"
 	"agnhost                  tests/tools                    k8s.io/kubernetes/test/images/agnhost"
 	"e2e.test                 tests/tools                    k8s.io/kubernetes/test/e2e"
+	"ginkgo                   tests/tools                    github.com/onsi/ginkgo/v2/ginkgo"
 	"containerd               tests/clustertools/containerd  github.com/containerd/containerd/v2/cmd/containerd"
 	"containerd-shim-runc-v2  tests/clustertools/containerd  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
 	"ctr                      tests/clustertools/containerd  github.com/containerd/containerd/v2/cmd/ctr"
@@ -49,7 +50,7 @@ usage() {
 	cat >&2 <<EOF
 usage: hack/cluster-tools.sh
 Builds kubelet, kube-controller-manager, kube-scheduler, kubectl, kubeadm,
-agnhost and e2e.test ($KUBE_VERSION), containerd, runc, the CNI plugins bridge,
+agnhost and e2e.test ($KUBE_VERSION), ginkgo (which runs e2e.test's specs in parallel), containerd, runc, the CNI plugins bridge,
 host-local, loopback and portmap, CoreDNS, Helm and pause into \$KPR_CLUSTER_TOOLS_DIR
 (default ~/.cache/kpr/cluster-tools/$KUBE_VERSION), unless already built from
 the current inputs, and prints that directory.
