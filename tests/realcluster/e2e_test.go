@@ -44,7 +44,9 @@ func TestE2E(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Hour)
 	defer cancel()
-	c := upForTest(ctx, t, Options{ExtraImages: []string{image}})
+	// The nodes pull from the cluster's registry: they boot sooner than
+	// with every image imported, and the e2e tests' pulls are real pulls.
+	c := upForTest(ctx, t, Options{Registry: true, ExtraImages: []string{image}})
 	if err := c.InstallCoreDNS(ctx); err != nil {
 		t.Fatal(err)
 	}
