@@ -10,6 +10,8 @@
 #   iptables, ipset, conntrack  the iptables fallback mode (iptables-nft and
 #                               iptables-legacy; kpr picks the node's one)
 #                               and its conntrack cleanup
+#   nftables                    the nftables mode, and kpr cleanup --kube-proxy
+#                               of kube-proxy's nftables tables
 #   dash, mount, util-linux     /bin/sh, mount and mountpoint, for the
 #                               DaemonSet's init container that mounts bpffs
 # The debian:trixie-slim runtime stage of the Dockerfile carries the same.
