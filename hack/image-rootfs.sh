@@ -14,6 +14,8 @@
 #                               of kube-proxy's nftables tables
 #   dash, mount, util-linux     /bin/sh, mount and mountpoint, for the
 #                               DaemonSet's init container that mounts bpffs
+#   coreutils                   sleep, for the cleanup DaemonSet's wait and
+#                               its idle container
 # The debian:trixie-slim runtime stage of the Dockerfile carries the same.
 #
 # The .debs are cached in ${KPR_IMAGE_CACHE:-~/.cache/kpr/image}/<suite>/debs
@@ -24,7 +26,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/debroot.sh"
 
-packages=(iptables ipset conntrack nftables dash mount util-linux)
+packages=(iptables ipset conntrack nftables dash mount util-linux coreutils)
 
 if [[ $# -ne 1 ]]; then
 	echo "usage: hack/image-rootfs.sh DIR" >&2

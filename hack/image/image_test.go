@@ -60,15 +60,16 @@ func TestImage(t *testing.T) {
 	fsDir := filepath.Join(tmp, "fs")
 	imagetest.Extract(t, img, fsDir)
 	// What the modes run (iptables-compat runs the variant's -save and
-	// -restore, and `iptables --version`), and what the init container runs.
+	// -restore, and `iptables --version`, and nft), what the init container
+	// runs, and what the cleanup DaemonSet runs (its wait and idle sleep).
 	tools := []string{
 		BinaryPath,
 		"/usr/sbin/iptables", "/usr/sbin/iptables-nft", "/usr/sbin/iptables-legacy",
 		"/usr/sbin/iptables-nft-save", "/usr/sbin/iptables-nft-restore",
 		"/usr/sbin/iptables-legacy-save", "/usr/sbin/iptables-legacy-restore",
 		"/usr/sbin/ip6tables-nft-restore", "/usr/sbin/ip6tables-legacy-restore",
-		"/usr/sbin/ipset", "/usr/sbin/conntrack",
-		"/bin/sh", "/bin/mount", "/bin/mountpoint",
+		"/usr/sbin/ipset", "/usr/sbin/conntrack", "/usr/sbin/nft",
+		"/bin/sh", "/bin/mount", "/bin/mountpoint", "/bin/sleep",
 	}
 	for _, f := range tools {
 		t.Run(strings.TrimPrefix(f, "/"), func(t *testing.T) { imagetest.CheckELF(t, fsDir, f) })
