@@ -74,7 +74,11 @@ func TestQuickstart(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		out, err := c.runShell(ctx, work, script)
+		// A block that hangs (a rollout that never ends) fails on its own
+		// instead of using up the test's hour.
+		blockCtx, cancelBlock := context.WithTimeout(ctx, 15*time.Minute)
+		out, err := c.runShell(blockCtx, work, script)
+		cancelBlock()
 		t.Logf("docs/quickstart.md:%d:\n%s\n%s", b.Line, script, out)
 		if err != nil {
 			t.Fatalf("docs/quickstart.md:%d: %v", b.Line, err)
