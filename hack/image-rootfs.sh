@@ -16,6 +16,9 @@
 #                               DaemonSet's init container that mounts bpffs
 #   coreutils                   sleep, for the cleanup DaemonSet's wait and
 #                               its idle container
+#   bpftool                     for operators: bpftool map dump of kpr's
+#                               pinned maps from kubectl exec, as the README
+#                               shows
 # The debian:trixie-slim runtime stage of the Dockerfile carries the same.
 #
 # The .debs are cached in ${KPR_IMAGE_CACHE:-~/.cache/kpr/image}/<suite>/debs
@@ -26,7 +29,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/debroot.sh"
 
-packages=(iptables ipset conntrack nftables dash mount util-linux coreutils)
+packages=(iptables ipset conntrack nftables dash mount util-linux coreutils bpftool)
 
 if [[ $# -ne 1 ]]; then
 	echo "usage: hack/image-rootfs.sh DIR" >&2

@@ -61,7 +61,8 @@ func TestImage(t *testing.T) {
 	imagetest.Extract(t, img, fsDir)
 	// What the modes run (iptables-compat runs the variant's -save and
 	// -restore, and `iptables --version`, and nft), what the init container
-	// runs, and what the cleanup DaemonSet runs (its wait and idle sleep).
+	// runs, what the cleanup DaemonSet runs (its wait and idle sleep), and
+	// bpftool, which the README has operators run in kpr's pod.
 	tools := []string{
 		BinaryPath,
 		"/usr/sbin/iptables", "/usr/sbin/iptables-nft", "/usr/sbin/iptables-legacy",
@@ -70,6 +71,7 @@ func TestImage(t *testing.T) {
 		"/usr/sbin/ip6tables-nft-restore", "/usr/sbin/ip6tables-legacy-restore",
 		"/usr/sbin/ipset", "/usr/sbin/conntrack", "/usr/sbin/nft",
 		"/bin/sh", "/bin/mount", "/bin/mountpoint", "/bin/sleep",
+		"/usr/sbin/bpftool",
 	}
 	for _, f := range tools {
 		t.Run(strings.TrimPrefix(f, "/"), func(t *testing.T) { imagetest.CheckELF(t, fsDir, f) })

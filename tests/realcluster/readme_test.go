@@ -103,10 +103,13 @@ func runReadmeCLI(ctx context.Context, t *testing.T, c *Cluster) {
 			if args := pod.Spec.Containers[0].Args; len(args) == 0 || args[0] != "run" {
 				t.Errorf("%s: the kpr pod runs %q, not kpr run", where, args)
 			}
-		case strings.HasPrefix(command, "sudo bpftool "):
-			// kpr's image has no bpftool (Debian's links LLVM); the socket
-			// LB's suites dump the pinned maps with it.
-			t.Logf("%s: not in kpr's image; tests/socklb runs it", where)
+		case strings.HasPrefix(command, "sudo bpftool map dump "):
+			// kpr's image carries bpftool; the dump shows BTF's field names.
+			out, err := c.Run(ctx, "kubectl", "-n", "kpr-system", "exec", pod.Name, "--", "sh", "-c", strings.TrimPrefix(command, "sudo "))
+			t.Logf("%s:\n%s", where, out)
+			if err != nil || !strings.Contains(out, `"key": {`) {
+				t.Errorf("%s: %v; want entries with BTF's field names", where, err)
+			}
 		case strings.HasPrefix(command, "sudo bin/kpr cleanup") && !strings.Contains(command, "--kube-proxy"):
 			cleanups = append(cleanups, command)
 		case strings.HasPrefix(command, "sudo bin/kpr trace "):
