@@ -113,7 +113,7 @@ spec:
               ok=0
               while :; do
                 for url in http://backend.default.svc.cluster.local/hostname %s; do
-                  if wget -q -T 10 -O /dev/null "$url"; then ok=$((ok+1)); else echo "FAIL $url $(date +%%T)"; fi
+                  if wget -q -T 10 -O /dev/null "$url" 2>/tmp/wget-err; then ok=$((ok+1)); else echo "FAIL $url $(date +%%T) $(cat /tmp/wget-err)"; fi
                 done
                 echo "$ok" > /tmp/answered
                 usleep 10000
@@ -175,21 +175,25 @@ func TestOperations(t *testing.T) {
 
 	// docs/migration.md, "Procedure, node by node": kube-proxy kept off
 	// the nodes labelled kpr.io/proxy=kpr, kpr only on them.
+	o.step("kube-proxy's DaemonSet gets the kpr.io/proxy affinity")
 	o.run("kubectl", "-n", "kube-system", "patch", "daemonset", "kube-proxy", "--type=merge", "-p",
 		`{"spec":{"template":{"spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":`+
 			`{"nodeSelectorTerms":[{"matchExpressions":[{"key":"kpr.io/proxy","operator":"NotIn","values":["kpr"]}]}]}}}}}}}`)
 	o.rollout("kube-system", "daemonset/kube-proxy")
+	o.step("helm install kpr with the kpr.io/proxy node selector")
 	o.run("helm", "install", "kpr", chart, "--namespace", "kpr-system", "--create-namespace",
 		"--set", "apiServer.host="+controlPlane.String(), "--set", "apiServer.port="+c.APIServerPort(),
 		"--set", "nodeSelector.kpr\\.io/proxy=kpr")
 	for _, n := range c.nodes {
 		// 1. kube-proxy's pod goes, its rules stay; 2. kpr's comes.
+		o.step("label " + n.name + " kpr.io/proxy=kpr")
 		o.run("kubectl", "label", "node", n.name, "kpr.io/proxy=kpr")
 		o.waitPods("kube-system", "k8s-app=kube-proxy", n.name, 0)
 		o.waitPods("kpr-system", "k8s-app=kpr", n.name, 1)
 		pod := o.podOn("kpr-system", "k8s-app=kpr", n.name)
 		o.waitStatusSynced(pod)
 		// 3. kube-proxy's leftovers, from the kpr pod (the node's network).
+		o.step("kpr cleanup --kube-proxy on " + n.name)
 		out := o.run("kubectl", "-n", "kpr-system", "exec", pod, "--", "kpr", "cleanup", "--kube-proxy")
 		t.Logf("kpr cleanup --kube-proxy on %s:\n%s", n.name, out)
 		o.check("migration of " + n.name + " from kube-proxy to kpr")
@@ -242,6 +246,12 @@ type operations struct {
 	outside *Traffic
 	// answered is the client pod's count at the last check.
 	answered int
+}
+
+// step logs the time an action starts, so that a failure the client
+// reports with its time can be put next to it.
+func (o *operations) step(what string) {
+	o.t.Logf("%s %s", time.Now().Format("15:04:05"), what)
 }
 
 func (o *operations) run(tool string, args ...string) string {
@@ -404,6 +414,7 @@ var heldAge = regexp.MustCompile(`(?m)^/tmp/held-(\S+) (-?\d+)$`)
 // names the operation that just ended.
 func (o *operations) check(phase string) {
 	o.t.Helper()
+	o.t.Logf("%s: done at %s; checking after 30 s of traffic", phase, time.Now().Format("15:04:05"))
 	// Half a minute of traffic after the operation, so that a late effect
 	// (a pod's grace period, a sync) falls into its phase.
 	time.Sleep(30 * time.Second)
