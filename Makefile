@@ -103,28 +103,42 @@ test-cluster-docs: deps tools cluster-images cluster-kpr-images
 ## start, the operations under traffic, and upstream's e2e selection
 ## (tests/realcluster: TestE2E, E2EFocus) three times, each on a cluster of
 ## its own: kube-proxy as kubeadm installs it in nftables mode (the
-## reference), kpr (eBPF), and kpr in iptables mode; then
-## docs/cluster-e2e.md from the three JUnit reports (bin/e2e/). E2E_FOCUS
-## replaces the selection, for a try; test-cluster-e2e runs only that part.
+## reference), kpr (eBPF), and kpr in iptables mode. Each run's JUnit
+## report (bin/e2e/) goes into its proxy's record (docs/cluster-e2e/) as
+## soon as the run ends, and docs/cluster-e2e.md is written from the
+## records (cmd/e2edoc). A full run
+## makes the records anew; E2E_FOCUS (a --focus) runs part of the selection
+## and E2E_RESUME=1 runs only what each record lacks, both adding to the
+## records: a run on emulated nodes outlasts a sitting.
+## test-cluster-e2e runs only that part.
 E2E_FOCUS ?=
+E2E_RESUME ?=
 ## E2E_TIMEOUT (a Go duration) ends each run early, with the report of
 ## what ran by then.
 E2E_TIMEOUT ?=
 ## E2E_PROXIES are the columns, in order.
 E2E_PROXIES ?= kube-proxy kpr kpr-iptables
 E2E_DIR = bin/e2e
+E2E_RECORDS = docs/cluster-e2e
+E2EDOC = $(GO) run ./tests/realcluster/cmd/e2edoc -selection $(E2E_DIR)/selection.json -records $(E2E_RECORDS)
 test-cluster: test-cluster-smoke test-cluster-docs test-cluster-operations test-cluster-e2e
 test-cluster-e2e: deps tools cluster-images cluster-kpr-images
 	rm -rf $(E2E_DIR) && mkdir -p $(E2E_DIR)
+	$(E2EDOC) -select -tools '$(KPR_CLUSTER_TOOLS_DIR)'
 	start=$$(date +%s); \
 	for proxy in $(E2E_PROXIES); do \
+		focus='$(E2E_FOCUS)'; \
+		if [ -n '$(E2E_RESUME)' ]; then \
+			focus=$$($(E2EDOC) -missing $$proxy) || exit 1; \
+			if [ -z "$$focus" ]; then echo "$$proxy: its record has a result for every test"; continue; fi; \
+		fi; \
 		KPR_CLUSTER_E2E_PROXY=$$proxy KPR_CLUSTER_E2E_REPORT=$(abspath $(E2E_DIR))/$$proxy.xml \
-		KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_E2E_FOCUS='$(E2E_FOCUS)' KPR_CLUSTER_E2E_TIMEOUT='$(E2E_TIMEOUT)' \
+		KPR_CLUSTER_KPR_IMAGE=$(abspath $(CLUSTER_KPR_IMAGE)) KPR_CLUSTER_E2E_FOCUS="$$focus" KPR_CLUSTER_E2E_TIMEOUT='$(E2E_TIMEOUT)' \
 			$(GO) test -count=1 -timeout 12h -run '^TestE2E$$' -v ./tests/realcluster || exit 1; \
+		$(E2EDOC) -o docs/cluster-e2e.md $(if $(E2E_FOCUS)$(E2E_RESUME),,-replace) \
+			-run "$$(date -u +%F) $$(git describe --always --dirty)" $$proxy=$(E2E_DIR)/$$proxy.xml || exit 1; \
 	done; \
-	$(GO) run ./tests/realcluster/cmd/e2edoc -o docs/cluster-e2e.md $(if $(E2E_FOCUS),-focus '$(E2E_FOCUS)') \
-		-took "$$(( ($$(date +%s) - start) / 60 )) minutes" \
-		$(foreach p,$(E2E_PROXIES),$(p)=$(E2E_DIR)/$(p).xml)
+	$(E2EDOC) -o docs/cluster-e2e.md -took "$$(( ($$(date +%s) - start) / 60 )) minutes"
 
 ## release: a versioned release in RELEASE_DIR (docs/releasing.md), every
 ## file stamped with VERSION, the tag v0.x.y: the static binary

@@ -189,8 +189,10 @@ func TestOperations(t *testing.T) {
 		o.step("label " + n.name + " kpr.io/proxy=kpr")
 		o.run("kubectl", "label", "node", n.name, "kpr.io/proxy=kpr")
 		o.waitPods("kube-system", "k8s-app=kube-proxy", n.name, 0)
+		o.step("kube-proxy's pod is gone from " + n.name)
 		o.waitPods("kpr-system", "k8s-app=kpr", n.name, 1)
 		pod := o.podOn("kpr-system", "k8s-app=kpr", n.name)
+		o.step("kpr's pod " + pod + " is ready on " + n.name)
 		o.waitStatusSynced(pod)
 		// 3. kube-proxy's leftovers, from the kpr pod (the node's network).
 		o.step("kpr cleanup --kube-proxy on " + n.name)
@@ -391,10 +393,28 @@ func (o *operations) startOutside(urls []string) {
 
 func (o *operations) stopOutside() {
 	o.t.Helper()
-	sent, failed := o.outside.Stop()
-	o.t.Logf("outside the nodes: %d NodePort requests over the whole test, %d failed", sent, len(failed))
-	if len(failed) > 0 {
-		o.t.Errorf("%d of %d NodePort requests from outside failed: %s", len(failed), sent, strings.Join(first(failed, 10), "; "))
+	tally := o.outside.Stop()
+	o.t.Logf("outside the nodes: %d NodePort requests over the whole test, %d failed, %d slower than %s",
+		tally.Sent, len(tally.Failed), len(tally.Slow), slowRequest)
+}
+
+// checkOutside reports the NodePort requests from outside the nodes since
+// the last check: each phase fails on its own failures, and lists its slow
+// answers (a dropped SYN sent again), which are not failures.
+func (o *operations) checkOutside(phase string) {
+	o.t.Helper()
+	tally := o.outside.Take()
+	o.t.Logf("%s: outside the nodes, %d NodePort requests, %d failed, %d slower than %s",
+		phase, tally.Sent, len(tally.Failed), len(tally.Slow), slowRequest)
+	if len(tally.Slow) > 0 {
+		o.t.Logf("%s: slow NodePort answers: %s", phase, strings.Join(first(tally.Slow, 50), "; "))
+	}
+	if tally.Sent == 0 {
+		o.t.Errorf("%s: no NodePort request from outside was sent", phase)
+	}
+	if len(tally.Failed) > 0 {
+		o.t.Errorf("%s: %d of %d NodePort requests from outside failed: %s",
+			phase, len(tally.Failed), tally.Sent, strings.Join(first(tally.Failed, 50), "; "))
 	}
 }
 
@@ -432,6 +452,7 @@ func (o *operations) check(phase string) {
 		o.t.Fatalf("%s: the client's state: %q", phase, state)
 	}
 	held := heldAge.FindAllStringSubmatch(state, -1)
+	o.checkOutside(phase)
 	o.t.Logf("%s: the client pod has %d answers (%d since the last check), %d held connections, %d failures",
 		phase, answered, answered-o.answered, len(held), len(failures))
 	if answered <= o.answered {

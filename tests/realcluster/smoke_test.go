@@ -120,8 +120,8 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Second)
-	if sent, failed := traffic.Stop(); sent == 0 || len(failed) > 0 {
-		t.Fatalf("NodePort from outside: %d requests, %d failed: %s", sent, len(failed), strings.Join(first(failed, 10), "; "))
+	if tally := traffic.Stop(); tally.Sent == 0 || len(tally.Failed) > 0 {
+		t.Fatalf("NodePort from outside: %d requests, %d failed: %s", tally.Sent, len(tally.Failed), strings.Join(first(tally.Failed, 10), "; "))
 	}
 
 	// A rolling update of kpr under that traffic.
@@ -132,13 +132,13 @@ func TestSmoke(t *testing.T) {
 	run("helm", "upgrade", "kpr", chart, "--namespace", "kpr-system", "--reuse-values", "--set", "image.tag="+kprNextTag)
 	rollErr := c.WaitRollout(ctx, "kpr-system", "daemonset/kpr", 10*time.Minute)
 	time.Sleep(5 * time.Second)
-	sent, failed := traffic.Stop()
+	tally := traffic.Stop()
 	if rollErr != nil {
 		t.Fatal(rollErr)
 	}
-	t.Logf("rolling update of kpr: %d NodePort requests, %d failed", sent, len(failed))
-	if len(failed) > 0 {
-		t.Errorf("%d of %d NodePort requests failed during kpr's rolling update: %s", len(failed), sent, strings.Join(first(failed, 10), "; "))
+	t.Logf("rolling update of kpr: %d NodePort requests, %d failed, %d slower than %s", tally.Sent, len(tally.Failed), len(tally.Slow), slowRequest)
+	if len(tally.Failed) > 0 {
+		t.Errorf("%d of %d NodePort requests failed during kpr's rolling update: %s", len(tally.Failed), tally.Sent, strings.Join(first(tally.Failed, 10), "; "))
 	}
 
 	// The README's tour of the CLI on a node; it ends with kpr cleanup.

@@ -18,15 +18,35 @@ import (
 // Traffic sends an HTTP GET to each of its URLs every interval from the
 // cluster network (the control plane's namespace: a machine beside the
 // nodes, as a client of a NodePort is), each on a new connection, and
-// counts the requests that failed, until Stop.
+// counts the requests that failed and those that were slow, until Stop.
 type Traffic struct {
 	cancel context.CancelFunc
 	done   sync.WaitGroup
 
-	mu     sync.Mutex
-	sent   int
-	failed []string
+	mu    sync.Mutex
+	total Tally
+	// sinceTake is what Take has not returned yet.
+	sinceTake Tally
 }
+
+// Tally counts requests: how many were sent, and a line (time, URL,
+// error or duration) for each that failed or answered slowly.
+type Tally struct {
+	Sent   int
+	Failed []string
+	Slow   []string
+}
+
+// requestTimeout is how long a request may go unanswered before it counts
+// as failed: the client pod's (wget -T 10), so both clients judge alike. A
+// lost SYN is sent again after 1 s and 3 s, within it; a request that
+// needed that shows up as slow instead.
+const requestTimeout = 10 * time.Second
+
+// slowRequest is the duration from which an answered request is listed as
+// slow: a healthy one takes milliseconds, and one whose SYN was dropped
+// and sent again takes a second or more.
+const slowRequest = time.Second
 
 // StartTraffic starts requests to urls every interval.
 func (c *Cluster) StartTraffic(urls []string, interval time.Duration) (*Traffic, error) {
@@ -49,11 +69,12 @@ func (c *Cluster) StartTraffic(urls []string, interval time.Duration) (*Traffic,
 					return
 				case <-tick.C:
 				}
+				began := time.Now()
 				err := get(ctx, client, u)
 				if ctx.Err() != nil {
 					return
 				}
-				t.record(u, err)
+				t.record(u, began, time.Since(began), err)
 			}
 		}()
 	}
@@ -95,7 +116,7 @@ func (c *Cluster) WaitAnswer(ctx context.Context, urls []string, timeout time.Du
 // request on a new one.
 func netnsClient(ns netns.NsHandle) *http.Client {
 	return &http.Client{
-		Timeout: 2 * time.Second,
+		Timeout: requestTimeout,
 		Transport: &http.Transport{
 			DisableKeepAlives: true,
 			DialContext: func(_ context.Context, _, address string) (net.Conn, error) {
@@ -124,20 +145,34 @@ func get(ctx context.Context, client *http.Client, url string) error {
 	return nil
 }
 
-func (t *Traffic) record(url string, err error) {
+func (t *Traffic) record(url string, began time.Time, took time.Duration, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.sent++
-	if err != nil {
-		t.failed = append(t.failed, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), url, err))
+	for _, tally := range []*Tally{&t.total, &t.sinceTake} {
+		tally.Sent++
+		switch {
+		case err != nil:
+			tally.Failed = append(tally.Failed, fmt.Sprintf("%s %s: %v", began.Format("15:04:05.000"), url, err))
+		case took >= slowRequest:
+			tally.Slow = append(tally.Slow, fmt.Sprintf("%s %s: %s", began.Format("15:04:05.000"), url, took.Round(time.Millisecond)))
+		}
 	}
 }
 
-// Stop ends the requests and returns how many were sent and the failures.
-func (t *Traffic) Stop() (sent int, failed []string) {
+// Take returns the tally since the last Take (or the start).
+func (t *Traffic) Take() Tally {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tally := t.sinceTake
+	t.sinceTake = Tally{}
+	return tally
+}
+
+// Stop ends the requests and returns the tally of the whole run.
+func (t *Traffic) Stop() Tally {
 	t.cancel()
 	t.done.Wait()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.sent, t.failed
+	return t.total
 }
