@@ -1,5 +1,7 @@
 package desired
 
+import "net/netip"
+
 // PortFacts are what kube-proxy's metrics need to know about one translated
 // ServicePort beyond its frontends, as upstream's CategorizeEndpoints and
 // syncProxyRules derive them (hasAnyEndpoints, hasInternalEndpoints,
@@ -25,4 +27,11 @@ type PortFacts struct {
 	// takes an endpoint of each such family on this node; without
 	// external frontends or under the Cluster policy it is HasEndpoints.
 	HasExternalEndpoints bool
+	// LocalReady are the addresses of this node's ready endpoints, of
+	// every family: what the health check of an externalTrafficPolicy:
+	// Local Service counts, as upstream's LocalReadyEndpoints does. A
+	// terminating endpoint is not ready, so a node left with only those
+	// answers 503 and the load balancer drains it, while they keep
+	// serving the connections that still arrive.
+	LocalReady []netip.Addr
 }

@@ -1,7 +1,8 @@
 package desired
 
 import (
-	"slices"
+	"net/netip"
+	"reflect"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -35,14 +36,18 @@ func TestPortFacts(t *testing.T) {
 		{name: "internal Local, only a serving terminating endpoint elsewhere", svc: service(internalLocal),
 			slices: v4(ep("10.1.0.1", elsewhere, terminating(true))), want: []PortFacts{{HasEndpoints: true, HasExternalEndpoints: true}}},
 		{name: "internal Local, endpoint here", svc: service(internalLocal), slices: v4(ep("10.1.0.1", elsewhere), ep("10.1.0.2", here)),
-			want: []PortFacts{all}},
+			want: []PortFacts{withLocalReady(all, "10.1.0.2")}},
 		{name: "internal Local, topology hints for another zone", svc: service(internalLocal),
 			slices: v4(ep("10.1.0.1", elsewhere, forZones("zone-b"))), want: []PortFacts{{HasEndpoints: true, HasExternalEndpoints: true}}},
 
 		{name: "external Local, endpoints on other nodes only", svc: service(nodePort, externalLocal), slices: v4(ep("10.1.0.1", elsewhere)),
 			want: []PortFacts{{HasEndpoints: true, HasInternalEndpoints: true}}},
 		{name: "external Local, endpoint here", svc: service(nodePort, externalLocal), slices: v4(ep("10.1.0.1", here)),
-			want: []PortFacts{all}},
+			want: []PortFacts{withLocalReady(all, "10.1.0.1")}},
+		// It still takes outside traffic, but the node is not healthy
+		// for a load balancer: it has no ready endpoint.
+		{name: "external Local, only a serving terminating endpoint here", svc: service(nodePort, externalLocal),
+			slices: v4(ep("10.1.0.1", here, terminating(true)), ep("10.1.0.2", elsewhere)), want: []PortFacts{all}},
 		{name: "external Local on a ClusterIP Service means nothing", svc: service(externalLocal), slices: v4(ep("10.1.0.1", elsewhere)),
 			want: []PortFacts{all}},
 		{name: "external Local without external frontends: nothing dropped",
@@ -58,7 +63,7 @@ func TestPortFacts(t *testing.T) {
 			},
 			// Cluster-IP traffic has a backend in one family; the IPv6
 			// NodePorts drop outside traffic.
-			want: []PortFacts{{HasEndpoints: true, HasInternalEndpoints: true}}},
+			want: []PortFacts{withLocalReady(PortFacts{HasEndpoints: true, HasInternalEndpoints: true}, "10.1.0.1")}},
 
 		{name: "facts follow their ports into name order",
 			svc: service(internalLocal, withPorts(svcPort("b", v1.ProtocolTCP, 81, 0), svcPort("a", v1.ProtocolTCP, 80, 0))),
@@ -72,9 +77,16 @@ func TestPortFacts(t *testing.T) {
 			if len(facts) != len(got) {
 				t.Fatalf("%d facts for %d ports", len(facts), len(got))
 			}
-			if !slices.Equal(facts, c.want) {
+			if !reflect.DeepEqual(facts, c.want) {
 				t.Errorf("facts = %+v, want %+v\nports:\n%v", facts, c.want, render(got))
 			}
 		})
 	}
+}
+
+func withLocalReady(f PortFacts, addrs ...string) PortFacts {
+	for _, a := range addrs {
+		f.LocalReady = append(f.LocalReady, netip.MustParseAddr(a))
+	}
+	return f
 }

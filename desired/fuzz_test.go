@@ -3,6 +3,7 @@ package desired
 import (
 	"math/rand/v2"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strconv"
 	"testing"
@@ -238,7 +239,7 @@ func FuzzTranslate(f *testing.F) {
 		slices.Reverse(rev)
 		reversed, reversedFacts, _ := Translate(svc, rev, node)
 		for _, other := range [][]PortFacts{againFacts, reversedFacts} {
-			if !slices.Equal(other, facts) {
+			if !reflect.DeepEqual(other, facts) {
 				t.Fatalf("facts differ: %+v vs %+v", facts, other)
 			}
 		}

@@ -73,6 +73,11 @@ func (t *translation) servicePort(p *v1.ServicePort) (sp dataplane.ServicePort, 
 			Addr: t.families[fam], Port: port, Protocol: proto, Kind: dataplane.ClusterIP,
 			Backends: slices.Clone(internal),
 		})
+		if !sets.localTerminating {
+			for _, b := range sets.local {
+				facts.LocalReady = append(facts.LocalReady, b.Addr)
+			}
+		}
 		facts.HasEndpoints = facts.HasEndpoints || len(sets.cluster) > 0
 		facts.HasInternalEndpoints = facts.HasInternalEndpoints || len(internal) > 0
 		dropsExternal := t.externalLocal && len(sets.cluster) > 0 && len(sets.local) == 0

@@ -17,6 +17,10 @@ type endpointSets struct {
 	// local serves the Local traffic policies: this node's ready endpoints,
 	// else its serving+terminating ones, else none.
 	local []dataplane.Backend
+	// localTerminating: local is that serving+terminating fallback, which
+	// keeps connections served but does not make the node healthy for a
+	// load balancer (the health check counts ready endpoints only).
+	localTerminating bool
 }
 
 // topologyMode is the topology filter the endpoints' hints ask for.
@@ -47,6 +51,7 @@ func categorize(eps []portEndpoint, node Node) endpointSets {
 		sets.local = backendsWhere(eps, func(e portEndpoint) bool {
 			return e.serving && e.terminating && node.hosts(e.endpoint)
 		})
+		sets.localTerminating = len(sets.local) > 0
 	}
 	return sets
 }

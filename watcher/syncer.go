@@ -2,6 +2,7 @@ package watcher
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -442,24 +443,22 @@ func (s *syncer) compute(key serviceName, node desired.Node) computed {
 	c := computed{ports: ports}
 	c.noLocal = countNoLocal(facts)
 	c.families = familiesOf(svc)
-	c.healthCheck = healthCheckOf(svc, ports)
+	c.healthCheck = healthCheckOf(svc, facts)
 	s.translated[key] = translation{versions: versions, c: c}
 	return c
 }
 
 // healthCheckOf returns the health-check state of an externalTrafficPolicy:
 // Local Service: its healthCheckNodePort and how many distinct endpoints
-// this node has for external traffic (the local sets of its frontends).
-func healthCheckOf(svc *v1.Service, ports []dataplane.ServicePort) *health.Service {
+// on this node are ready (facts' LocalReady; terminating ones do not count).
+func healthCheckOf(svc *v1.Service, facts []desired.PortFacts) *health.Service {
 	if svc.Spec.HealthCheckNodePort == 0 || svc.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
 		return nil
 	}
-	local := map[dataplane.Backend]bool{}
-	for _, sp := range ports {
-		for _, fe := range sp.Frontends {
-			for _, b := range fe.ExternalBackends {
-				local[dataplane.Backend{Addr: b.Addr}] = true
-			}
+	local := map[netip.Addr]bool{}
+	for _, f := range facts {
+		for _, addr := range f.LocalReady {
+			local[addr] = true
 		}
 	}
 	return &health.Service{Port: svc.Spec.HealthCheckNodePort, LocalEndpoints: len(local)}

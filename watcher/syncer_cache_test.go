@@ -11,26 +11,57 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/health"
 	"github.com/kpr-io/kpr/tests/kubeobj"
 )
 
-func TestHealthCheckCountsDistinctLocalEndpoints(t *testing.T) {
-	local := dataplane.Backend{Addr: netip.MustParseAddr("10.244.0.2"), Port: 8080}
-	sameAddrOtherPort := dataplane.Backend{Addr: local.Addr, Port: 9090}
-	remote := dataplane.Backend{Addr: netip.MustParseAddr("10.244.1.2"), Port: 8080}
-	ports := []dataplane.ServicePort{
-		{Frontends: []dataplane.Frontend{{Kind: dataplane.NodePort, Backends: []dataplane.Backend{local, remote},
-			ExternalBackends: []dataplane.Backend{local}}}},
-		{Frontends: []dataplane.Frontend{{Kind: dataplane.NodePort, Backends: []dataplane.Backend{sameAddrOtherPort, remote},
-			ExternalBackends: []dataplane.Backend{sameAddrOtherPort}}}},
+// The health check of an externalTrafficPolicy: Local Service counts this
+// node's ready endpoints, each pod once however many ports it serves. A
+// node left with only terminating endpoints answers 503 (none counted), as
+// kube-proxy's does, so the load balancer drains it, while its NodePort
+// still serves them: upstream's "should fail health check node port if
+// there are only terminating endpoints".
+func TestHealthCheckCountsReadyLocalEndpoints(t *testing.T) {
+	svc := kubeobj.Service(testNamespace, "web",
+		kubeobj.Port{Name: "http", Port: 80, TargetPort: 8080, NodePort: 30080},
+		kubeobj.Port{Name: "admin", Port: 81, TargetPort: 9090, NodePort: 30081})
+	svc.Spec.Type = v1.ServiceTypeLoadBalancer
+	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "10.96.0.10", []string{"10.96.0.10"}
+	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.HealthCheckNodePort = 30999
+	node := desired.Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.0.1")}}
+	local, remote := netip.MustParseAddr("10.244.0.2"), netip.MustParseAddr("10.244.1.2")
+	translate := func(localEndpoint kubeobj.Endpoint) (*health.Service, []dataplane.ServicePort) {
+		t.Helper()
+		localEndpoint.Addr, localEndpoint.NodeName = local, node.Name
+		slice := kubeobj.Slice(svc, "web-1", discoveryv1.AddressTypeIPv4,
+			localEndpoint, kubeobj.Endpoint{Addr: remote, NodeName: "node-b"})
+		ports, facts, problems := desired.Translate(svc, []*discoveryv1.EndpointSlice{slice}, node)
+		if len(problems) > 0 {
+			t.Fatalf("translating: %v", problems)
+		}
+		return healthCheckOf(svc, facts), ports
 	}
-	svc := &v1.Service{Spec: v1.ServiceSpec{ExternalTrafficPolicy: v1.ServiceExternalTrafficPolicyLocal, HealthCheckNodePort: 30999}}
-	hc := healthCheckOf(svc, ports)
+
+	hc, _ := translate(kubeobj.Endpoint{})
 	if hc == nil || hc.Port != 30999 || hc.LocalEndpoints != 1 {
-		t.Fatalf("healthCheckOf = %+v, want port 30999 with 1 local endpoint (one pod, two ports)", hc)
+		t.Fatalf("ready local endpoint: healthCheckOf = %+v, want port 30999 with 1 local endpoint (one pod, two ports)", hc)
 	}
+
+	hc, ports := translate(kubeobj.Endpoint{Ready: kubeobj.Bool(false), Serving: kubeobj.Bool(true), Terminating: kubeobj.Bool(true)})
+	if hc == nil || hc.LocalEndpoints != 0 {
+		t.Fatalf("only a terminating local endpoint: healthCheckOf = %+v, want 0 local endpoints (503)", hc)
+	}
+	for _, sp := range ports {
+		for _, fe := range sp.Frontends {
+			if fe.Kind == dataplane.NodePort && (len(fe.ExternalBackends) != 1 || fe.ExternalBackends[0].Addr != local) {
+				t.Errorf("%v NodePort %v: external backends %v, want the terminating local endpoint still served", sp.Name, fe.AddrPort(), fe.ExternalBackends)
+			}
+		}
+	}
+
 	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyCluster
-	if hc := healthCheckOf(svc, ports); hc != nil {
+	if hc, _ := translate(kubeobj.Endpoint{}); hc != nil {
 		t.Fatalf("a Cluster-policy Service got a health check: %+v", hc)
 	}
 }
