@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -379,7 +380,8 @@ func (c *Cluster) waitNodesReady(ctx context.Context) error {
 }
 
 // packNode writes the initramfs every node boots: the init, busybox, the
-// node's binaries and CNI plugins, iptables (the portmap plugin's), the
+// node's binaries and CNI plugins, iptables with its plugins (the portmap
+// plugin's), the
 // kernel's modules and the image archives.
 func packNode(path, kernelDir, toolsDir string, images []string) error {
 	init, err := buildInit(filepath.Dir(path))
@@ -407,7 +409,7 @@ func packNode(path, kernelDir, toolsDir string, images []string) error {
 	for _, p := range cniPlugins {
 		w.File("opt/cni/bin/"+p, filepath.Join(toolsDir, "cni", p), 0o755)
 	}
-	for _, tool := range iptablesTools {
+	for _, tool := range append(slices.Clone(iptablesTools), initramfs.XtablesPlugins()...) {
 		if err := w.Dynamic(tool); err != nil {
 			return err
 		}

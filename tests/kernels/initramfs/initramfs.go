@@ -190,3 +190,16 @@ func (c *Writer) Parents(path string) {
 		c.Dir(chain[i])
 	}
 }
+
+// xtablesDir is where Debian's iptables dlopens its matches and targets
+// (-m comment, -j MARK, -j DNAT, ...) from.
+const xtablesDir = "/usr/lib/x86_64-linux-gnu/xtables"
+
+// XtablesPlugins are the host's iptables matches and targets. iptables
+// loads them at run time, so ldd does not name them: an archive that
+// carries iptables (Dynamic) needs them too, or every rule with a match
+// fails with "Couldn't load match".
+func XtablesPlugins() []string {
+	plugins, _ := filepath.Glob(filepath.Join(xtablesDir, "*.so"))
+	return plugins
+}

@@ -28,6 +28,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kpr-io/kpr/tests/kernels/initramfs"
 )
 
 func main() { os.Exit(run()) }
@@ -192,10 +194,6 @@ var toolNames = []string{"bpftool", "ip", "conntrack", "nft", "unshare", "setpri
 	"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore",
 	"ip6tables-legacy", "ip6tables-legacy-save", "ip6tables-legacy-restore"}
 
-// xtablesPlugins is where Debian's iptables dlopens its matches and targets
-// (-m comment, -j DNAT, ...) from.
-const xtablesPlugins = "/usr/lib/x86_64-linux-gnu/xtables"
-
 // hostTools finds the host's copies of toolNames, leaving out those the
 // host lacks (their tests skip, naming the command), and the xtables
 // plugins when iptables is among them.
@@ -206,10 +204,7 @@ func hostTools() []string {
 			tools = append(tools, path)
 		}
 	}
-	if plugins, _ := filepath.Glob(filepath.Join(xtablesPlugins, "*.so")); len(plugins) > 0 {
-		tools = append(tools, plugins...)
-	}
-	return tools
+	return append(tools, initramfs.XtablesPlugins()...)
 }
 
 // kubeTools are the kube-apiserver and etcd that tests/cluster runs,
