@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -601,5 +602,44 @@ func TestAppArmorByKubernetesVersion(t *testing.T) {
 				t.Errorf("%s's seLinuxOptions %v, want type spc_t, level s0", tc.target, se)
 			}
 		})
+	}
+}
+
+// kpr's probes let it start on a busy node and keep it through a stall:
+// a startup probe of minutes (kpr probes the kernel and verifies its
+// programs before it serves /livez), then a liveness probe that needs a
+// minute of failures, each given seconds. On the real test cluster the
+// earlier probes (40 s to start, 1 s per answer) killed kpr on loaded
+// nodes again and again, and new Services went unserved.
+func TestProbesLetKprStartOnABusyNode(t *testing.T) {
+	ds := byKind(renderChart(t, "kpr-system", nil, nil))["DaemonSet/kpr"]
+	kpr := container(t, ds, "containers", "kpr")
+	seconds := func(probe, field string, def int64) int64 {
+		v, found, err := unstructured.NestedFieldNoCopy(kpr, probe, field)
+		if err != nil {
+			t.Fatalf("%s.%s: %v", probe, field, err)
+		}
+		if !found {
+			return def // Kubernetes' default
+		}
+		n, err := strconv.ParseInt(fmt.Sprint(v), 10, 64)
+		if err != nil {
+			t.Fatalf("%s.%s: %v is not a number of seconds", probe, field, v)
+		}
+		return n
+	}
+	if _, ok := kpr["startupProbe"]; !ok {
+		t.Fatal("the kpr container has no startupProbe: the liveness probe runs from its start")
+	}
+	if got := seconds("startupProbe", "periodSeconds", 10) * seconds("startupProbe", "failureThreshold", 3); got < 180 {
+		t.Errorf("the startup probe gives kpr %d s to start, want at least 180", got)
+	}
+	for _, probe := range []string{"startupProbe", "livenessProbe", "readinessProbe"} {
+		if got := seconds(probe, "timeoutSeconds", 1); got < 5 {
+			t.Errorf("%s: %d s to answer, want at least 5", probe, got)
+		}
+	}
+	if got := seconds("livenessProbe", "periodSeconds", 10) * seconds("livenessProbe", "failureThreshold", 3); got < 60 {
+		t.Errorf("the liveness probe kills kpr after %d s of failures, want at least 60", got)
 	}
 }
