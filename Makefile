@@ -108,8 +108,9 @@ test-cluster-docs: deps tools cluster-images cluster-kpr-images
 ## soon as the run ends, and docs/cluster-e2e.md is written from the
 ## records (cmd/e2edoc). A full run
 ## makes the records anew; E2E_FOCUS (a --focus) runs part of the selection
-## and E2E_RESUME=1 runs only what each record lacks, both adding to the
-## records: a run on emulated nodes outlasts a sitting.
+## and E2E_RESUME=1 runs only what each record lacks (E2E_RESUME=failed:
+## and what failed), both adding to the records: a run on emulated nodes
+## outlasts a sitting.
 ## test-cluster-e2e runs only that part.
 E2E_FOCUS ?=
 E2E_RESUME ?=
@@ -129,7 +130,7 @@ test-cluster-e2e: deps tools cluster-images cluster-kpr-images
 	for proxy in $(E2E_PROXIES); do \
 		focus='$(E2E_FOCUS)'; \
 		if [ -n '$(E2E_RESUME)' ]; then \
-			focus=$$($(E2EDOC) -missing $$proxy) || exit 1; \
+			focus=$$($(E2EDOC) -missing $$proxy $(if $(filter failed,$(E2E_RESUME)),-failed)) || exit 1; \
 			if [ -z "$$focus" ]; then echo "$$proxy: its record has a result for every test"; continue; fi; \
 		fi; \
 		KPR_CLUSTER_E2E_PROXY=$$proxy KPR_CLUSTER_E2E_REPORT=$(abspath $(E2E_DIR))/$$proxy.xml \

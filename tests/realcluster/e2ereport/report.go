@@ -207,11 +207,13 @@ func (r *Run) SaveRecord(path string) error {
 	return os.WriteFile(path, append(data, '\n'), 0o644)
 }
 
-// Missing returns the tests of selection that r has no result for.
-func (r *Run) Missing(selection []Spec) []Spec {
+// Missing returns the tests of selection that r has no result for, and
+// with failed also those whose result is a failure of any kind.
+func (r *Run) Missing(selection []Spec, failed bool) []Spec {
 	var out []Spec
 	for _, s := range selection {
-		if _, ok := r.Results[s.Name]; !ok {
+		res, ok := r.Results[s.Name]
+		if !ok || failed && res.Status != "passed" && res.Status != "skipped" {
 			out = append(out, s)
 		}
 	}

@@ -126,7 +126,7 @@ func TestRecordGathersRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	specs := selection(t)
-	missing := record.Missing(specs)
+	missing := record.Missing(specs, false)
 	if len(missing) != 1 || missing[0].Name != "[sig-network] Services should be updated after adding or deleting ports [sig-network]" {
 		t.Fatalf("missing after run 1: %+v", missing)
 	}
@@ -159,8 +159,12 @@ func TestRecordGathersRuns(t *testing.T) {
 	if got := record.Results["[sig-network] Services should be rejected when no endpoints exist [sig-network]"]; got.Status != "failed" || got.Run != "run 1" {
 		t.Errorf("the test run 2 did not start: %+v, want run 1's failure kept", got)
 	}
-	if missing := record.Missing(specs); len(missing) != 0 {
+	if missing := record.Missing(specs, false); len(missing) != 0 {
 		t.Errorf("missing after run 2: %+v", missing)
+	}
+	// Run 1's failure is still there to run again.
+	if again := record.Missing(specs, true); len(again) != 1 || again[0].Name != "[sig-network] Services should be rejected when no endpoints exist [sig-network]" {
+		t.Errorf("missing or failed after run 2: %+v", again)
 	}
 	if runs := record.Runs(); strings.Join(runs, ",") != "run 1,run 2" {
 		t.Errorf("runs: %v", runs)

@@ -5,9 +5,10 @@
 //	e2edoc -select -tools DIR -selection S.json
 //	    lists the tests of the selection (realcluster.E2EFocus, or -focus),
 //	    by a dry run of the cluster tools' e2e.test;
-//	e2edoc -missing kpr -selection S.json
+//	e2edoc -missing kpr [-failed] -selection S.json
 //	    prints a --focus expression of the selection's tests kpr's record
-//	    has no result for (nothing when it has them all): the next run;
+//	    has no result for, or with -failed no pass or skip (nothing when
+//	    there are none): the next run;
 //	e2edoc -selection S.json -run LABEL kube-proxy=A.xml kpr=B.xml ...
 //	    adds each JUnit report to its proxy's record (docs/cluster-e2e/),
 //	    or with -replace makes it the record, then writes the document.
@@ -35,6 +36,7 @@ func main() {
 	tools := flag.String("tools", "", "the cluster tools' directory (make cluster-tools), for -select")
 	focus := flag.String("focus", realcluster.E2EFocus, "the selection (--focus), for -select")
 	missing := flag.String("missing", "", "print a --focus of the tests this proxy's record lacks")
+	failed := flag.Bool("failed", false, "with -missing, also the tests whose result in the record is a failure")
 	run := flag.String("run", "", "what the reports' results are marked as coming from: date and commit")
 	replace := flag.Bool("replace", false, "a report replaces its proxy's record instead of adding to it")
 	took := flag.String("took", "", "how long the runs took, for the document")
@@ -45,7 +47,7 @@ func main() {
 	case *sel:
 		err = dryRun(*tools, *focus, *selectionPath)
 	case *missing != "":
-		err = printMissing(*missing, *selectionPath, *records)
+		err = printMissing(*missing, *failed, *selectionPath, *records)
 	default:
 		err = write(*out, *records, strings.Fields(*proxies), *selectionPath, *run, *replace, *took, flag.Args())
 	}
@@ -80,7 +82,7 @@ func dryRun(tools, focus, path string) error {
 	return nil
 }
 
-func printMissing(proxy, selectionPath, records string) error {
+func printMissing(proxy string, failed bool, selectionPath, records string) error {
 	selection, err := e2ereport.LoadSelection(selectionPath)
 	if err != nil {
 		return err
@@ -89,7 +91,7 @@ func printMissing(proxy, selectionPath, records string) error {
 	if err != nil {
 		return err
 	}
-	if todo := record.Missing(selection); len(todo) > 0 {
+	if todo := record.Missing(selection, failed); len(todo) > 0 {
 		fmt.Println(e2ereport.Focus(todo))
 	}
 	return nil
