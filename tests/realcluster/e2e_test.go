@@ -89,6 +89,7 @@ func TestE2E(t *testing.T) {
 	began := time.Now()
 	err := cmd.Run()
 	t.Logf("e2e.test against %s: %s, %v", proxy, time.Since(began).Round(time.Second), err)
+	logProxyPods(ctx, t, c)
 	// Failed tests are the report's business; only a run that wrote no
 	// report failed as a run.
 	if _, statErr := os.Stat(report); statErr != nil {
@@ -114,5 +115,15 @@ func installProxy(ctx context.Context, c *Cluster, proxy string) error {
 		return installKpr(ctx, c, "mode=iptables")
 	default:
 		return fmt.Errorf("%s=%q: want kpr, kpr-iptables or kube-proxy", e2eProxyEnv, proxy)
+	}
+}
+
+// logProxyPods logs the Service proxy's pods as the run leaves them, with
+// their restarts: a proxy that crashed during the run explains the
+// failures of the tests that ran meanwhile.
+func logProxyPods(ctx context.Context, t *testing.T, c *Cluster) {
+	for _, ns := range []string{"kpr-system", "kube-system"} {
+		out, err := c.Run(ctx, "kubectl", "-n", ns, "get", "pods", "-o", "wide")
+		t.Logf("the pods of %s after the run (%v):\n%s", ns, err, out)
 	}
 }
