@@ -33,13 +33,14 @@ arch=$(dpkg --print-architecture)
 # mode): the expressions its ruleset uses that are modules of their own.
 # virtio_net, overlay and qemu_fw_cfg serve the real cluster's node VMs
 # (tests/realcluster): their NIC, containerd's snapshotter, and the node's
-# configuration, which the host passes in through fw_cfg.
+# configuration, which the host passes in through fw_cfg; and xt_multiport
+# their portmap CNI plugin's hostPort rules.
 modules=(virtio_net overlay qemu_fw_cfg crc32c_generic veth bridge br_netfilter dummy nf_conntrack sch_ingress cls_bpf ip_vs ip_vs_rr
 	nf_nat nfnetlink nf_conntrack_netlink nf_tables nft_compat nft_chain_nat nft_counter
 	nft_ct nft_nat nft_masq nft_numgen nft_fib nft_fib_inet nft_fib_ipv4 nft_fib_ipv6
 	nft_reject nft_reject_inet nft_reject_ipv4 nft_reject_ipv6
 	ip_tables ip6_tables iptable_nat ip6table_nat iptable_filter ip6table_filter
-	xt_comment xt_conntrack xt_tcpudp xt_mark xt_addrtype xt_statistic xt_recent xt_MASQUERADE xt_nat
+	xt_comment xt_conntrack xt_tcpudp xt_mark xt_addrtype xt_statistic xt_recent xt_MASQUERADE xt_nat xt_multiport
 	ipt_REJECT ip6t_REJECT
 	ip_vs_wrr ip_vs_sh ip_set ip_set_hash_ip ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet xt_set)
 
