@@ -106,12 +106,11 @@ test-cluster-docs: deps tools cluster-images cluster-kpr-images
 ## reference), kpr (eBPF), and kpr in iptables mode. Each run's JUnit
 ## report (bin/e2e/) goes into its proxy's record (docs/cluster-e2e/) as
 ## soon as the run ends, and docs/cluster-e2e.md is written from the
-## records (cmd/e2edoc). A full run
-## makes the records anew; E2E_FOCUS (a --focus) runs part of the selection
-## and E2E_RESUME=1 runs only what each record lacks (E2E_RESUME=failed:
-## and what failed), both adding to the records: a run on emulated nodes
-## outlasts a sitting.
-## test-cluster-e2e runs only that part.
+## records (cmd/e2edoc). A full run makes the records anew; E2E_FOCUS (a
+## --focus, without $) runs part of the selection and E2E_RESUME=1 only
+## what each record lacks (E2E_RESUME=failed: and what failed), both
+## adding to the records, since a run on emulated nodes outlasts a
+## sitting. test-cluster-e2e runs only this part.
 E2E_FOCUS ?=
 E2E_RESUME ?=
 ## E2E_TIMEOUT (a Go duration) ends each run early, with the report of

@@ -381,8 +381,7 @@ func (c *Cluster) waitNodesReady(ctx context.Context) error {
 
 // packNode writes the initramfs every node boots: the init, busybox, the
 // node's binaries and CNI plugins, iptables with its plugins (the portmap
-// plugin's), the
-// kernel's modules and the image archives.
+// plugin's), the kernel's modules and the image archives.
 func packNode(path, kernelDir, toolsDir string, images []string) error {
 	init, err := buildInit(filepath.Dir(path))
 	if err != nil {
