@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	nodev1 "k8s.io/api/node/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -22,18 +23,21 @@ import (
 )
 
 // Scheme holds the API types kpr's clients decode: core/v1 (Services,
-// Nodes, Events) and discovery/v1 (EndpointSlices).
+// Nodes, Events, Pods), discovery/v1 (EndpointSlices) and node/v1
+// (RuntimeClasses).
 var Scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(corev1.AddToScheme(s))
 	utilruntime.Must(discoveryv1.AddToScheme(s))
+	utilruntime.Must(nodev1.AddToScheme(s))
 	return s
 }()
 
-// Clients are REST clients for the two API groups kpr reads.
+// Clients are REST clients for the API groups kpr reads.
 type Clients struct {
 	Core      rest.Interface // core/v1, under /api
 	Discovery rest.Interface // discovery.k8s.io/v1, under /apis
+	Node      rest.Interface // node.k8s.io/v1 (RuntimeClasses), under /apis
 	// cfg is what they were built from, for Trimmed.
 	cfg *rest.Config
 }
@@ -185,7 +189,11 @@ func forConfig(cfg *rest.Config, serializers func(runtime.NegotiatedSerializer) 
 	if err != nil {
 		return nil, err
 	}
-	return &Clients{Core: core, Discovery: discovery, cfg: rest.CopyConfig(orig)}, nil
+	node, err := forGroup(nodev1.SchemeGroupVersion, "/apis")
+	if err != nil {
+		return nil, err
+	}
+	return &Clients{Core: core, Discovery: discovery, Node: node, cfg: rest.CopyConfig(orig)}, nil
 }
 
 // reconnectTransport retries a GET whose connection was refused, every

@@ -19,12 +19,14 @@ package bpf
 // for that, and naming them in -type too would generate them twice. The
 // trace record (struct trace_event, with enum sock_hook and enum
 // sock_verdict) is in BTF because the out-of-line trace_emit takes it, and
-// no map or variable has it: it comes through -type.
+// no map or variable has it: it comes through -type. So does enum
+// sock_bypass_reason, which BTF carries as the type of a field of struct
+// sock_bypass but bpf2go only names when asked.
 //
 // KPR_BPF_MULTIARCH names the host's multiarch include directory (for
 // asm/types.h); `make generate` sets it from hack/multiarch.sh, so the same
 // lines work on x86-64 and arm64 build hosts.
 //go:generate -command bpf2go go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -I/usr/include/${KPR_BPF_MULTIARCH}" -target bpfel
-//go:generate bpf2go -type svc_key -type svc_value -type backend -type rev_nat_value -type sock_rev_key -type sock_rev_value -type affinity_key -type affinity_value -type affinity_match_key -type sock_hook -type sock_verdict -type trace_event Kpr sock_lb.c -- -I.
+//go:generate bpf2go -type svc_key -type svc_value -type backend -type rev_nat_value -type sock_rev_key -type sock_rev_value -type affinity_key -type affinity_value -type affinity_match_key -type sock_hook -type sock_verdict -type sock_bypass_reason -type trace_event Kpr sock_lb.c -- -I.
 //go:generate bpf2go -no-global-types SockTerm sock_term.c -- -I.
 //go:generate bpf2go -no-global-types TcNodeport tc_nodeport.c -- -I.

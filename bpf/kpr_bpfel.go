@@ -131,6 +131,19 @@ type KprRevNatValue struct {
 	Pad  uint16
 }
 
+type KprSockBypass struct {
+	_      structs.HostLayout
+	Reason KprSockBypassReason
+}
+
+type KprSockBypassReason uint32
+
+const (
+	KprSockBypassReasonSOCK_BYPASS_ANNOTATION KprSockBypassReason = 1
+	KprSockBypassReasonSOCK_BYPASS_MESH       KprSockBypassReason = 2
+	KprSockBypassReasonSOCK_BYPASS_SANDBOX    KprSockBypassReason = 3
+)
+
 type KprSockHook uint32
 
 const (
@@ -143,6 +156,14 @@ const (
 	KprSockHookSOCK_HOOK_GETPEERNAME4 KprSockHook = 6
 	KprSockHookSOCK_HOOK_GETPEERNAME6 KprSockHook = 7
 	KprSockHookSOCK_HOOK_COUNT        KprSockHook = 8
+)
+
+type KprSockLbMode uint32
+
+const (
+	KprSockLbModeSOCK_LB_ALL       KprSockLbMode = 0
+	KprSockLbModeSOCK_LB_HOST_ONLY KprSockLbMode = 1
+	KprSockLbModeSOCK_LB_PER_POD   KprSockLbMode = 2
 )
 
 type KprSockRevKey struct {
@@ -163,7 +184,7 @@ type KprSockRevValue struct {
 
 type KprSockStats struct {
 	_     structs.HostLayout
-	Count [3]uint64
+	Count [4]uint64
 }
 
 type KprSockTermKey struct {
@@ -180,7 +201,8 @@ const (
 	KprSockVerdictSOCK_VERDICT_PASSED     KprSockVerdict = 0
 	KprSockVerdictSOCK_VERDICT_TRANSLATED KprSockVerdict = 1
 	KprSockVerdictSOCK_VERDICT_REJECTED   KprSockVerdict = 2
-	KprSockVerdictSOCK_VERDICT_COUNT      KprSockVerdict = 3
+	KprSockVerdictSOCK_VERDICT_BYPASSED   KprSockVerdict = 3
+	KprSockVerdictSOCK_VERDICT_COUNT      KprSockVerdict = 4
 )
 
 type KprSrcRangeKey struct {
@@ -278,6 +300,7 @@ const (
 	KprMapKprRevNat         = "kpr_rev_nat"
 	KprMapKprServices       = "kpr_services"
 	KprMapKprSnatClaims     = "kpr_snat_claims"
+	KprMapKprSockBypass     = "kpr_sock_bypass"
 	KprMapKprSockRev        = "kpr_sock_rev"
 	KprMapKprSockStats      = "kpr_sock_stats"
 	KprMapKprSrcRanges      = "kpr_src_ranges"
@@ -300,6 +323,7 @@ const (
 	KprVarHaveSetRetval     = "have_set_retval"
 	KprVarHaveTaskHelpers   = "have_task_helpers"
 	KprVarHostNetnsCookie   = "host_netns_cookie"
+	KprVarSockLbMode        = "sock_lb_mode"
 	KprVarSockScope         = "sock_scope"
 )
 
@@ -371,6 +395,7 @@ type KprMapSpecs struct {
 	KprRevNat         *ebpf.MapSpec `ebpf:"kpr_rev_nat"`
 	KprServices       *ebpf.MapSpec `ebpf:"kpr_services"`
 	KprSnatClaims     *ebpf.MapSpec `ebpf:"kpr_snat_claims"`
+	KprSockBypass     *ebpf.MapSpec `ebpf:"kpr_sock_bypass"`
 	KprSockRev        *ebpf.MapSpec `ebpf:"kpr_sock_rev"`
 	KprSockStats      *ebpf.MapSpec `ebpf:"kpr_sock_stats"`
 	KprSrcRanges      *ebpf.MapSpec `ebpf:"kpr_src_ranges"`
@@ -390,6 +415,7 @@ type KprVariableSpecs struct {
 	HaveSetRetval   *ebpf.VariableSpec `ebpf:"have_set_retval"`
 	HaveTaskHelpers *ebpf.VariableSpec `ebpf:"have_task_helpers"`
 	HostNetnsCookie *ebpf.VariableSpec `ebpf:"host_netns_cookie"`
+	SockLbMode      *ebpf.VariableSpec `ebpf:"sock_lb_mode"`
 	SockScope       *ebpf.VariableSpec `ebpf:"sock_scope"`
 }
 
@@ -424,6 +450,7 @@ type KprMaps struct {
 	KprRevNat         *ebpf.Map `ebpf:"kpr_rev_nat"`
 	KprServices       *ebpf.Map `ebpf:"kpr_services"`
 	KprSnatClaims     *ebpf.Map `ebpf:"kpr_snat_claims"`
+	KprSockBypass     *ebpf.Map `ebpf:"kpr_sock_bypass"`
 	KprSockRev        *ebpf.Map `ebpf:"kpr_sock_rev"`
 	KprSockStats      *ebpf.Map `ebpf:"kpr_sock_stats"`
 	KprSrcRanges      *ebpf.Map `ebpf:"kpr_src_ranges"`
@@ -447,6 +474,7 @@ func (m *KprMaps) Close() error {
 		m.KprRevNat,
 		m.KprServices,
 		m.KprSnatClaims,
+		m.KprSockBypass,
 		m.KprSockRev,
 		m.KprSockStats,
 		m.KprSrcRanges,
@@ -467,6 +495,7 @@ type KprVariables struct {
 	HaveSetRetval   *ebpf.Variable `ebpf:"have_set_retval"`
 	HaveTaskHelpers *ebpf.Variable `ebpf:"have_task_helpers"`
 	HostNetnsCookie *ebpf.Variable `ebpf:"host_netns_cookie"`
+	SockLbMode      *ebpf.Variable `ebpf:"sock_lb_mode"`
 	SockScope       *ebpf.Variable `ebpf:"sock_scope"`
 }
 

@@ -40,6 +40,23 @@ volatile const enum svc_scope sock_scope = SVC_SCOPE_INTERNAL;
  * loader could not learn the cookie) serves loopback frontends to nobody. */
 volatile const __u64 host_netns_cookie = 0;
 
+/* Which sockets the hooks serve (--socket-lb). SOCK_LB_HOST_ONLY with no
+ * host_netns_cookie would serve nobody; the loader refuses it. */
+volatile const enum sock_lb_mode sock_lb_mode = SOCK_LB_ALL;
+
+/* The pods the hooks leave to the packet path under SOCK_LB_PER_POD, by the
+ * cookie of the pod's network namespace, which every container of a pod
+ * shares: one helper call and one lookup, paid only by a syscall aimed at a
+ * Service frontend. Pinned, so that a restarted kpr keeps bypassing the
+ * same pods before its first sync. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64);	/* network namespace cookie */
+	__type(value, struct sock_bypass);
+	__uint(max_entries, 4096);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kpr_sock_bypass SEC(".maps");
+
 /* Set by the loader when the kernel gives sock_addr programs the current
  * task's pid and comm (bpf_get_current_pid_tgid and _comm); without them
  * a trace event has neither. */
@@ -100,6 +117,7 @@ enum lb_result {
 	LB_NOT_SERVICE,	/* not a frontend: leave the address alone */
 	LB_TRANSLATED,	/* the address now points at a backend */
 	LB_REJECT,	/* a frontend without backends: fail the syscall */
+	LB_BYPASSED,	/* a frontend, for a socket the hooks do not serve */
 };
 
 static __always_inline void addr_from_v6(__u32 addr[4], const struct bpf_sock_addr *ctx)
@@ -128,6 +146,8 @@ static __always_inline enum sock_verdict verdict_of(enum lb_result res)
 		return SOCK_VERDICT_TRANSLATED;
 	case LB_REJECT:
 		return SOCK_VERDICT_REJECTED;
+	case LB_BYPASSED:
+		return SOCK_VERDICT_BYPASSED;
 	default:
 		return SOCK_VERDICT_PASSED;
 	}
@@ -238,6 +258,23 @@ static __always_inline int frontend_visible(struct bpf_sock_addr *ctx, const __u
 	return host_netns_cookie && bpf_get_netns_cookie(ctx) == host_netns_cookie;
 }
 
+/* Whether the hooks serve this socket (sock_lb_mode). The verifier prunes
+ * the modes not loaded. */
+static __always_inline int socket_served(struct bpf_sock_addr *ctx)
+{
+	__u64 netns;
+
+	switch (sock_lb_mode) {
+	case SOCK_LB_HOST_ONLY:
+		return host_netns_cookie && bpf_get_netns_cookie(ctx) == host_netns_cookie;
+	case SOCK_LB_PER_POD:
+		netns = bpf_get_netns_cookie(ctx);
+		return !bpf_map_lookup_elem(&kpr_sock_bypass, &netns);
+	default:
+		return 1;
+	}
+}
+
 /* Remember the frontend for this socket and backend, unless already known:
  * an unconnected UDP socket calls sendmsg for every datagram. */
 static __always_inline void sock_rev_remember(__u64 cookie, const struct backend *be,
@@ -291,6 +328,11 @@ static __always_inline enum lb_result lb_select(struct bpf_sock_addr *ctx,
 	master = bpf_map_lookup_elem(&kpr_services, key);
 	if (!master)
 		return LB_NOT_SERVICE;
+	/* After the frontend lookup, so that only a syscall aimed at a
+	 * Service pays for the check. A bypassed pod's connect to a Service
+	 * without endpoints is left to the packet path too, which rejects it. */
+	if (!socket_served(ctx))
+		return LB_BYPASSED;
 	if (master->count == 0)
 		return LB_REJECT;
 

@@ -366,11 +366,46 @@ enum sock_verdict {
 	SOCK_VERDICT_TRANSLATED = 1,
 	/* A frontend without endpoints: the syscall fails. */
 	SOCK_VERDICT_REJECTED = 2,
+	/* connect, sendmsg: a frontend, but the socket's pod is not served
+	 * by the socket hooks (enum sock_lb_mode): the address is left for
+	 * the packet path. */
+	SOCK_VERDICT_BYPASSED = 3,
 	SOCK_VERDICT_COUNT,
 };
 
 struct sock_stats {
 	__u64 count[SOCK_VERDICT_COUNT];
+};
+
+/*
+ * Which sockets the socket hooks serve (kpr run --socket-lb), a constant of
+ * sock_lb.c. Sockets they do not serve keep the Service address, and their
+ * packets meet the Service at packet level instead.
+ */
+enum sock_lb_mode {
+	/* Every socket under the cgroup root. */
+	SOCK_LB_ALL = 0,
+	/* Only sockets of the node's own network namespace, as Cilium's
+	 * socketLB.hostNamespaceOnly. */
+	SOCK_LB_HOST_ONLY = 1,
+	/* Every socket but those of the pods in kpr_sock_bypass, which the
+	 * control plane chooses pod by pod. */
+	SOCK_LB_PER_POD = 2,
+};
+
+/*
+ * Why a pod is left to the packet path: the value of kpr_sock_bypass, whose
+ * key is the pod's network namespace cookie. Read by operators (bpftool,
+ * kpr dump) rather than by the programs, which only look for the key.
+ */
+enum sock_bypass_reason {
+	SOCK_BYPASS_ANNOTATION = 1,	/* kpr.io/socket-lb: "bypass" */
+	SOCK_BYPASS_MESH = 2,		/* an injected Istio or Linkerd sidecar */
+	SOCK_BYPASS_SANDBOX = 3,	/* a VM or sandbox runtime */
+};
+
+struct sock_bypass {
+	enum sock_bypass_reason reason;
 };
 
 /*

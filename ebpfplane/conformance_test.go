@@ -72,6 +72,7 @@ var notFilledByServices = map[string]string{
 	bpf.KprMapKprTraceFrontends: "written by `kpr trace` sessions, not by Services",
 	bpf.KprMapKprTraceOn:        "written by `kpr trace` sessions, not by Services",
 	bpf.KprMapKprTraceRings:     "written by `kpr trace` sessions, not by Services",
+	bpf.KprMapKprSockBypass:     "one entry per bypassed pod (--socket-lb per-pod), written by package socketlb from the node's Pods, not by Services",
 	// The Maglev tables are written with each change, one per frontend
 	// and scope, keyed by the frontend's reverse-NAT id: the loader sizes
 	// kpr_maglev at maps.MaglevEntriesPerRevNat entries per entry of

@@ -3,9 +3,12 @@ package ebpfplane
 import (
 	"fmt"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/metrics"
 )
 
 // Reading the pinned maps back for `kpr explain` and `kpr status`, which
@@ -16,7 +19,7 @@ import (
 // Inspector is the eBPF mode's dataplane.Inspector over the pinned maps.
 type Inspector struct {
 	lb        *maps.LB
-	sockStats func(emit func(hook string, translated, rejected, passed uint64)) error
+	sockStats metrics.SockCounts
 	close     func()
 }
 
@@ -34,7 +37,7 @@ func OpenInspector(bpfRoot string) (*Inspector, error) {
 		pinned.Close()
 		return nil, err
 	}
-	return &Inspector{lb: lb, sockStats: maps.SockStatsReader(pinned.KprSockStats), close: func() { pinned.Close() }}, nil
+	return &Inspector{lb: lb, sockStats: SockCounts(pinned.KprSockStats), close: func() { pinned.Close() }}, nil
 }
 
 // Close releases the maps.
@@ -112,7 +115,7 @@ type SockCounters struct{ maps.SockHookStats }
 
 // Columns are the hook and its counters.
 func (s SockCounters) Columns() []string {
-	return []string{s.Hook, fmt.Sprint(s.Translated), fmt.Sprint(s.Rejected), fmt.Sprint(s.Passed)}
+	return []string{s.Hook, fmt.Sprint(s.Translated), fmt.Sprint(s.Rejected), fmt.Sprint(s.Passed), fmt.Sprint(s.Bypassed)}
 }
 
 // InspectNode is the fill of every map and the socket hooks' counters
@@ -123,12 +126,27 @@ func (in *Inspector) InspectNode() []dataplane.Inspection {
 		fill.Rows = append(fill.Rows, MapFill{Map: u.Map, Entries: u.Entries, MaxEntries: u.MaxEntries})
 	}
 	counters := dataplane.Inspection{Key: "sockCounters", Title: "socket hook counters (since the dataplane was first loaded)",
-		Header: []string{"hook", "translated", "rejected (no endpoints)", "passed"}, Rows: []dataplane.InspectedRow{}}
-	err := in.sockStats(func(hook string, translated, rejected, passed uint64) {
-		counters.Rows = append(counters.Rows, SockCounters{maps.SockHookStats{Hook: hook, Translated: translated, Rejected: rejected, Passed: passed}})
+		Header: []string{"hook", "translated", "rejected (no endpoints)", "passed", "bypassed (pod left to the packet path)"}, Rows: []dataplane.InspectedRow{}}
+	err := in.sockStats(func(h metrics.SockHookCounts) {
+		counters.Rows = append(counters.Rows, SockCounters{maps.SockHookStats{Hook: h.Hook, Translated: h.Translated, Rejected: h.Rejected, Passed: h.Passed, Bypassed: h.Bypassed}})
 	})
 	if err != nil {
 		counters.Error = err.Error()
 	}
 	return []dataplane.Inspection{fill, counters}
+}
+
+// SockCounts reads the socket hooks' counters from m, a kpr_sock_stats map,
+// at every call: the Prometheus collector's and `kpr status`'s source.
+func SockCounts(m *ebpf.Map) metrics.SockCounts {
+	return func(emit func(metrics.SockHookCounts)) error {
+		stats, err := maps.SockStats(m)
+		if err != nil {
+			return err
+		}
+		for _, s := range stats {
+			emit(metrics.SockHookCounts{Hook: s.Hook, Translated: s.Translated, Rejected: s.Rejected, Passed: s.Passed, Bypassed: s.Bypassed})
+		}
+		return nil
+	}
 }

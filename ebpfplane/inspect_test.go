@@ -8,9 +8,10 @@ import (
 
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/maps"
+	"github.com/kpr-io/kpr/metrics"
 )
 
-func inMemoryInspector(lb *maps.LB, sockStats func(emit func(string, uint64, uint64, uint64)) error) *Inspector {
+func inMemoryInspector(lb *maps.LB, sockStats metrics.SockCounts) *Inspector {
 	return &Inspector{lb: lb, sockStats: sockStats, close: func() {}}
 }
 
@@ -64,8 +65,8 @@ func TestInspectNodeShowsFillAndCounters(t *testing.T) {
 	if err := New(lb, nil).Apply(map[dataplane.ServicePortName]*dataplane.ServicePort{name("web"): clusterIP("10.96.0.1", be("10.244.0.2:8080"))}); err != nil {
 		t.Fatal(err)
 	}
-	in := inMemoryInspector(lb.ReopenInMemory(true), func(emit func(string, uint64, uint64, uint64)) error {
-		emit("connect4", 3, 1, 7)
+	in := inMemoryInspector(lb.ReopenInMemory(true), func(emit func(metrics.SockHookCounts)) error {
+		emit(metrics.SockHookCounts{Hook: "connect4", Translated: 3, Rejected: 1, Passed: 7, Bypassed: 2})
 		return nil
 	})
 	secs := in.InspectNode()
@@ -76,10 +77,10 @@ func TestInspectNodeShowsFillAndCounters(t *testing.T) {
 	if services.Entries == 0 || services.MaxEntries != 1000 {
 		t.Errorf("service map fill %+v, want the entries written of 1000", services)
 	}
-	if c := secs[1].Rows[0].Columns(); !slices.Equal(c, []string{"connect4", "3", "1", "7"}) {
+	if c := secs[1].Rows[0].Columns(); !slices.Equal(c, []string{"connect4", "3", "1", "7", "2"}) {
 		t.Errorf("counters row %q", c)
 	}
-	in.sockStats = func(func(string, uint64, uint64, uint64)) error { return errors.New("no counters map") }
+	in.sockStats = func(func(metrics.SockHookCounts)) error { return errors.New("no counters map") }
 	secs = in.InspectNode()
 	if secs[1].Error != "no counters map" || len(secs[0].Rows) == 0 {
 		t.Errorf("with unreadable counters: %+v", secs)

@@ -48,7 +48,10 @@ type Options struct {
 	// file or a bind mount of one); NodePorts on loopback are served only
 	// to its sockets. Empty means OwnNetNS.
 	HostNetNS string
-	Sizes     MapSizes
+	// SocketLB says which sockets the socket hooks serve; the zero value
+	// serves all of them.
+	SocketLB SocketLBMode
+	Sizes    MapSizes
 	// TC, when set, also loads the packet-level programs for traffic from
 	// other machines and attaches them to TC.Devices (see LoadTC).
 	TC  *TCOptions
@@ -61,6 +64,9 @@ type Loaded struct {
 	BPFRoot    string
 	CgroupRoot string
 	Features   Report
+	// SocketLB is the mode the socket hooks run: Options.SocketLB, or all
+	// where the kernel cannot tell pods apart.
+	SocketLB SocketLBMode
 	// SockTerm is the UDP socket-termination iterator (kpr_sock_term_udp),
 	// which destroys the sockets SockTermTargets lists. Both are nil where
 	// the kernel cannot run it (Features lacks FeatureUDPSockTerm). Neither
@@ -126,7 +132,11 @@ func Load(opts Options) (*Loaded, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := configureHooks(spec, report, hostCookie); err != nil {
+	socketLB, err := effectiveSocketLB(opts.SocketLB, hostCookie, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := configureHooks(spec, report, hostCookie, socketLB); err != nil {
 		return nil, err
 	}
 
@@ -184,7 +194,7 @@ func Load(opts Options) (*Loaded, error) {
 		kprMaps.Close()
 		return nil, err
 	}
-	loaded := &Loaded{Maps: &kprMaps, BPFRoot: opts.BPFRoot, CgroupRoot: opts.CgroupRoot, Features: report,
+	loaded := &Loaded{Maps: &kprMaps, BPFRoot: opts.BPFRoot, CgroupRoot: opts.CgroupRoot, Features: report, SocketLB: socketLB,
 		shared: shared, sizes: opts.Sizes, cache: cache}
 	// The socket-termination iterator is optional: a kernel without it
 	// still gets every hook.
@@ -214,18 +224,20 @@ func Load(opts Options) (*Loaded, error) {
 	}
 	log.Info("dataplane loaded",
 		zap.String("bpfRoot", opts.BPFRoot), zap.String("cgroupRoot", opts.CgroupRoot),
-		zap.Bool("udpSocketTermination", loaded.SockTerm != nil))
+		zap.Stringer("socketLB", socketLB), zap.Bool("udpSocketTermination", loaded.SockTerm != nil))
 	return loaded, nil
 }
 
 // configureHooks sets the socket hooks' constants: what the kernel offers
-// (report) and the host namespace's cookie. The verifier prunes the code
-// the constants rule out, so they must be set before the programs load.
-func configureHooks(spec *ebpf.CollectionSpec, report Report, hostCookie uint64) error {
+// (report), the host namespace's cookie and which sockets they serve. The
+// verifier prunes the code the constants rule out, so they must be set
+// before the programs load.
+func configureHooks(spec *ebpf.CollectionSpec, report Report, hostCookie uint64, socketLB SocketLBMode) error {
 	for name, v := range map[string]any{
 		bpf.KprVarHaveSetRetval:   report.Has(FeatureSetRetval),
 		bpf.KprVarHaveTaskHelpers: report.Has(FeatureTaskHelpers),
 		bpf.KprVarHostNetnsCookie: hostCookie,
+		bpf.KprVarSockLbMode:      socketLB.hookConstant(),
 	} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("configure BPF object: %s: %w", name, err)

@@ -23,7 +23,8 @@ var processedInsns = regexp.MustCompile(`processed (\d+) insns`)
 
 // TestVerifierCost logs how many instructions the kernel's verifier
 // processes for each of kpr's programs, configured as the loader configures
-// them (the socket hooks' constants from Probe, the tc programs' defaults).
+// them (the socket hooks' constants from Probe, in the per-pod socket-LB
+// mode, which has the most code; the tc programs' defaults).
 // It asserts only that the programs load: the counts are a measurement, for
 // docs/design.md ("Verifier cost per program"), not a limit. Each object is
 // loaded on its own, with maps of its own that nothing pins: the counts do
@@ -45,7 +46,7 @@ func TestVerifierCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := configureHooks(kpr, report, hostCookie); err != nil {
+	if err := configureHooks(kpr, report, hostCookie, SocketLBPerPod); err != nil {
 		t.Fatal(err)
 	}
 	tc, err := bpf.LoadTcNodeport()

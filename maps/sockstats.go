@@ -30,6 +30,7 @@ var (
 		bpf.KprSockVerdictSOCK_VERDICT_PASSED:     "passed",
 		bpf.KprSockVerdictSOCK_VERDICT_TRANSLATED: "translated",
 		bpf.KprSockVerdictSOCK_VERDICT_REJECTED:   "rejected",
+		bpf.KprSockVerdictSOCK_VERDICT_BYPASSED:   "bypassed",
 	}
 )
 
@@ -52,12 +53,15 @@ func verdictName(v bpf.KprSockVerdict) string {
 // rewritten to a backend, Rejected frontends without endpoints (the
 // syscall fails), Passed addresses that are no frontend. For recvmsg and
 // getpeername, Translated counts backends rewritten back to the frontend
-// and Passed addresses with no reverse entry; they never reject.
+// and Passed addresses with no reverse entry; they never reject. Bypassed
+// counts frontends of connect and sendmsg left untranslated because the
+// socket's pod is not served by the socket hooks (--socket-lb).
 type SockHookStats struct {
 	Hook       string `json:"hook"`
 	Translated uint64 `json:"translated"`
 	Rejected   uint64 `json:"rejected"`
 	Passed     uint64 `json:"passed"`
+	Bypassed   uint64 `json:"bypassed"`
 }
 
 // SockStats reads m, a kpr_sock_stats map, one entry per hook in enum
@@ -80,23 +84,9 @@ func SockStats(m *ebpf.Map) ([]SockHookStats, error) {
 			Translated: sum[bpf.KprSockVerdictSOCK_VERDICT_TRANSLATED],
 			Rejected:   sum[bpf.KprSockVerdictSOCK_VERDICT_REJECTED],
 			Passed:     sum[bpf.KprSockVerdictSOCK_VERDICT_PASSED],
+			Bypassed:   sum[bpf.KprSockVerdictSOCK_VERDICT_BYPASSED],
 		})
 	}
 	return out, nil
 }
 
-// SockStatsReader reads m at every call and hands each hook's totals to
-// emit: the shape of metrics.SockCounts, so that the Prometheus collector
-// reads the map at scrape time without depending on this package.
-func SockStatsReader(m *ebpf.Map) func(emit func(hook string, translated, rejected, passed uint64)) error {
-	return func(emit func(hook string, translated, rejected, passed uint64)) error {
-		stats, err := SockStats(m)
-		if err != nil {
-			return err
-		}
-		for _, s := range stats {
-			emit(s.Hook, s.Translated, s.Rejected, s.Passed)
-		}
-		return nil
-	}
-}

@@ -10,10 +10,10 @@ import (
 func TestSockStatsCollectorExportsEveryHookAtScrape(t *testing.T) {
 	m := New()
 	n := uint64(0)
-	m.Registry.MustRegister(NewSockStatsCollector(func(emit func(string, uint64, uint64, uint64)) error {
+	m.Registry.MustRegister(NewSockStatsCollector(func(emit func(SockHookCounts)) error {
 		n++ // read at every scrape, not once
-		emit("connect4", 5*n, 2, 7)
-		emit("recvmsg6", 1, 0, 3)
+		emit(SockHookCounts{Hook: "connect4", Translated: 5 * n, Rejected: 2, Passed: 7, Bypassed: 4})
+		emit(SockHookCounts{Hook: "recvmsg6", Translated: 1, Passed: 3})
 		return nil
 	}))
 	get(t, m.Handler("ebpf"), "/metrics")
@@ -26,6 +26,7 @@ func TestSockStatsCollectorExportsEveryHookAtScrape(t *testing.T) {
 		`kpr_sock_translations_total{hook="connect4"} 10`,
 		`kpr_sock_rejects_total{hook="connect4"} 2`,
 		`kpr_sock_passes_total{hook="connect4"} 7`,
+		`kpr_sock_bypasses_total{hook="connect4"} 4`,
 		`kpr_sock_translations_total{hook="recvmsg6"} 1`,
 		`kpr_sock_passes_total{hook="recvmsg6"} 3`,
 	} {
@@ -37,7 +38,7 @@ func TestSockStatsCollectorExportsEveryHookAtScrape(t *testing.T) {
 
 func TestSockStatsCollectorFailsTheScrapeOnReadError(t *testing.T) {
 	m := New()
-	m.Registry.MustRegister(NewSockStatsCollector(func(func(string, uint64, uint64, uint64)) error {
+	m.Registry.MustRegister(NewSockStatsCollector(func(func(SockHookCounts)) error {
 		return errors.New("map gone")
 	}))
 	if code, body := get(t, m.Handler("ebpf"), "/metrics"); code == http.StatusOK {

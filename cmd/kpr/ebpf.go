@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/dataplane/leftovers"
 	"github.com/kpr-io/kpr/ebpfplane"
@@ -21,6 +22,7 @@ import (
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/maps/maglev"
 	"github.com/kpr-io/kpr/metrics"
+	"github.com/kpr-io/kpr/socketlb"
 )
 
 // ebpfMode is the eBPF mode's row of the mode table.
@@ -150,6 +152,10 @@ func sweepEBPF(at dataplaneAt, out func(line string)) error {
 type ebpfFlags struct {
 	cgroupRoot string
 	sizes      loader.MapSizes
+	// Which sockets the socket hooks serve, and the runtimes whose pods
+	// per-pod leaves to the packet path.
+	socketLB        string
+	sandboxHandlers []string
 	// The packet-level programs for traffic from other machines.
 	devices   []string
 	tcAttach  string
@@ -169,6 +175,12 @@ type ebpfFlags struct {
 
 func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
+	fl.StringVar(&f.socketLB, "socket-lb", "all", "which sockets the socket hooks translate: all; host-only (the node's own network namespace: "+
+		"every pod is left to the packet path); or per-pod (every pod but those with an injected Istio or Linkerd sidecar, "+
+		"a sandbox runtime (--socket-lb-sandbox-handlers), a KubeVirt VM, or the annotation "+socketlb.Annotation+": "+
+		socketlb.AnnotationBypass+"; "+socketlb.Annotation+": "+socketlb.AnnotationServe+" keeps a pod; needs list and watch on Pods and RuntimeClasses)")
+	fl.StringSliceVar(&f.sandboxHandlers, "socket-lb-sandbox-handlers", socketlb.DefaultSandboxHandlers, "RuntimeClass handlers whose pods "+
+		"--socket-lb per-pod leaves to the packet path: VM and sandbox runtimes, whose sockets the node's kernel does not see (a trailing * matches any suffix)")
 	fl.Uint32Var(&f.sizes.Services, "map-size-services", 0, "entries of the service map (frontends plus backend slots); 0 keeps the default 262144")
 	fl.Uint32Var(&f.sizes.Backends, "map-size-backends", 0, "entries of the backend map; 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend; the Maglev table map gets twice as many); 0 keeps the default 131072")
@@ -217,7 +229,12 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	if err := checkSNATPorts(f, loader.NetNSSysctlReader(f.hostNetNS)); err != nil {
 		return builtDataplane{}, err
 	}
-	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.ebpf.cgroupRoot, HostNetNS: f.hostNetNS, Sizes: f.ebpf.sizes, TC: tc, Log: log})
+	socketLB, err := loader.ParseSocketLBMode(f.ebpf.socketLB)
+	if err != nil {
+		return builtDataplane{}, err
+	}
+	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.ebpf.cgroupRoot, HostNetNS: f.hostNetNS,
+		SocketLB: socketLB, Sizes: f.ebpf.sizes, TC: tc, Log: log})
 	if err != nil {
 		return builtDataplane{}, err
 	}
@@ -243,7 +260,7 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 		// Read at scrape time: only the programs write these maps.
 		m.Registry.MustRegister(metrics.NewTCCollector(maps.NewTCStatsReader(loaded.Maps)))
 	}
-	m.Registry.MustRegister(metrics.NewSockStatsCollector(maps.SockStatsReader(loaded.Maps.KprSockStats)))
+	m.Registry.MustRegister(metrics.NewSockStatsCollector(ebpfplane.SockCounts(loaded.Maps.KprSockStats)))
 	if loaded.SockTerm != nil {
 		plane.SetSocketTerminator(countingTerminator{
 			SocketTerminator: sockterm.New(loaded.SockTerm, maps.NewSockTermTargets(loaded.SockTermTargets), loaded.CgroupRoot, log.Named("socketterm")),
@@ -259,7 +276,20 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	if loaded.TC != nil {
 		built.setDevices = loaded.TC.SetDevices
 	}
+	if loaded.SocketLB == loader.SocketLBPerPod {
+		built.watchPods = perPodSocketLB(&f.ebpf, loaded, log.Named("socketlb"))
+	}
 	return built, nil
+}
+
+// perPodSocketLB is the watch that keeps the per-pod socket-LB choices
+// (socketlb) in kpr_sock_bypass.
+func perPodSocketLB(f *ebpfFlags, loaded *loader.Loaded, log *zap.Logger) func(ctx context.Context, client *apiclient.Clients, nodeName string) error {
+	finder := socketlb.PodNamespaces{CgroupRoot: loaded.CgroupRoot, NetNSCookie: loader.NetNSCookie}
+	c := socketlb.NewController(socketlb.Rules{SandboxHandlers: f.sandboxHandlers}, finder, maps.NewSockBypass(loaded.Maps.KprSockBypass), log)
+	return func(ctx context.Context, client *apiclient.Clients, nodeName string) error {
+		return c.Run(ctx, client, nodeName, make(chan struct{}))
+	}
 }
 
 // countingTerminator counts the sockets its SocketTerminator destroys.

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/metrics"
 )
@@ -146,6 +147,9 @@ type builtDataplane struct {
 	// setDevices moves the tc programs to these devices; nil for a
 	// backend without them.
 	setDevices func(devices []string) error
+	// watchPods follows the node's Pods until ctx ends, for the socket
+	// hooks' per-pod choice; nil when the backend has no use for Pods.
+	watchPods func(ctx context.Context, client *apiclient.Clients, nodeName string) error
 }
 
 // newDataplane builds the backend c names through its row in the mode

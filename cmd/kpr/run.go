@@ -246,6 +246,9 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 	if devices != nil && dp.setDevices != nil {
 		group.Go(func() error { return devices.follow(ctx, dp.setDevices, w.SetLocalAddresses) })
 	}
+	if dp.watchPods != nil {
+		group.Go(func() error { return dp.watchPods(ctx, client, cfg.NodeName) })
+	}
 	err = group.Wait()
 	if errors.Is(err, context.Canceled) {
 		err = nil

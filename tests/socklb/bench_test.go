@@ -45,6 +45,43 @@ func BenchmarkConnect(b *testing.B) {
 	}
 }
 
+// BenchmarkConnectSocketLB measures what --socket-lb per-pod adds to a
+// served socket's connect(): the hooks look the socket's network namespace
+// up in kpr_sock_bypass after the frontend lookup. Each mode loads the
+// programs afresh with 1,000 Services; per-pod has 100 other pods'
+// namespaces in the map, as a node with meshed pods would. Compare the
+// vip/direct ratios of the two modes, each measured side by side.
+//
+//	go test ./tests/socklb -run '^$' -bench ConnectSocketLB -benchtime 5000x -count 3
+func BenchmarkConnectSocketLB(b *testing.B) {
+	for _, mode := range []loader.SocketLBMode{loader.SocketLBAll, loader.SocketLBPerPod} {
+		b.Run("socket-lb="+mode.String(), func(b *testing.B) {
+			f := newSocketLBFixture(b, 1, loader.MapSizes{}, mode)
+			backend := netip.AddrPortFrom(f.pods[0].IPv4, tcpPort)
+			const n = 1000
+			svcs := make([]maps.Service, 0, n)
+			for i := range n {
+				svcs = append(svcs, maps.Service{
+					VIPKey:   maps.VIPKey{VIP: maps.VIP{Addr: manyVIP(i), Port: 80, Proto: dataplane.TCP}},
+					Backends: []dataplane.Backend{{Addr: backend.Addr(), Port: backend.Port()}},
+				})
+			}
+			if err := f.lb.Upsert(svcs...); err != nil {
+				b.Fatal(err)
+			}
+			bypass := maps.NewSockBypass(f.loaded.Maps.KprSockBypass)
+			for cookie := uint64(1); cookie <= 100; cookie++ {
+				// Cookies count up from the boot's first namespace:
+				// these belong to no namespace of this test.
+				if err := bypass.Set(1<<40+cookie, maps.SockBypassMesh); err != nil {
+					b.Fatal(err)
+				}
+			}
+			benchConnect(b, f, netip.AddrPortFrom(manyVIP(n-1), 80), backend)
+		})
+	}
+}
+
 // benchConnect is one BenchmarkConnect measurement: connects to vip and
 // straight to backend, side by side, reported as medians and their ratio.
 func benchConnect(b *testing.B, f *fixture, vip, backend netip.AddrPort) {

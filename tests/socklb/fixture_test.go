@@ -31,16 +31,25 @@ type fixture struct {
 	bpfRoot string
 	loaded  *loader.Loaded
 	lb      *maps.LB
+	// socketLB is the mode the hooks load with.
+	socketLB loader.SocketLBMode
 }
 
 func newFixture(t testing.TB, pods int, sizes loader.MapSizes) *fixture {
+	t.Helper()
+	return newSocketLBFixture(t, pods, sizes, loader.SocketLBAll)
+}
+
+// newSocketLBFixture is newFixture with the hooks serving the sockets
+// socketLB says.
+func newSocketLBFixture(t testing.TB, pods int, sizes loader.MapSizes, socketLB loader.SocketLBMode) *fixture {
 	t.Helper()
 	harness.RequireRoot(t)
 	node, err := harness.NewNode(t, harness.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, node: node}
+	f := &fixture{t: t, node: node, socketLB: socketLB}
 	for i := 0; i < pods; i++ {
 		pod, err := node.AddPod(fmt.Sprintf("backend-%d", i))
 		if err != nil {
@@ -76,7 +85,8 @@ func (f *fixture) load(sizes loader.MapSizes) {
 	f.t.Helper()
 	// The node namespace plays the host network namespace, as it does for
 	// every client here that is not a pod.
-	loaded, err := loader.Load(loader.Options{BPFRoot: f.bpfRoot, CgroupRoot: f.cgroup.Path, HostNetNS: f.node.NetNS.Path, Sizes: sizes})
+	loaded, err := loader.Load(loader.Options{BPFRoot: f.bpfRoot, CgroupRoot: f.cgroup.Path, HostNetNS: f.node.NetNS.Path,
+		SocketLB: f.socketLB, Sizes: sizes})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kpr-io/kpr/bpf"
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/maps"
 	"github.com/kpr-io/kpr/metrics"
@@ -373,7 +374,7 @@ func TestSockCountersCountEachVerdict(t *testing.T) {
 
 	// The metric reads the same map at scrape time, as kpr run registers it.
 	m := metrics.New()
-	m.Registry.MustRegister(metrics.NewSockStatsCollector(maps.SockStatsReader(f.loaded.Maps.KprSockStats)))
+	m.Registry.MustRegister(metrics.NewSockStatsCollector(ebpfplane.SockCounts(f.loaded.Maps.KprSockStats)))
 	rec := httptest.NewRecorder()
 	m.Handler("ebpf").ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusOK {

@@ -48,7 +48,7 @@ func exportedMetrics(t *testing.T) map[string]dto.MetricType {
 	m.NFTables()
 	m.Conntrack()
 	m.Registry.MustRegister(metrics.NewTCCollector(noTCMaps{}),
-		metrics.NewSockStatsCollector(func(func(string, uint64, uint64, uint64)) error { return nil }))
+		metrics.NewSockStatsCollector(func(func(metrics.SockHookCounts)) error { return nil }))
 	clients, err := apiclient.ForConfig(&rest.Config{Host: "http://127.0.0.1:1"})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,259 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kpr-io/kpr/socketlb"
+	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/kubeobj"
+)
+
+// A service-mesh pod under --socket-lb per-pod: Istio's init container
+// redirects the pod's outbound TCP to the sidecar's port 15001 with an
+// iptables REDIRECT in the pod's namespace, and the sidecar reads the
+// original destination (SO_ORIGINAL_DST) to route by Service. With the
+// socket hooks translating in connect(), the redirect never matches the
+// ClusterIP and the sidecar is skipped; a bypassed pod keeps the
+// ClusterIP, and the sidecar sees it.
+//
+// The pod is a real Pod object bound to the node, and a real process in
+// a cgroup named as the kubelet names a pod's, in the pod's network
+// namespace: kpr finds the namespace as it does on a node.
+func TestPerPodSocketLBLeavesAMeshPodItsClusterIP(t *testing.T) {
+	f := newFixture(t, "--socket-lb", "per-pod")
+	ns := f.namespace(t, "mesh")
+	web := f.createService(t, kubeobj.Service(ns, "web", tcp80))
+	f.setEndpoints(t, web, v4, f.eps("pod-a", "pod-b")...)
+	vip := clusterIP(t, web, v1.IPv4Protocol, 80)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+
+	mesh, err := f.node.AddPod("mesh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sidecar := startSidecar(t, mesh.NetNS, vip)
+
+	// The Pod, injected but kept with the socket hooks by kpr's own
+	// annotation: the sidecar is skipped, as it is under every socket
+	// LB today.
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "mesh", Namespace: ns, Annotations: map[string]string{
+			"sidecar.istio.io/status": `{"containers":["istio-proxy"]}`,
+			socketlb.Annotation:       socketlb.AnnotationServe,
+		}},
+		Spec: v1.PodSpec{NodeName: nodeName, Containers: []v1.Container{{Name: "app", Image: "app"}}},
+	}
+	pod, err = f.client.CoreV1().Pods(ns).Create(f.ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podProcess(t, f.cgroup.Path, pod.UID, mesh.NetNS)
+	waitUntil(t, convergeTimeout, "the served mesh pod reaches a backend", func() error {
+		got, err := askThroughSidecar(mesh.NetNS, vip)
+		if err != nil || (got != "pod-a" && got != "pod-b") {
+			return fmt.Errorf("got %q, %v; want a backend's greeting", got, err)
+		}
+		return nil
+	})
+
+	// Without kpr's annotation the sidecar's mark decides: bypassed.
+	setAnnotation(t, f, pod, socketlb.Annotation, "")
+	waitUntil(t, convergeTimeout, "the mesh pod's sidecar sees the ClusterIP", func() error {
+		got, err := askThroughSidecar(mesh.NetNS, vip)
+		if err != nil || got != "sidecar saw "+vip.String() {
+			return fmt.Errorf("got %q, %v; want the sidecar's %q", got, err, "sidecar saw "+vip.String())
+		}
+		return nil
+	})
+	if n := sidecar.seen(); n == 0 {
+		t.Error("the sidecar answered but counted no connection")
+	}
+	if v, err := f.kpr.Metric(`kpr_sock_bypasses_total{hook="connect4"}`); err != nil || v == "0" {
+		t.Errorf("kpr_sock_bypasses_total{hook=connect4} = %q, %v; want the bypassed connects counted", v, err)
+	}
+	// The node's own sockets are still translated.
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	if log := f.kpr.Log(); !strings.Contains(log, "Istio sidecar injected") {
+		t.Errorf("kpr's log does not say why the pod is bypassed:\n%s", lastLines(log, 30))
+	}
+
+	// The Pod deleted: its namespace is served again.
+	if err := f.client.CoreV1().Pods(ns).Delete(f.ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, convergeTimeout, "the deleted pod's namespace is served by the socket hooks again", func() error {
+		got, err := askThroughSidecar(mesh.NetNS, vip)
+		if err != nil || (got != "pod-a" && got != "pod-b") {
+			return fmt.Errorf("got %q, %v; want a backend's greeting", got, err)
+		}
+		return nil
+	})
+}
+
+// setAnnotation sets (or, with value "", removes) an annotation of pod.
+func setAnnotation(t *testing.T, f *fixture, pod *v1.Pod, key, value string) {
+	t.Helper()
+	cur, err := f.client.CoreV1().Pods(pod.Namespace).Get(f.ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if value == "" {
+		delete(cur.Annotations, key)
+	} else {
+		cur.Annotations[key] = value
+	}
+	if _, err := f.client.CoreV1().Pods(pod.Namespace).Update(f.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// podProcess gives the pod a process as a node would: a cgroup named
+// after its UID under the kubelet's tree (kubepods/burstable/pod<uid>,
+// with one container's cgroup below), below cgroupRoot, and in it a
+// process of the pod's network namespace. The cleanup ends the process
+// and removes the cgroups.
+func podProcess(t *testing.T, cgroupRoot string, uid types.UID, ns *harness.NetNS) {
+	t.Helper()
+	pod := filepath.Join(cgroupRoot, "kubepods", "burstable", "pod"+string(uid))
+	container := filepath.Join(pod, "cri-containerd-app")
+	if err := os.MkdirAll(container, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "600")
+	if err := harness.StartCommand(ns, cmd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		for _, dir := range []string{container, pod, filepath.Dir(pod), filepath.Join(cgroupRoot, "kubepods")} {
+			var err error
+			for range 50 { // an exited process keeps its cgroup busy for a moment
+				if err = unix.Rmdir(dir); !errors.Is(err, unix.EBUSY) {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err != nil && !errors.Is(err, unix.ENOENT) {
+				t.Errorf("remove cgroup %s: %v", dir, err)
+			}
+		}
+	})
+	if err := os.WriteFile(filepath.Join(container, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sidecar is a stand-in for a mesh's proxy: it answers each connection
+// redirected to it with the original destination it reads.
+type sidecar struct{ count chan struct{} }
+
+func (s *sidecar) seen() int { return len(s.count) }
+
+// sidecarPort is Istio's outbound capture port.
+const sidecarPort = 15001
+
+// startSidecar installs the mesh's redirect of TCP to vip in ns, as
+// Istio's init container does, and listens on the capture port.
+func startSidecar(t *testing.T, ns *harness.NetNS, vip netip.AddrPort) *sidecar {
+	t.Helper()
+	out, err := exec.Command("nsenter", "--net="+ns.Path, "iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp",
+		"-d", vip.Addr().String(), "--dport", strconv.Itoa(int(vip.Port())), "-j", "REDIRECT", "--to-ports", strconv.Itoa(sidecarPort)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("iptables REDIRECT in the mesh pod's namespace: %v: %s", err, out)
+	}
+	var ln net.Listener
+	if err := harness.Do(ns, func() (err error) {
+		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", sidecarPort))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	s := &sidecar{count: make(chan struct{}, 1<<16)}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			dst, err := originalDst(c.(*net.TCPConn))
+			if err != nil {
+				fmt.Fprintf(c, "sidecar error: %v\n", err)
+			} else {
+				fmt.Fprintf(c, "sidecar saw %s\n", dst)
+			}
+			select {
+			case s.count <- struct{}{}:
+			default:
+			}
+			c.Close()
+		}
+	}()
+	return s
+}
+
+// originalDst reads SO_ORIGINAL_DST: where the redirected connection was
+// headed before netfilter's REDIRECT, as a struct sockaddr_in.
+func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var sa unix.RawSockaddrInet4
+	var sockErr error
+	err = raw.Control(func(fd uintptr) {
+		size := uint32(unsafe.Sizeof(sa))
+		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_IP, soOriginalDst,
+			uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&size)), 0)
+		if errno != 0 {
+			sockErr = fmt.Errorf("getsockopt SO_ORIGINAL_DST: %w", errno)
+		}
+	})
+	if err == nil {
+		err = sockErr
+	}
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
+	return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port), nil
+}
+
+// soOriginalDst is SO_ORIGINAL_DST (linux/netfilter_ipv4.h).
+const soOriginalDst = 80
+
+// askThroughSidecar connects from ns to vip and returns the first line:
+// the sidecar's report, or a backend's greeting.
+func askThroughSidecar(ns *harness.NetNS, vip netip.AddrPort) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	defer cancel()
+	c, err := harness.DialTCP(ns, vip, dialTimeout)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	deadline, _ := ctx.Deadline()
+	_ = c.SetDeadline(deadline)
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line), err
+}
