@@ -77,6 +77,7 @@ func TestKprLinksOnlyTheAPIGroupsItReads(t *testing.T) {
 	allowed := map[string]bool{
 		"k8s.io/api/core/v1":      true, // Services, Nodes, Events
 		"k8s.io/api/discovery/v1": true, // EndpointSlices
+		"k8s.io/api/node/v1":      true, // RuntimeClasses (--socket-lb per-pod)
 		"k8s.io/api/events/v1":    true, // events.k8s.io Events, should kpr post those
 	}
 	out, err := exec.Command("go", "list", "-deps", "github.com/kpr-io/kpr/cmd/kpr").CombinedOutput()
