@@ -80,10 +80,17 @@ func (c *Controller) Run(ctx context.Context, client *apiclient.Clients, nodeNam
 	}
 }
 
-func (c *Controller) pod(obj any, deleted bool) {
+// unwrap returns an event's object, and whether it was deleted: a delete
+// the informer missed comes as a tombstone holding the last state known.
+func unwrap(obj any, deleted bool) (any, bool) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj, deleted = tomb.Obj, true
+		return tomb.Obj, true
 	}
+	return obj, deleted
+}
+
+func (c *Controller) pod(obj any, deleted bool) {
+	obj, deleted = unwrap(obj, deleted)
 	pod, ok := obj.(*v1.Pod)
 	if !ok {
 		return
@@ -96,9 +103,7 @@ func (c *Controller) pod(obj any, deleted bool) {
 }
 
 func (c *Controller) runtimeClass(obj any, deleted bool) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj, deleted = tomb.Obj, true
-	}
+	obj, deleted = unwrap(obj, deleted)
 	rc, ok := obj.(*nodev1.RuntimeClass)
 	if !ok {
 		return
