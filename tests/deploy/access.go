@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -39,11 +40,20 @@ var NotNeeded = []Access{
 	{"get", "", "namespaces", "", "", "default"}, {"list", "", "namespaces", "", "", ""}, {"update", "", "namespaces", "", "", "kube-system"},
 }
 
+// PerPodSocketLB is what --socket-lb per-pod reads beside Needed: the
+// Pods of each node and the RuntimeClasses. Only a chart with socketLB:
+// per-pod grants it.
+var PerPodSocketLB = []Access{
+	{"list", "", "pods", "", "", ""}, {"watch", "", "pods", "", "", ""},
+	{"list", "node.k8s.io", "runtimeclasses", "", "", ""}, {"watch", "node.k8s.io", "runtimeclasses", "", "", ""},
+}
+
 // CheckLeastPrivilege asks the API server, through SubjectAccessReviews,
 // whether the ServiceAccount namespace/name may make each request of
-// Needed (it must) and of NotNeeded (it must not). It returns one error
-// per wrong answer. The ServiceAccount's bindings must exist.
-func CheckLeastPrivilege(ctx context.Context, client kubernetes.Interface, namespace, name string) error {
+// Needed (it must) and of NotNeeded (it must not), and of PerPodSocketLB
+// (it must if perPod, else it must not). It returns one error per wrong
+// answer. The ServiceAccount's bindings must exist.
+func CheckLeastPrivilege(ctx context.Context, client kubernetes.Interface, namespace, name string, perPod bool) error {
 	user := "system:serviceaccount:" + namespace + ":" + name
 	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}
 	allowed := func(ac Access) (bool, string, error) {
@@ -66,12 +76,18 @@ func CheckLeastPrivilege(ctx context.Context, client kubernetes.Interface, names
 			break
 		}
 	}
+	needed := Needed
 	notNeeded := append([]Access{{"get", "", "secrets", "", namespace, ""}}, NotNeeded...)
+	if perPod {
+		needed = append(slices.Clone(needed), PerPodSocketLB...)
+	} else {
+		notNeeded = append(notNeeded, PerPodSocketLB...)
+	}
 	var errs []error
 	for _, c := range []struct {
 		list []Access
 		want bool
-	}{{Needed, true}, {notNeeded, false}} {
+	}{{needed, true}, {notNeeded, false}} {
 		for _, ac := range c.list {
 			ok, reason, err := allowed(ac)
 			if err != nil {

@@ -50,7 +50,7 @@ func TestPerPodSocketLBLeavesAMeshPodItsClusterIP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sidecar := startSidecar(t, mesh.NetNS, vip)
+	startSidecar(t, mesh.NetNS, vip)
 
 	// The Pod, injected but kept with the socket hooks by kpr's own
 	// annotation: the sidecar is skipped, as it is under every socket
@@ -84,9 +84,6 @@ func TestPerPodSocketLBLeavesAMeshPodItsClusterIP(t *testing.T) {
 		}
 		return nil
 	})
-	if n := sidecar.seen(); n == 0 {
-		t.Error("the sidecar answered but counted no connection")
-	}
 	if v, err := f.kpr.Metric(`kpr_sock_bypasses_total{hook="connect4"}`); err != nil || v == "0" {
 		t.Errorf("kpr_sock_bypasses_total{hook=connect4} = %q, %v; want the bypassed connects counted", v, err)
 	}
@@ -163,18 +160,14 @@ func podProcess(t *testing.T, cgroupRoot string, uid types.UID, ns *harness.NetN
 	}
 }
 
-// sidecar is a stand-in for a mesh's proxy: it answers each connection
-// redirected to it with the original destination it reads.
-type sidecar struct{ count chan struct{} }
-
-func (s *sidecar) seen() int { return len(s.count) }
-
 // sidecarPort is Istio's outbound capture port.
 const sidecarPort = 15001
 
 // startSidecar installs the mesh's redirect of TCP to vip in ns, as
-// Istio's init container does, and listens on the capture port.
-func startSidecar(t *testing.T, ns *harness.NetNS, vip netip.AddrPort) *sidecar {
+// Istio's init container does, and listens on the capture port as a
+// stand-in for the mesh's proxy: it answers each connection redirected to
+// it with the original destination it reads.
+func startSidecar(t *testing.T, ns *harness.NetNS, vip netip.AddrPort) {
 	t.Helper()
 	out, err := exec.Command("nsenter", "--net="+ns.Path, "iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp",
 		"-d", vip.Addr().String(), "--dport", strconv.Itoa(int(vip.Port())), "-j", "REDIRECT", "--to-ports", strconv.Itoa(sidecarPort)).CombinedOutput()
@@ -189,7 +182,6 @@ func startSidecar(t *testing.T, ns *harness.NetNS, vip netip.AddrPort) *sidecar 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	s := &sidecar{count: make(chan struct{}, 1<<16)}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -202,14 +194,9 @@ func startSidecar(t *testing.T, ns *harness.NetNS, vip netip.AddrPort) *sidecar 
 			} else {
 				fmt.Fprintf(c, "sidecar saw %s\n", dst)
 			}
-			select {
-			case s.count <- struct{}{}:
-			default:
-			}
 			c.Close()
 		}
 	}()
-	return s
 }
 
 // originalDst reads SO_ORIGINAL_DST: where the redirected connection was

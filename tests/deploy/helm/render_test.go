@@ -381,7 +381,8 @@ func TestChartPassesADryRun(t *testing.T) {
 					}
 				}
 			}
-			if err := deploy.CheckLeastPrivilege(ctx, c.Client, tc.namespace, tc.serviceAccount); err != nil {
+			perPod := tc.vals["socketLB"] == "per-pod"
+			if err := deploy.CheckLeastPrivilege(ctx, c.Client, tc.namespace, tc.serviceAccount, perPod); err != nil {
 				t.Error(err)
 			}
 		})
@@ -406,7 +407,8 @@ func checkValuesFile(t *testing.T, objs map[string]*unstructured.Unstructured) {
 	kpr := container(t, ds, "containers", "kpr")
 	args, _, _ := unstructured.NestedStringSlice(kpr, "args")
 	for _, want := range []string{"--mode=iptables", "--fallback-mode=nftables", "--external-ips=node-local", "--lb-algorithm=maglev",
-		"--maglev-hash-seed=$(KPR_MAGLEV_HASH_SEED)", "--log-level=debug", "--devices=eth0,bond0", "--map-size-services=524288",
+		"--maglev-hash-seed=$(KPR_MAGLEV_HASH_SEED)", "--log-level=debug", "--devices=eth0,bond0",
+		"--socket-lb=per-pod", "--socket-lb-sandbox-handlers=kata*,my-vm", "--map-size-services=524288",
 		"--map-size-conntrack=262144", "--healthcheck-bind-ip=10.0.0.20"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("kpr's args %v lack %s", args, want)
