@@ -276,20 +276,28 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	if loaded.TC != nil {
 		built.setDevices = loaded.TC.SetDevices
 	}
+	var pods *socketlb.Controller
 	if loaded.SocketLB == loader.SocketLBPerPod {
-		built.watchPods = perPodSocketLB(&f.ebpf, loaded, log.Named("socketlb"))
+		pods = perPodSocketLB(&f.ebpf, loaded, log.Named("socketlb"))
+		built.watchPods = func(ctx context.Context, client *apiclient.Clients, nodeName string) error {
+			return pods.Run(ctx, client, nodeName, make(chan struct{}))
+		}
+	}
+	built.socketLB = func() *socketLBStatus {
+		s := &socketLBStatus{Mode: loaded.SocketLB.String()}
+		if pods != nil {
+			s.Pods = pods.Status()
+		}
+		return s
 	}
 	return built, nil
 }
 
-// perPodSocketLB is the watch that keeps the per-pod socket-LB choices
-// (socketlb) in kpr_sock_bypass.
-func perPodSocketLB(f *ebpfFlags, loaded *loader.Loaded, log *zap.Logger) func(ctx context.Context, client *apiclient.Clients, nodeName string) error {
+// perPodSocketLB is the controller that keeps the per-pod socket-LB
+// choices (socketlb) in kpr_sock_bypass.
+func perPodSocketLB(f *ebpfFlags, loaded *loader.Loaded, log *zap.Logger) *socketlb.Controller {
 	finder := socketlb.PodNamespaces{CgroupRoot: loaded.CgroupRoot, NetNSCookie: loader.NetNSCookie}
-	c := socketlb.NewController(socketlb.Rules{SandboxHandlers: f.sandboxHandlers}, finder, maps.NewSockBypass(loaded.Maps.KprSockBypass), log)
-	return func(ctx context.Context, client *apiclient.Clients, nodeName string) error {
-		return c.Run(ctx, client, nodeName, make(chan struct{}))
-	}
+	return socketlb.NewController(socketlb.Rules{SandboxHandlers: f.sandboxHandlers}, finder, maps.NewSockBypass(loaded.Maps.KprSockBypass), log)
 }
 
 // countingTerminator counts the sockets its SocketTerminator destroys.

@@ -150,6 +150,9 @@ type builtDataplane struct {
 	// watchPods follows the node's Pods until ctx ends, for the socket
 	// hooks' per-pod choice; nil when the backend has no use for Pods.
 	watchPods func(ctx context.Context, client *apiclient.Clients, nodeName string) error
+	// socketLB reports the socket hooks' --socket-lb and bypassed pods,
+	// for kpr status; nil for a backend without socket hooks.
+	socketLB func() *socketLBStatus
 }
 
 // newDataplane builds the backend c names through its row in the mode

@@ -233,7 +233,7 @@ func run(ctx context.Context, g *globalFlags, f *runFlags, log *zap.Logger) erro
 		group.Go(func() error { return serveRetrying(ctx, "health", hardFail, bindRetryInterval, log, hs.Run) })
 	}
 	if f.metricsAddr != "" {
-		handler := withStatusz(metricsHandler(m, chosen, f.profiling), chosen, report, w, devices, hs.Live)
+		handler := withStatusz(metricsHandler(m, chosen, f.profiling), chosen, report, w, devices, hs.Live, dp.socketLB)
 		group.Go(func() error {
 			return serveRetrying(ctx, "metrics", hardFail, bindRetryInterval, log, func(ctx context.Context) error {
 				return metrics.ListenAndServe(ctx, f.metricsAddr, handler)

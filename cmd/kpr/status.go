@@ -16,6 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kpr-io/kpr/dataplane"
+	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/socketlb"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -46,12 +48,24 @@ type daemonStatus struct {
 	// is the healthy one, so that an older daemon without the field
 	// reads as healthy, as its /livez alone would tell.
 	SyncsBehind bool `json:"syncsBehind,omitempty"`
+	// SocketLB is which sockets the socket hooks serve; nil outside the
+	// eBPF mode.
+	SocketLB *socketLBStatus `json:"socketLB,omitempty"`
+}
+
+// socketLBStatus is the socket hooks' --socket-lb as it runs, and under
+// per-pod the pods left to the packet path.
+type socketLBStatus struct {
+	Mode string               `json:"mode"`
+	Pods []socketlb.PodStatus `json:"bypassedPods,omitempty"`
 }
 
 // withStatusz serves /kpr/status and the standard /statusz in front of
 // next. devices is nil without the tc programs; live is /livez's verdict
 // (health.ProxyServer.Live).
-func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Watcher, devices *nodeDevices, live func() bool) http.Handler {
+// socketLB is nil for a mode without socket hooks.
+func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Watcher, devices *nodeDevices, live func() bool,
+	socketLB func() *socketLBStatus) http.Handler {
 	started := time.Now()
 	mux := http.NewServeMux()
 	mux.Handle(statuszPath, statuszHandler(started))
@@ -60,7 +74,7 @@ func withStatusz(next http.Handler, c choice, report kernelReport, w *watcher.Wa
 		_ = json.NewEncoder(rw).Encode(daemonStatus{
 			Version: version, PID: os.Getpid(), StartedAt: started,
 			Mode: string(c.backend), Reason: c.reason, Kernel: report, Watcher: w.Status(),
-			HeaderlessDevices: devices.headerlessDevices(), SyncsBehind: !live(),
+			HeaderlessDevices: devices.headerlessDevices(), SyncsBehind: !live(), SocketLB: socketLBOf(socketLB),
 		})
 	})
 	mux.Handle("/", next)
@@ -309,6 +323,7 @@ func writeStatus(w io.Writer, st statusOutput, now time.Time) {
 			fmt.Fprintf(w, "devices:  NO TC PROGRAMS on %s: no Ethernet header, which they read; traffic from outside through them is not translated\n",
 				strings.Join(d.HeaderlessDevices, ", "))
 		}
+		writeSocketLB(w, d.SocketLB)
 	} else {
 		fmt.Fprintf(w, "daemon:   NOT RUNNING (%s); below is what the pins say\n", st.DaemonError)
 	}
@@ -361,4 +376,31 @@ func writeInspection(w io.Writer, in dataplane.Inspection) {
 		fmt.Fprintln(tw, "  "+strings.Join(r.Columns(), "\t"))
 	}
 	tw.Flush()
+}
+
+func socketLBOf(get func() *socketLBStatus) *socketLBStatus {
+	if get == nil {
+		return nil
+	}
+	return get()
+}
+
+// writeSocketLB says which sockets the hooks serve, and names each pod
+// per-pod leaves to the packet path, with why.
+func writeSocketLB(w io.Writer, s *socketLBStatus) {
+	if s == nil {
+		return
+	}
+	fmt.Fprintf(w, "sockets:  --socket-lb %s", s.Mode)
+	if s.Mode == loader.SocketLBPerPod.String() {
+		fmt.Fprintf(w, ", bypassed pods: %d", len(s.Pods))
+	}
+	fmt.Fprintln(w)
+	for _, p := range s.Pods {
+		state := p.Why
+		if p.Waiting != "" {
+			state += "; NOT YET BYPASSED: " + p.Waiting
+		}
+		fmt.Fprintf(w, "          %s (%s: %s)\n", p.Pod, p.Reason, state)
+	}
 }

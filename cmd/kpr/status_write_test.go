@@ -9,6 +9,7 @@ import (
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/ebpfplane"
 	"github.com/kpr-io/kpr/loader"
+	"github.com/kpr-io/kpr/socketlb"
 	"github.com/kpr-io/kpr/watcher"
 )
 
@@ -63,5 +64,24 @@ func TestWriteStatusNamesHeaderlessDevices(t *testing.T) {
 	writeStatus(&b, st, now)
 	if want := "devices:  NO TC PROGRAMS on tun0, wg0: no Ethernet header"; !strings.Contains(b.String(), want) {
 		t.Errorf("status lacks %q:\n%s", want, b.String())
+	}
+}
+
+// Under --socket-lb per-pod, kpr status names each bypassed pod and why,
+// and a pod still waiting for its namespace says so.
+func TestWriteStatusNamesBypassedPods(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	st := statusOutput{Daemon: &daemonStatus{Version: "v1", Mode: "ebpf", StartedAt: now, SocketLB: &socketLBStatus{Mode: "per-pod",
+		Pods: []socketlb.PodStatus{
+			{Pod: "shop/cart-1", Bypass: true, Reason: "mesh", Why: "Istio sidecar injected"},
+			{Pod: "vm/win-0", Bypass: true, Reason: "sandbox", Why: "KubeVirt VM", Waiting: "no cgroup yet"},
+		}}}}
+	var b bytes.Buffer
+	writeStatus(&b, st, now)
+	for _, want := range []string{"sockets:  --socket-lb per-pod, bypassed pods: 2", "shop/cart-1 (mesh: Istio sidecar injected)",
+		"vm/win-0 (sandbox: KubeVirt VM; NOT YET BYPASSED: no cgroup yet)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, b.String())
+		}
 	}
 }

@@ -92,6 +92,12 @@ func TestPerPodSocketLBLeavesAMeshPodItsClusterIP(t *testing.T) {
 	if log := f.kpr.Log(); !strings.Contains(log, "Istio sidecar injected") {
 		t.Errorf("kpr's log does not say why the pod is bypassed:\n%s", lastLines(log, 30))
 	}
+	out, _ := f.kprStatus(t, "--metrics-address", f.kpr.MetricsAddr)
+	for _, want := range []string{"--socket-lb per-pod, bypassed pods: 1", ns + "/mesh (mesh: Istio sidecar injected"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("kpr status lacks %q:\n%s", want, out)
+		}
+	}
 
 	// The Pod deleted: its namespace is served again.
 	if err := f.client.CoreV1().Pods(ns).Delete(f.ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
