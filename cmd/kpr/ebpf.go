@@ -206,11 +206,12 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 		"and unknown outside the cluster (say 16 or more random characters); empty uses the UID of the kube-system Namespace, which needs get on it")
 }
 
-// initEBPFNode is the eBPF mode's part of --init-only: the bpffs under
-// --bpf-root, mounted if need be. The rest of the mode's work (loading
+// initEBPFNode is the eBPF mode's part of --init-only: kube-proxy's
+// conntrack sysctls, and the bpffs under --bpf-root, mounted if need be. The rest of the mode's work (loading
 // and attaching programs) needs its privileges all along, so there is
 // nothing more to do ahead of it.
-func initEBPFNode(g *globalFlags, _ *runFlags, log *zap.Logger) error {
+func initEBPFNode(g *globalFlags, f *runFlags, log *zap.Logger) error {
+	applyConntrackSysctls(f, log)
 	if err := loader.EnsureBPFFS(g.bpfRoot); err != nil {
 		return fmt.Errorf("--init-only: %w", err)
 	}
@@ -229,6 +230,10 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	if err := checkSNATPorts(f, loader.NetNSSysctlReader(f.hostNetNS)); err != nil {
 		return builtDataplane{}, err
 	}
+	// The node's netfilter still tracks what the eBPF mode does not
+	// translate (the CNI's masquerade and hostPorts): it keeps the table
+	// size and timeouts kube-proxy gave it.
+	applyConntrackSysctls(f, log)
 	socketLB, err := loader.ParseSocketLBMode(f.ebpf.socketLB)
 	if err != nil {
 		return builtDataplane{}, err
