@@ -68,7 +68,7 @@ func effectiveSocketLB(want SocketLBMode, hostCookie uint64, log *zap.Logger) (S
 		return want, nil
 	}
 	if want == SocketLBHostOnly {
-		return 0, fmt.Errorf("--socket-lb host-only tells the node's sockets from the pods' by their network namespace, "+
+		return 0, fmt.Errorf("--socket-lb host-only tells the node's sockets from the pods' by their network namespace, " +
 			"which needs SO_NETNS_COOKIE (Linux 5.14+) and the host namespace's cookie; use --socket-lb all on this node")
 	}
 	log.Warn("the socket hooks serve every pod: choosing pods needs SO_NETNS_COOKIE (Linux 5.14+) to tell their network namespaces apart",

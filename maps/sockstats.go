@@ -89,4 +89,3 @@ func SockStats(m *ebpf.Map) ([]SockHookStats, error) {
 	}
 	return out, nil
 }
-
