@@ -76,7 +76,25 @@ func (f *fixture) vipServices(t *testing.T) {
 	}
 }
 
+// requireNetNSCookies skips a test of the modes that tell pods apart by
+// their network namespace on a kernel without SO_NETNS_COOKIE, after
+// checking that the loader falls back as it says: per-pod to all, with a
+// warning, host-only to an error.
+func requireNetNSCookies(t *testing.T) {
+	t.Helper()
+	report := loader.Probe()
+	if report.Has(loader.FeatureNetnsCookieSockopt) {
+		return
+	}
+	f := newSocketLBFixture(t, 1, loader.MapSizes{}, loader.SocketLBPerPod)
+	if f.loaded.SocketLB != loader.SocketLBAll {
+		t.Fatalf("kernel %s lacks SO_NETNS_COOKIE, yet --socket-lb per-pod loaded as %s; want the fallback to all", report.Kernel, f.loaded.SocketLB)
+	}
+	t.Skipf("kernel %s lacks SO_NETNS_COOKIE (Linux 5.14+): per-pod falls back to all (checked), host-only is refused", report.Kernel)
+}
+
 func TestPerPodBypassLeavesTheServiceAddress(t *testing.T) {
+	requireNetNSCookies(t)
 	f := newSocketLBFixture(t, 1, loader.MapSizes{}, loader.SocketLBPerPod)
 	f.vipServices(t)
 	client := clientHoldingVIPs(t, f)
@@ -112,6 +130,7 @@ func TestPerPodBypassLeavesTheServiceAddress(t *testing.T) {
 }
 
 func TestHostOnlyServesOnlyTheNode(t *testing.T) {
+	requireNetNSCookies(t)
 	f := newSocketLBFixture(t, 1, loader.MapSizes{}, loader.SocketLBHostOnly)
 	f.vipServices(t)
 	client := clientHoldingVIPs(t, f)
