@@ -1,10 +1,11 @@
 package socketlb
 
 import (
+	"github.com/kpr-io/kpr/cgroupprocs"
+
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -105,36 +106,12 @@ func (p PodNamespaces) podCgroup(uid types.UID) (string, error) {
 // firstProcess returns a process of the cgroup dir or of a cgroup below
 // it: a pod's processes sit in its containers' cgroups.
 func firstProcess(dir string) (int, error) {
-	var pid int
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if path == dir {
-				return err
-			}
-			return fs.SkipDir
-		}
-		if !d.IsDir() {
-			return nil
-		}
-		b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
-		if err != nil {
-			return nil // removed meanwhile
-		}
-		for _, field := range strings.Fields(string(b)) {
-			// 0 is a process outside this PID namespace: without
-			// hostPID, no pod's process is visible.
-			if n, err := strconv.Atoi(field); err == nil && n > 0 {
-				pid = n
-				return fs.SkipAll
-			}
-		}
-		return nil
-	})
+	pids, err := cgroupprocs.PIDs(dir)
 	if err != nil {
-		return 0, fmt.Errorf("read the processes of cgroup %s: %w", dir, err)
+		return 0, err
 	}
-	if pid == 0 {
+	if len(pids) == 0 {
 		return 0, fmt.Errorf("%w: cgroup %s has no process that kpr can see (kpr needs hostPID)", ErrNotYet, dir)
 	}
-	return pid, nil
+	return pids[0], nil
 }

@@ -12,14 +12,13 @@
 package sockterm
 
 import (
+	"github.com/kpr-io/kpr/cgroupprocs"
+
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -136,44 +135,13 @@ func (t *Terminator) namespaces() ([]namespace, error) {
 	if err := add(filepath.Join(t.procRoot, "self/ns/net")); err != nil {
 		return out, fmt.Errorf("open own network namespace: %w", err)
 	}
-	pids, err := cgroupPIDs(t.cgroupRoot)
+	pids, err := cgroupprocs.PIDs(t.cgroupRoot)
 	for _, pid := range pids {
 		// Errors are processes that exited since cgroup.procs was read,
 		// or that this PID namespace cannot see.
 		_ = add(filepath.Join(t.procRoot, strconv.Itoa(pid), "ns/net"))
 	}
 	return out, err
-}
-
-// cgroupPIDs lists the processes in root and every cgroup below it.
-func cgroupPIDs(root string) ([]int, error) {
-	var pids []int
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) && path != root {
-				return nil // a cgroup removed while walking
-			}
-			return err
-		}
-		if !d.IsDir() {
-			return nil
-		}
-		data, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
-		if err != nil {
-			return nil // removed meanwhile, or not a cgroup
-		}
-		for _, f := range strings.Fields(string(data)) {
-			// 0 stands for a process outside this PID namespace.
-			if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
-				pids = append(pids, pid)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return pids, fmt.Errorf("list processes of cgroup %s: %w", root, err)
-	}
-	return pids, nil
 }
 
 // runIn reads the iterator to its end once in each namespace and returns

@@ -1,4 +1,4 @@
-package sockterm
+package cgroupprocs
 
 import (
 	"os"
@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-func TestCgroupPIDsWalksTheTree(t *testing.T) {
+func TestPIDsWalksTheTree(t *testing.T) {
 	root := t.TempDir()
 	write := func(rel, procs string) {
 		dir := filepath.Join(root, rel)
@@ -25,7 +25,7 @@ func TestCgroupPIDsWalksTheTree(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(root, "empty"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	pids, err := cgroupPIDs(root)
+	pids, err := PIDs(root)
 	if err != nil {
 		t.Fatal(err)
 	}
