@@ -258,12 +258,6 @@ func (p *Process) Cleanup() error {
 	args := []string{"cleanup", "--bpf-root", p.BPFRoot, "--cgroup-root", p.CgroupRoot}
 	if p.HostNetNS != "" {
 		args = append(args, "--host-netns", p.HostNetNS)
-	} else {
-		// kpr writes kube-proxy's conntrack sysctls into the node's
-		// namespace, which is then its own: for a test run in the
-		// machine's namespace, the machine's. A test gets them only
-		// in a namespace of its own.
-		args = append(args, "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0")
 	}
 	out, err := exec.Command(bin, args...).CombinedOutput()
 	if p.ownLog {
