@@ -5,7 +5,8 @@
 // Each .c file is one program object: sock_lb.c the socket hooks (Kpr),
 // sock_term.c the socket-termination iterator (SockTerm), tc_nodeport.c the
 // packet-level translation at tc for traffic from other machines
-// (TcNodeport). They share the pinned maps of maps.h and the types of
+// (TcNodeport), tc_pod.c the same for the pods the socket hooks leave to
+// the packet path (TcPod). They share the pinned maps of maps.h and the types of
 // types.h; the socket hooks and the tc programs share their backend pick
 // (lb.h), and the tc programs keep each concern in a header of its own.
 package bpf
@@ -30,3 +31,4 @@ package bpf
 //go:generate bpf2go -type svc_key -type svc_value -type backend -type rev_nat_value -type sock_rev_key -type sock_rev_value -type affinity_key -type affinity_value -type affinity_match_key -type sock_hook -type sock_verdict -type sock_bypass_reason -type trace_event Kpr sock_lb.c -- -I.
 //go:generate bpf2go -no-global-types SockTerm sock_term.c -- -I.
 //go:generate bpf2go -no-global-types TcNodeport tc_nodeport.c -- -I.
+//go:generate bpf2go -no-global-types TcPod tc_pod.c -- -I.

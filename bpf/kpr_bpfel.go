@@ -122,6 +122,7 @@ type KprNatStats struct {
 	IcmpTooBig       uint64
 	DropFragment     uint64
 	Ipv6ExtUnparsed  uint64
+	Rejected         uint64
 }
 
 type KprRevNatValue struct {

@@ -13,6 +13,9 @@
  * socket is found by), and it leaves through the device it came in on,
  * back to the hop it came from. Rare: the sender lowers its path MTU after
  * the first error.
+ *
+ * The same in-place error, port unreachable, is how the pods' programs
+ * refuse a UDP flow to a Service without endpoints (reject.h).
  */
 #pragma once
 
@@ -121,9 +124,17 @@ static __always_inline int pmtu_emit(struct __sk_buff *skb, struct pmtu_scratch 
 	return 0;
 }
 
-/* IPv4: fragmentation needed, quoting the IP header with its options. */
+/* The errors kpr sends: about a packet too big for its route, or, to a
+ * pod, about a new UDP flow whose frontend has no backend (reject.h). */
+enum icmp_error_kind { ICMP_ERR_TOO_BIG, ICMP_ERR_PORT_UNREACH };
+
+#define ICMP_PORT_UNREACH 3
+#define ICMPV6_PORT_UNREACH 4
+
+/* IPv4: fragmentation needed or port unreachable, quoting the IP header
+ * with its options. */
 static __always_inline int pmtu_error4(struct __sk_buff *skb, const struct pkt *p,
-				       struct pmtu_scratch *b)
+				       struct pmtu_scratch *b, enum icmp_error_kind kind)
 {
 	struct iphdr *ip = (void *)b->l3;
 	__u32 qlen = (b->quote[0] & 0xf) * 4 + 8; /* ihl >= 5: parse() checked */
@@ -141,14 +152,18 @@ static __always_inline int pmtu_error4(struct __sk_buff *skb, const struct pkt *
 		return -1;
 	ip->check = pmtu_csum_fold(sum);
 	b->icmp.type = ICMP_DEST_UNREACH;
-	b->icmp.code = ICMP_FRAG_NEEDED;
-	b->icmp.rest = bpf_htonl(b->mtu & 0xffff);
+	if (kind == ICMP_ERR_PORT_UNREACH) {
+		b->icmp.code = ICMP_PORT_UNREACH;
+	} else {
+		b->icmp.code = ICMP_FRAG_NEEDED;
+		b->icmp.rest = bpf_htonl(b->mtu & 0xffff);
+	}
 	return pmtu_emit(skb, b, 0, sizeof(*ip), qlen);
 }
 
-/* IPv6: packet too big, quoting the IPv6 header. */
+/* IPv6: packet too big or port unreachable, quoting the IPv6 header. */
 static __always_inline int pmtu_error6(struct __sk_buff *skb, const struct pkt *p,
-				       struct pmtu_scratch *b)
+				       struct pmtu_scratch *b, enum icmp_error_kind kind)
 {
 	struct ipv6hdr *ip6 = (void *)b->l3;
 	const __u32 qlen = sizeof(struct ipv6hdr) + 8;
@@ -159,8 +174,13 @@ static __always_inline int pmtu_error6(struct __sk_buff *skb, const struct pkt *
 	ip6->hop_limit = PMTU_TTL;
 	__builtin_memcpy(&ip6->saddr, p->daddr, 16);
 	__builtin_memcpy(&ip6->daddr, p->saddr, 16);
-	b->icmp.type = ICMPV6_PKT_TOOBIG;
-	b->icmp.rest = bpf_htonl(b->mtu < PMTU_IPV6_MIN_MTU ? PMTU_IPV6_MIN_MTU : b->mtu);
+	if (kind == ICMP_ERR_PORT_UNREACH) {
+		b->icmp.type = ICMPV6_DEST_UNREACH;
+		b->icmp.code = ICMPV6_PORT_UNREACH;
+	} else {
+		b->icmp.type = ICMPV6_PKT_TOOBIG;
+		b->icmp.rest = bpf_htonl(b->mtu < PMTU_IPV6_MIN_MTU ? PMTU_IPV6_MIN_MTU : b->mtu);
+	}
 	addr_copy(b->ph.saddr, p->daddr);
 	addr_copy(b->ph.daddr, p->saddr);
 	b->ph.len = bpf_htonl(sizeof(b->icmp) + qlen);
@@ -170,21 +190,31 @@ static __always_inline int pmtu_error6(struct __sk_buff *skb, const struct pkt *
 }
 
 /*
- * Turn the packet in place into the ICMP error about it that tells its
- * sender the path's MTU: from the address it was sent to, to its sender,
+ * Turn the packet in place into an ICMP error about it (the path's MTU, or
+ * port unreachable): from the address it was sent to, to its sender,
  * with the Ethernet addresses swapped (parse() took the IP header to be at
  * ETH_HLEN). Returns 0 on success; on failure the packet may be half
  * rewritten, and must be dropped.
  */
 static __always_inline int pmtu_make_error(struct __sk_buff *skb, const struct pkt *p,
-					   struct pmtu_scratch *b)
+					   struct pmtu_scratch *b, enum icmp_error_kind kind)
 {
 	__builtin_memset(b->l3, 0, sizeof(b->l3));
 	__builtin_memset(&b->icmp, 0, sizeof(b->icmp));
-	if (bpf_skb_load_bytes(skb, 0, b->macs, sizeof(b->macs)) ||
-	    bpf_skb_load_bytes(skb, ETH_HLEN, b->quote, sizeof(b->quote)))
+	__builtin_memset(b->quote, 0, sizeof(b->quote));
+	if (bpf_skb_load_bytes(skb, 0, b->macs, sizeof(b->macs)))
 		return -1;
-	return p->v6 ? pmtu_error6(skb, p, b) : pmtu_error4(skb, p, b);
+	/* A packet may be shorter than the longest quote: a SYN with a plain
+	 * IPv4 header is 60 bytes of IP. Fixed lengths, longest first, keep
+	 * the verifier's view simple: an IPv6 quote is 48 bytes, an IPv4 one
+	 * 28 plus the header's options, and a packet that parse() let through
+	 * has at least that much but for a truncated one, whose missing bytes
+	 * are quoted as zeros. */
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, b->quote, sizeof(b->quote)) &&
+	    bpf_skb_load_bytes(skb, ETH_HLEN, b->quote, sizeof(struct ipv6hdr) + 8) &&
+	    bpf_skb_load_bytes(skb, ETH_HLEN, b->quote, sizeof(struct iphdr) + 8))
+		return -1;
+	return p->v6 ? pmtu_error6(skb, p, b, kind) : pmtu_error4(skb, p, b, kind);
 }
 
 /*
@@ -222,10 +252,11 @@ static __noinline int pmtu_too_big(struct __sk_buff *skb, const struct pkt *p,
 		fib_mtu(skb, fib, &b->mtu);
 	if (!b->mtu)
 		return -1;
-	if (pmtu_make_error(skb, p, b)) {
+	if (pmtu_make_error(skb, p, b, ICMP_ERR_TOO_BIG)) {
 		STAT_INC(drop_rewrite);
 		return TC_ACT_SHOT;
 	}
 	STAT_INC(icmp_too_big);
 	return bpf_redirect(skb->ingress_ifindex, 0);
 }
+

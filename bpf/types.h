@@ -278,6 +278,10 @@ struct nat_stats {
 	__u64 ipv6_ext_unparsed; /* IPv6 packets whose TCP or UDP header lies
 				  * behind an extension header kpr does not
 				  * follow, passed untranslated */
+	__u64 rejected;		/* new flows of a pod refused for a frontend
+				 * without a backend (a TCP reset, or ICMP port
+				 * unreachable for UDP), as by kube-proxy's
+				 * REJECT rule */
 };
 
 /*

@@ -54,8 +54,12 @@ type Options struct {
 	Sizes    MapSizes
 	// TC, when set, also loads the packet-level programs for traffic from
 	// other machines and attaches them to TC.Devices (see LoadTC).
-	TC  *TCOptions
-	Log *zap.Logger
+	TC *TCOptions
+	// PodTC, when set, also loads the packet path for the pods the socket
+	// hooks leave alone (see LoadPodTC), with these flow settings and
+	// attach mode; its Devices are ignored.
+	PodTC *TCOptions
+	Log   *zap.Logger
 }
 
 // Loaded is a running dataplane: its maps, held open for the control plane.
@@ -75,6 +79,9 @@ type Loaded struct {
 	SockTermTargets *ebpf.Map
 	// TC is the tc programs, once LoadTC (or Options.TC) loaded them.
 	TC *TC
+	// PodTC is the pods' packet path, once LoadPodTC (or Options.PodTC)
+	// loaded it.
+	PodTC *PodTC
 
 	// What other objects are loaded with: the hooks' pinned maps (owned
 	// by Maps), their sizes, and the decoded kernel BTF.
@@ -92,6 +99,9 @@ func (l *Loaded) Close() error {
 	}
 	if l.TC != nil {
 		errs = append(errs, l.TC.Close())
+	}
+	if l.PodTC != nil {
+		errs = append(errs, l.PodTC.Close())
 	}
 	return errors.Join(append(errs, l.Maps.Close())...)
 }
@@ -218,7 +228,16 @@ func Load(opts Options) (*Loaded, error) {
 			loaded.Close()
 			return nil, err
 		}
-	} else if err := detachTCX(opts.BPFRoot, log); err != nil {
+	} else if err := nodeHooks.detachTCX(opts.BPFRoot, log); err != nil {
+		loaded.Close()
+		return nil, err
+	}
+	if opts.PodTC != nil {
+		if _, err := loaded.LoadPodTC(*opts.PodTC, log); err != nil {
+			loaded.Close()
+			return nil, err
+		}
+	} else if err := podHooks.detachTCX(opts.BPFRoot, log); err != nil {
 		loaded.Close()
 		return nil, err
 	}

@@ -409,7 +409,7 @@ func attachInFreshNamespace(p *ebpf.Program) error {
 	if err != nil {
 		return fmt.Errorf("find lo in the probe's namespace: %w", err)
 	}
-	return attachLegacy(lo, tcDirections[0], p)
+	return nodeHooks.attachLegacy(lo, tcDirections[0], p)
 }
 
 // probeFibLookupSrc runs a program that calls bpf_fib_lookup with

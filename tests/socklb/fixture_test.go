@@ -33,6 +33,12 @@ type fixture struct {
 	lb      *maps.LB
 	// socketLB is the mode the hooks load with.
 	socketLB loader.SocketLBMode
+	// podTC loads the pods' packet path too (loader.PodTC), attached to
+	// nothing until a test names devices.
+	podTC bool
+	// outside leaves the test process out of the hooks' cgroup: its
+	// sockets are a VM's or a sandbox's, which no socket hook sees.
+	outside bool
 }
 
 func newFixture(t testing.TB, pods int, sizes loader.MapSizes) *fixture {
@@ -44,12 +50,19 @@ func newFixture(t testing.TB, pods int, sizes loader.MapSizes) *fixture {
 // socketLB says.
 func newSocketLBFixture(t testing.TB, pods int, sizes loader.MapSizes, socketLB loader.SocketLBMode) *fixture {
 	t.Helper()
+	return (&fixture{t: t, socketLB: socketLB}).start(pods, sizes)
+}
+
+// start builds the node, its backend pods and the dataplane f asks for.
+func (f *fixture) start(pods int, sizes loader.MapSizes) *fixture {
+	t := f.t
+	t.Helper()
 	harness.RequireRoot(t)
 	node, err := harness.NewNode(t, harness.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, node: node, socketLB: socketLB}
+	f.node = node
 	for i := 0; i < pods; i++ {
 		pod, err := node.AddPod(fmt.Sprintf("backend-%d", i))
 		if err != nil {
@@ -66,8 +79,10 @@ func newSocketLBFixture(t testing.TB, pods int, sizes loader.MapSizes, socketLB 
 	if f.cgroup, err = harness.NewCgroup(t); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.cgroup.EnterProcess(); err != nil {
-		t.Fatal(err)
+	if !f.outside {
+		if err := f.cgroup.EnterProcess(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	f.bpfRoot = "/sys/fs/bpf/kpr-test-" + randomHex(6)
 	// Registered before loading, so it runs after the loaded maps close.
@@ -85,8 +100,12 @@ func (f *fixture) load(sizes loader.MapSizes) {
 	f.t.Helper()
 	// The node namespace plays the host network namespace, as it does for
 	// every client here that is not a pod.
-	loaded, err := loader.Load(loader.Options{BPFRoot: f.bpfRoot, CgroupRoot: f.cgroup.Path, HostNetNS: f.node.NetNS.Path,
-		SocketLB: f.socketLB, Sizes: sizes})
+	opts := loader.Options{BPFRoot: f.bpfRoot, CgroupRoot: f.cgroup.Path, HostNetNS: f.node.NetNS.Path,
+		SocketLB: f.socketLB, Sizes: sizes}
+	if f.podTC {
+		opts.PodTC = &loader.TCOptions{NetNS: f.node.NetNS.Path}
+	}
+	loaded, err := loader.Load(opts)
 	if err != nil {
 		f.t.Fatal(err)
 	}
