@@ -232,7 +232,10 @@ func Load(opts Options) (*Loaded, error) {
 		loaded.Close()
 		return nil, err
 	}
-	if opts.PodTC != nil {
+	// The pods' packet path serves the pods the hooks leave alone: none
+	// where the hooks serve every socket (as per-pod falls back to on a
+	// kernel that cannot tell pods apart).
+	if opts.PodTC != nil && socketLB != SocketLBAll {
 		if _, err := loaded.LoadPodTC(*opts.PodTC, log); err != nil {
 			loaded.Close()
 			return nil, err

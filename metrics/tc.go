@@ -61,8 +61,10 @@ var (
 		"Packets the tc programs passed untranslated that look like Service traffic: cluster_ip_outside (a ClusterIP from outside), fragment (a later IP fragment whose first fragment had not passed), ipv6_ext_header (IPv6 whose TCP or UDP header lies behind an extension header kpr does not follow), tcp_midstream (a TCP segment other than a SYN of no known flow), v4_mapped (IPv6 with a ::ffff:a.b.c.d address, never taken for IPv4)",
 		[]string{"reason"}, nil)
 	tcICMPSentDesc = prometheus.NewDesc("kpr_tc_icmp_errors_sent_total",
-		"ICMP errors the tc programs sent themselves, by type: too_big (fragmentation needed, or IPv6 packet too big, to the sender of a packet that did not fit the route to a backend on another node, or back to the client), port_unreachable (to a pod on the packet path whose new flow's Service has no endpoints, as kube-proxy's REJECT)",
+		"ICMP errors the tc programs sent themselves, by type: too_big (fragmentation needed, or IPv6 packet too big, to the sender of a packet that did not fit the route to a backend on another node, or back to the client)",
 		[]string{"type"}, nil)
+	tcRejectedDesc = prometheus.NewDesc("kpr_tc_rejected_total",
+		"New flows of pods on the packet path refused for a Service without endpoints, as kube-proxy's REJECT rule refuses them: a TCP reset, or ICMP port unreachable for UDP", nil, nil)
 	tcRedirectedDesc = prometheus.NewDesc("kpr_tc_redirected_packets_total",
 		"Packets the tc programs sent out through a FIB lookup and redirect", nil, nil)
 	tcInsertFailuresDesc = prometheus.NewDesc("kpr_tc_conntrack_insert_failures_total",
@@ -105,7 +107,7 @@ var tcCounters = []tcCounter{
 	{"Ipv6ExtUnparsed", tcPassedDesc, "ipv6_ext_header"},
 	{"Redirected", tcRedirectedDesc, ""},
 	{"IcmpTooBig", tcICMPSentDesc, "too_big"},
-	{"Rejected", tcICMPSentDesc, "port_unreachable"},
+	{"Rejected", tcRejectedDesc, ""},
 	{"DropCtInsert", tcInsertFailuresDesc, ""},
 }
 
@@ -133,7 +135,7 @@ func newTCCollector(r TCReader, now func() time.Time) *TCCollector {
 
 // Describe implements prometheus.Collector.
 func (c *TCCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{tcDropsDesc, tcTranslationsDesc, tcFlowsDesc, tcPassedDesc, tcRedirectedDesc, tcICMPSentDesc,
+	for _, d := range []*prometheus.Desc{tcDropsDesc, tcTranslationsDesc, tcFlowsDesc, tcPassedDesc, tcRedirectedDesc, tcICMPSentDesc, tcRejectedDesc,
 		tcInsertFailuresDesc, tcConntrackEntriesDesc, tcConntrackMaxDesc, tcReadErrorsDesc} {
 		ch <- d
 	}

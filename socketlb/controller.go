@@ -3,6 +3,7 @@ package socketlb
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -22,9 +23,15 @@ type BypassMap interface {
 	List() (map[uint64]maps.SockBypassReason, error)
 }
 
-// NamespaceFinder finds a pod's network namespace cookie (PodNamespaces).
+// NamespaceFinder finds a pod's network on the node (PodNamespaces).
 type NamespaceFinder interface {
-	Cookie(uid types.UID) (cookie uint64, cgroup string, err error)
+	Find(uid types.UID) (PodNetwork, error)
+}
+
+// PacketPath is the bypassed pods' packet path (loader.PodTC): its
+// programs sit on exactly the devices named last.
+type PacketPath interface {
+	SetDevices(devices []string) error
 }
 
 // Retry backoff for a pod whose namespace is not there yet: the first
@@ -36,19 +43,25 @@ const (
 	maxRetry   = 5 * time.Second
 )
 
-// Controller keeps kpr_sock_bypass in step with the pods of the node: the
-// watch (Run) hands it every Pod of the node, and it decides each, finds
-// the namespaces of the bypassed ones and writes them.
+// Controller keeps the bypassed pods off the socket hooks and on the
+// packet path, in step with the pods of the node: the watch (Run) hands it
+// every Pod of the node, and it decides each, finds the network of the
+// bypassed ones, puts the packet path's programs on their devices and then
+// lists their namespaces in kpr_sock_bypass. In that order, so that a pod
+// is never left by both paths.
 type Controller struct {
 	rules  Rules
 	finder NamespaceFinder
 	bypass BypassMap
+	path   PacketPath
 	log    *zap.Logger
 
 	mu       sync.Mutex
 	pods     map[types.UID]*podState
 	handlers map[string]string // RuntimeClass name → handler
 	now      func() time.Time
+	// onPath is the device set the packet path was given last.
+	onPath []string
 }
 
 // podState is what the controller knows of one pod.
@@ -57,6 +70,9 @@ type podState struct {
 	decision Decision
 	// cookie is the pod's network namespace once found; 0 before.
 	cookie uint64
+	// devices are the node's ends of its veths once found, which the
+	// packet path serves while the pod is bypassed.
+	devices []string
 	// written is the reason the map holds for cookie; 0 if none.
 	written maps.SockBypassReason
 	// retryAt and backoff pace the search for a bypassed pod's namespace.
@@ -65,9 +81,11 @@ type podState struct {
 	lastErr error
 }
 
-// NewController returns a controller writing to bypass.
-func NewController(rules Rules, finder NamespaceFinder, bypass BypassMap, log *zap.Logger) *Controller {
-	return &Controller{rules: rules, finder: finder, bypass: bypass, log: log,
+// NewController returns a controller writing to bypass and path. Under
+// rules.HostOnly the socket hooks bypass every pod by themselves, and
+// bypass may be nil.
+func NewController(rules Rules, finder NamespaceFinder, bypass BypassMap, path PacketPath, log *zap.Logger) *Controller {
+	return &Controller{rules: rules, finder: finder, bypass: bypass, path: path, log: log,
 		pods: map[types.UID]*podState{}, handlers: map[string]string{}, now: time.Now}
 }
 
@@ -133,25 +151,35 @@ func (c *Controller) apply(pod *v1.Pod) {
 	c.resolve(st, true)
 }
 
-// resolve finds the namespace of a bypassed pod (again if fresh, or if
-// not found yet) and writes its entry; c.mu is held.
+// resolve finds the network of a bypassed pod (again if fresh, or if not
+// found yet), puts its devices on the packet path and writes its entry;
+// c.mu is held.
 func (c *Controller) resolve(st *podState, fresh bool) {
 	if fresh || st.cookie == 0 {
-		cookie, cgroup, err := c.finder.Cookie(st.pod.UID)
+		found, err := c.finder.Find(st.pod.UID)
 		if err != nil {
 			if st.cookie == 0 {
 				c.later(st, err)
 			}
-			// Else keep the namespace found before: a pod's
+			// Else keep the network found before: a pod's
 			// processes may come and go.
 			return
 		}
-		if cookie != st.cookie {
+		if found.Cookie != st.cookie || !slices.Equal(found.Devices, st.devices) {
 			c.unwrite(st)
-			st.cookie = cookie
-			c.log.Debug("found a bypassed pod's network namespace", zap.String("pod", st.pod.Namespace+"/"+st.pod.Name),
-				zap.String("cgroup", cgroup), zap.Uint64("netnsCookie", cookie))
+			st.cookie, st.devices = found.Cookie, found.Devices
+			c.log.Debug("found a bypassed pod's network", zap.String("pod", st.pod.Namespace+"/"+st.pod.Name),
+				zap.String("cgroup", found.Cgroup), zap.Uint64("netnsCookie", found.Cookie), zap.Strings("devices", found.Devices))
 		}
+	}
+	if err := c.syncPath(); err != nil {
+		c.later(st, err)
+		return
+	}
+	if c.rules.HostOnly {
+		// The hooks leave every pod alone: nothing to list.
+		st.retryAt, st.lastErr = time.Time{}, nil
+		return
 	}
 	reason := reasonInMap(st.decision.Reason)
 	if st.written == reason {
@@ -162,6 +190,32 @@ func (c *Controller) resolve(st *podState, fresh bool) {
 		return
 	}
 	st.written, st.retryAt, st.lastErr = reason, time.Time{}, nil
+}
+
+// syncPath gives the packet path the devices of every bypassed pod whose
+// network was found, if they changed; c.mu is held.
+func (c *Controller) syncPath() error {
+	want := c.pathDevices()
+	if slices.Equal(want, c.onPath) {
+		return nil
+	}
+	if err := c.path.SetDevices(want); err != nil {
+		return fmt.Errorf("put the packet path's programs on the bypassed pods' devices: %w", err)
+	}
+	c.onPath = want
+	return nil
+}
+
+// pathDevices are the devices of the bypassed pods, sorted; c.mu is held.
+func (c *Controller) pathDevices() []string {
+	devices := []string{}
+	for _, st := range c.pods {
+		if st.decision.Bypass && st.cookie != 0 {
+			devices = append(devices, st.devices...)
+		}
+	}
+	slices.Sort(devices)
+	return slices.Compact(devices)
 }
 
 // later schedules another try for st after err.
@@ -175,16 +229,25 @@ func (c *Controller) later(st *podState, err error) {
 	st.lastErr = err
 }
 
-// unwrite removes st's entry from the map, if it has one; c.mu is held.
+// unwrite serves st with the socket hooks again: its entry leaves the
+// map, then its devices leave the packet path; c.mu is held.
 func (c *Controller) unwrite(st *podState) {
-	if st.written == 0 {
+	if st.written != 0 {
+		if err := c.bypass.Delete(st.cookie); err != nil {
+			c.log.Warn("cannot serve a pod with the socket hooks again", zap.String("pod", st.pod.Namespace+"/"+st.pod.Name), zap.Error(err))
+			return
+		}
+		st.written = 0
+	}
+	if st.cookie == 0 {
 		return
 	}
-	if err := c.bypass.Delete(st.cookie); err != nil {
-		c.log.Warn("cannot serve a pod with the socket hooks again", zap.String("pod", st.pod.Namespace+"/"+st.pod.Name), zap.Error(err))
-		return
+	st.cookie, st.devices = 0, nil
+	if err := c.syncPath(); err != nil {
+		// The programs stay on the device, which serves nothing
+		// the hooks do not: the pod's sockets reach backends.
+		c.log.Warn("cannot take the packet path's programs off a pod's devices", zap.String("pod", st.pod.Namespace+"/"+st.pod.Name), zap.Error(err))
 	}
-	st.written = 0
 }
 
 // RetryDue tries again for every bypassed pod whose namespace was not
@@ -209,12 +272,21 @@ func (c *Controller) RetryDue() time.Time {
 	return next
 }
 
-// Prune removes the map's entries of namespaces no bypassed pod has: pods
+// Prune removes the map's entries of namespaces no bypassed pod has, and
+// the packet path's programs from devices no bypassed pod has: pods
 // deleted while kpr was away. Run it once every pod the API lists has been
 // applied.
 func (c *Controller) Prune() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	want := c.pathDevices()
+	if err := c.path.SetDevices(want); err != nil {
+		return fmt.Errorf("take the packet path's programs off devices no bypassed pod has: %w", err)
+	}
+	c.onPath = want
+	if c.rules.HostOnly {
+		return nil
+	}
 	inMap, err := c.bypass.List()
 	if err != nil {
 		return err
@@ -242,6 +314,9 @@ type PodStatus struct {
 	Why    string `json:"why"`
 	// NetNSCookie is the bypassed pod's network namespace, 0 until found.
 	NetNSCookie uint64 `json:"netnsCookie,omitempty"`
+	// Devices are the node's ends of its veths, which carry the packet
+	// path's programs.
+	Devices []string `json:"devices,omitempty"`
 	// Waiting says why a bypassed pod is not in the map yet.
 	Waiting string `json:"waiting,omitempty"`
 }
@@ -256,8 +331,8 @@ func (c *Controller) Status() []PodStatus {
 			continue
 		}
 		s := PodStatus{Pod: st.pod.Namespace + "/" + st.pod.Name, Bypass: true, Reason: st.decision.Reason.String(),
-			Why: st.decision.Why, NetNSCookie: st.cookie}
-		if st.written == 0 && st.lastErr != nil {
+			Why: st.decision.Why, NetNSCookie: st.cookie, Devices: st.devices}
+		if st.lastErr != nil {
 			s.Waiting = st.lastErr.Error()
 		}
 		out = append(out, s)

@@ -2,7 +2,9 @@ package socketlb
 
 import (
 	"fmt"
+	"errors"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -23,11 +25,34 @@ func (m fakeMap) List() (map[uint64]kprmaps.SockBypassReason, error) { return ma
 // fakeNamespaces answers with the cookies it has, ErrNotYet otherwise.
 type fakeNamespaces map[types.UID]uint64
 
-func (f fakeNamespaces) Cookie(uid types.UID) (uint64, string, error) {
+func (f fakeNamespaces) Find(uid types.UID) (PodNetwork, error) {
 	if c, ok := f[uid]; ok {
-		return c, "/cg/pod" + string(uid), nil
+		return PodNetwork{Cookie: c, Cgroup: "/cg/pod" + string(uid), Devices: []string{vethOf(uid)}}, nil
 	}
-	return 0, "", fmt.Errorf("%w: no cgroup", ErrNotYet)
+	return PodNetwork{}, fmt.Errorf("%w: no cgroup", ErrNotYet)
+}
+
+func vethOf(uid types.UID) string { return "veth-" + string(uid) }
+
+// fakePath is the packet path: the devices it was given last, and what
+// kpr_sock_bypass held at each call, which tells the order of the two.
+type fakePath struct {
+	devices []string
+	calls   int
+	fail    error
+	m       fakeMap
+	// mapAt holds, per call, the map's namespaces at that moment.
+	mapAt []fakeMap
+}
+
+func (p *fakePath) SetDevices(devices []string) error {
+	p.calls++
+	p.mapAt = append(p.mapAt, maps.Clone(p.m))
+	if p.fail != nil {
+		return p.fail
+	}
+	p.devices = slices.Clone(devices)
+	return nil
 }
 
 type clock struct{ t time.Time }
@@ -35,10 +60,16 @@ type clock struct{ t time.Time }
 func (c *clock) now() time.Time { return c.t }
 
 func newTestController(ns fakeNamespaces, m fakeMap) (*Controller, *clock) {
-	c := NewController(Rules{SandboxHandlers: DefaultSandboxHandlers}, ns, m, zap.NewNop())
+	c, clk, _ := newTestControllerWithPath(ns, m)
+	return c, clk
+}
+
+func newTestControllerWithPath(ns fakeNamespaces, m fakeMap) (*Controller, *clock, *fakePath) {
+	path := &fakePath{m: m}
+	c := NewController(Rules{SandboxHandlers: DefaultSandboxHandlers}, ns, m, path, zap.NewNop())
 	clk := &clock{t: time.Unix(1000, 0)}
 	c.now = clk.now
-	return c, clk
+	return c, clk, path
 }
 
 func meshPod(uid types.UID) *v1.Pod {
@@ -143,5 +174,73 @@ func TestPruneRemovesPodsGoneWhileAway(t *testing.T) {
 	}
 	if len(m) != 1 || m[11] == 0 {
 		t.Errorf("map after prune = %v, want only the live pod's 11", m)
+	}
+}
+
+// A bypassed pod gets the packet path's programs before the socket hooks
+// leave it, and keeps them until the hooks serve it again: it is never
+// left by both.
+func TestControllerPutsThePacketPathFirstAndTakesItLast(t *testing.T) {
+	ns, m := fakeNamespaces{"a": 11}, fakeMap{}
+	c, _, path := newTestControllerWithPath(ns, m)
+	c.Update(meshPod("a"))
+	if !slices.Equal(path.devices, []string{"veth-a"}) || m[11] == 0 {
+		t.Fatalf("after a mesh pod: path %v, map %v; want veth-a and namespace 11", path.devices, m)
+	}
+	if last := path.mapAt[len(path.mapAt)-1]; len(last) != 0 {
+		t.Errorf("the packet path got veth-a when the map already held %v: the pod was on neither path for a moment", last)
+	}
+	calls := path.calls
+	c.Delete("a")
+	if len(path.devices) != 0 || len(m) != 0 || path.calls != calls+1 {
+		t.Fatalf("after the pod's deletion: path %v, map %v", path.devices, m)
+	}
+	if at := path.mapAt[len(path.mapAt)-1]; len(at) != 0 {
+		t.Errorf("veth-a left the packet path while the map still held %v", at)
+	}
+}
+
+// A packet path that cannot take a pod's device keeps it with the socket
+// hooks, and is tried again.
+func TestControllerKeepsAPodWithTheHooksUntilThePathTakesIt(t *testing.T) {
+	ns, m := fakeNamespaces{"a": 11}, fakeMap{}
+	c, clk, path := newTestControllerWithPath(ns, m)
+	path.fail = errors.New("attach failed")
+	c.Update(meshPod("a"))
+	if len(m) != 0 {
+		t.Fatalf("map after a failed attach = %v, want empty", m)
+	}
+	if st := c.Status(); len(st) != 1 || st[0].Waiting == "" {
+		t.Errorf("status = %+v, want the pod waiting, with the attach's error", st)
+	}
+	path.fail = nil
+	clk.t = c.RetryDue()
+	c.RetryDue()
+	if m[11] == 0 || !slices.Equal(path.devices, []string{"veth-a"}) {
+		t.Errorf("after the retry: map %v, path %v; want the pod on the packet path and bypassed", m, path.devices)
+	}
+}
+
+// Under host-only every pod is on the packet path, and the map, which the
+// hooks do not read then, stays empty.
+func TestHostOnlyPutsEveryPodOnThePacketPath(t *testing.T) {
+	ns, m := fakeNamespaces{"a": 11, "b": 12}, fakeMap{}
+	path := &fakePath{m: m}
+	c := NewController(Rules{HostOnly: true}, ns, nil, path, zap.NewNop())
+	plain := podWith(nil, nil, "")
+	plain.UID, plain.Name = "b", "plain"
+	c.Update(meshPod("a"))
+	c.Update(plain)
+	host := podWith(nil, nil, "")
+	host.UID, host.Spec.HostNetwork = "c", true
+	c.Update(host)
+	if !slices.Equal(path.devices, []string{"veth-a", "veth-b"}) {
+		t.Errorf("packet path under host-only = %v, want both pods' devices and not the host-network pod's", path.devices)
+	}
+	if err := c.Prune(); err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != 0 {
+		t.Errorf("map under host-only = %v, want it untouched", m)
 	}
 }

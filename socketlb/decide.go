@@ -54,6 +54,8 @@ const (
 	ByAnnotation
 	ByMesh
 	BySandbox
+	// ByMode: --socket-lb host-only leaves every pod to the packet path.
+	ByMode
 )
 
 func (r Reason) String() string {
@@ -64,6 +66,8 @@ func (r Reason) String() string {
 		return "mesh"
 	case BySandbox:
 		return "sandbox"
+	case ByMode:
+		return "host-only"
 	default:
 		return "none"
 	}
@@ -82,6 +86,9 @@ type Rules struct {
 	// SandboxHandlers are the RuntimeClass handlers whose pods are
 	// bypassed (patterns as DefaultSandboxHandlers).
 	SandboxHandlers []string
+	// HostOnly bypasses every pod (--socket-lb host-only): the socket
+	// hooks serve only the node's own sockets.
+	HostOnly bool
 }
 
 // Decide chooses for pod, whose RuntimeClass (if it names one) has the
@@ -90,6 +97,9 @@ type Rules struct {
 func (r Rules) Decide(pod *v1.Pod, handler string) Decision {
 	if pod.Spec.HostNetwork {
 		return Decision{Why: "host network: its sockets are the node's own, and are served with the node's"}
+	}
+	if r.HostOnly {
+		return Decision{Bypass: true, Reason: ByMode, Why: "--socket-lb host-only: the socket hooks serve only the node's own sockets"}
 	}
 	note := ""
 	switch v, set := pod.Annotations[Annotation]; {

@@ -34,6 +34,21 @@ type PodNamespaces struct {
 	// NetNSCookie reads a network namespace's cookie from its path (a
 	// /proc/PID/ns/net file): loader.NetNSCookie.
 	NetNSCookie func(path string) (uint64, error)
+	// NodeNetNS is the node's network namespace (kpr's --host-netns), ""
+	// for kpr's own: where the pods' veths have their other ends.
+	NodeNetNS string
+}
+
+// PodNetwork is what the node has of a pod's network.
+type PodNetwork struct {
+	// Cookie is the pod's network namespace's, which the socket hooks
+	// know it by.
+	Cookie uint64
+	// Cgroup is the pod's cgroup the namespace was found through.
+	Cgroup string
+	// Devices are the node's ends of the pod's veths, where the packet
+	// path's programs go.
+	Devices []string
 }
 
 // maxPodCgroupDepth bounds the search below CgroupRoot: the kubelet's pod
@@ -41,29 +56,34 @@ type PodNamespaces struct {
 // class, the pod), which may itself be a few levels down.
 const maxPodCgroupDepth = 6
 
-// Cookie returns the cookie of the pod's network namespace and the cgroup
-// it was found through.
-func (p PodNamespaces) Cookie(uid types.UID) (uint64, string, error) {
+// Find returns the pod's network: its namespace's cookie, through its
+// cgroup, and the node's ends of its veths.
+func (p PodNamespaces) Find(uid types.UID) (PodNetwork, error) {
 	dir, err := p.podCgroup(uid)
 	if err != nil {
-		return 0, "", err
+		return PodNetwork{}, err
 	}
+	found := PodNetwork{Cgroup: dir}
 	pid, err := firstProcess(dir)
 	if err != nil {
-		return 0, dir, err
+		return found, err
 	}
 	proc := p.Proc
 	if proc == "" {
 		proc = "/proc"
 	}
-	cookie, err := p.NetNSCookie(filepath.Join(proc, strconv.Itoa(pid), "ns", "net"))
+	path := filepath.Join(proc, strconv.Itoa(pid), "ns", "net")
+	found.Cookie, err = p.NetNSCookie(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, dir, fmt.Errorf("%w: process %d of cgroup %s exited", ErrNotYet, pid, dir)
+		return found, fmt.Errorf("%w: process %d of cgroup %s exited", ErrNotYet, pid, dir)
 	}
 	if err != nil {
-		return 0, dir, fmt.Errorf("network namespace of pod %s (process %d of cgroup %s): %w", uid, pid, dir, err)
+		return found, fmt.Errorf("network namespace of pod %s (process %d of cgroup %s): %w", uid, pid, dir, err)
 	}
-	return cookie, dir, nil
+	if found.Devices, err = nodeDevices(path, p.NodeNetNS); err != nil {
+		return found, fmt.Errorf("the node's end of pod %s's interfaces: %w", uid, err)
+	}
+	return found, nil
 }
 
 // podCgroup finds the cgroup directory named after uid.

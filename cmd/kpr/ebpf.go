@@ -238,8 +238,14 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	if err != nil {
 		return builtDataplane{}, err
 	}
+	var podTC *loader.TCOptions
+	if socketLB != loader.SocketLBAll {
+		if podTC, err = f.podTCOptions(); err != nil {
+			return builtDataplane{}, err
+		}
+	}
 	loaded, err := loader.Load(loader.Options{BPFRoot: g.bpfRoot, CgroupRoot: f.ebpf.cgroupRoot, HostNetNS: f.hostNetNS,
-		SocketLB: socketLB, Sizes: f.ebpf.sizes, TC: tc, Log: log})
+		SocketLB: socketLB, Sizes: f.ebpf.sizes, TC: tc, PodTC: podTC, Log: log})
 	if err != nil {
 		return builtDataplane{}, err
 	}
@@ -261,7 +267,7 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 	}
 	// The backend sets the map fill levels after every call it gets.
 	plane.PublishMapUsage(m)
-	if loaded.TC != nil {
+	if loaded.TC != nil || loaded.PodTC != nil {
 		// Read at scrape time: only the programs write these maps.
 		m.Registry.MustRegister(metrics.NewTCCollector(maps.NewTCStatsReader(loaded.Maps)))
 	}
@@ -282,8 +288,8 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 		built.setDevices = loaded.TC.SetDevices
 	}
 	var pods *socketlb.Controller
-	if loaded.SocketLB == loader.SocketLBPerPod {
-		pods = perPodSocketLB(&f.ebpf, loaded, log.Named("socketlb"))
+	if loaded.PodTC != nil {
+		pods = perPodSocketLB(&f.ebpf, f.hostNetNS, loaded, log.Named("socketlb"))
 		built.watchPods = func(ctx context.Context, client *apiclient.Clients, nodeName string) error {
 			return pods.Run(ctx, client, nodeName, make(chan struct{}))
 		}
@@ -292,6 +298,7 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 		s := &socketLBStatus{Mode: loaded.SocketLB.String()}
 		if pods != nil {
 			s.Pods = pods.Status()
+			s.PacketPath = loaded.PodTC.Devices()
 		}
 		return s
 	}
@@ -299,10 +306,13 @@ func newEBPFDataplane(g *globalFlags, f *runFlags, m *metrics.Metrics, log *zap.
 }
 
 // perPodSocketLB is the controller that keeps the per-pod socket-LB
-// choices (socketlb) in kpr_sock_bypass.
-func perPodSocketLB(f *ebpfFlags, loaded *loader.Loaded, log *zap.Logger) *socketlb.Controller {
-	finder := socketlb.PodNamespaces{CgroupRoot: loaded.CgroupRoot, NetNSCookie: loader.NetNSCookie}
-	return socketlb.NewController(socketlb.Rules{SandboxHandlers: f.sandboxHandlers}, finder, maps.NewSockBypass(loaded.Maps.KprSockBypass), log)
+// choices (socketlb): the bypassed pods' devices on the packet path, and
+// their namespaces in kpr_sock_bypass. Under host-only every pod is
+// bypassed, by the hooks themselves.
+func perPodSocketLB(f *ebpfFlags, hostNetNS string, loaded *loader.Loaded, log *zap.Logger) *socketlb.Controller {
+	finder := socketlb.PodNamespaces{CgroupRoot: loaded.CgroupRoot, NetNSCookie: loader.NetNSCookie, NodeNetNS: hostNetNS}
+	rules := socketlb.Rules{SandboxHandlers: f.sandboxHandlers, HostOnly: loaded.SocketLB == loader.SocketLBHostOnly}
+	return socketlb.NewController(rules, finder, maps.NewSockBypass(loaded.Maps.KprSockBypass), loaded.PodTC, log)
 }
 
 // countingTerminator counts the sockets its SocketTerminator destroys.
@@ -317,8 +327,8 @@ func (c countingTerminator) Terminate(removed []dataplane.RemovedBackend) (int, 
 	return n, err
 }
 
-// tcOptions are the tc programs' options from the flags, nil without
-// --devices.
+// tcOptions are the tc programs' options from the flags, nil with
+// --tc-attach none.
 func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 	if err := f.ebpf.checkLBAlgorithm(); err != nil {
 		return nil, err
@@ -330,15 +340,36 @@ func (f *runFlags) tcOptions() (*loader.TCOptions, error) {
 		}
 		return nil, nil
 	}
-	devices := f.ebpf.devices
-	if len(devices) == 0 {
-		devices = f.ebpf.detectedDevices
+	opts, err := f.flowOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts.Devices = f.ebpf.devices
+	if len(opts.Devices) == 0 {
+		opts.Devices = f.ebpf.detectedDevices
+	}
+	return opts, nil
+}
+
+// podTCOptions are the options of the pods' packet path (--socket-lb
+// per-pod and host-only). --tc-attach none concerns the node's devices:
+// the pods' programs attach as auto would, only to pods' devices.
+func (f *runFlags) podTCOptions() (*loader.TCOptions, error) {
+	return f.flowOptions()
+}
+
+// flowOptions are what both kinds of tc program take from the flags: the
+// node's namespace, the attach mode and the flows' settings, which must
+// agree, since the two share the conntrack.
+func (f *runFlags) flowOptions() (*loader.TCOptions, error) {
+	if err := f.ebpf.checkLBAlgorithm(); err != nil {
+		return nil, err
 	}
 	// The devices are the node's own: in --host-netns where it is given.
-	opts := &loader.TCOptions{Devices: devices, NetNS: f.hostNetNS, Timeouts: f.conntrack.tcTimeouts(), MaglevTableSize: f.ebpf.maglevTableSize,
+	opts := &loader.TCOptions{NetNS: f.hostNetNS, Timeouts: f.conntrack.tcTimeouts(), MaglevTableSize: f.ebpf.maglevTableSize,
 		MaglevSeed: f.ebpf.maglevSeed}
 	switch f.ebpf.tcAttach {
-	case "auto":
+	case "auto", tcAttachNone:
 		opts.Mode = loader.TCAttachAuto
 	case "tcx":
 		opts.Mode = loader.TCAttachTCX

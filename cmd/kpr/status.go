@@ -58,6 +58,9 @@ type daemonStatus struct {
 type socketLBStatus struct {
 	Mode string               `json:"mode"`
 	Pods []socketlb.PodStatus `json:"bypassedPods,omitempty"`
+	// PacketPath names the pods' devices the packet path's programs are
+	// on (per-pod and host-only).
+	PacketPath []string `json:"packetPathDevices,omitempty"`
 }
 
 // withStatusz serves /kpr/status and the standard /statusz in front of
@@ -392,8 +395,8 @@ func writeSocketLB(w io.Writer, s *socketLBStatus) {
 		return
 	}
 	fmt.Fprintf(w, "sockets:  --socket-lb %s", s.Mode)
-	if s.Mode == loader.SocketLBPerPod.String() {
-		fmt.Fprintf(w, ", bypassed pods: %d", len(s.Pods))
+	if s.Mode != loader.SocketLBAll.String() {
+		fmt.Fprintf(w, ", bypassed pods: %d, packet path on %d pod devices", len(s.Pods), len(s.PacketPath))
 	}
 	fmt.Fprintln(w)
 	for _, p := range s.Pods {
@@ -401,6 +404,10 @@ func writeSocketLB(w io.Writer, s *socketLBStatus) {
 		if p.Waiting != "" {
 			state += "; NOT YET BYPASSED: " + p.Waiting
 		}
-		fmt.Fprintf(w, "          %s (%s: %s)\n", p.Pod, p.Reason, state)
+		where := ""
+		if len(p.Devices) > 0 {
+			where = ", packet path on " + strings.Join(p.Devices, ",")
+		}
+		fmt.Fprintf(w, "          %s (%s: %s)%s\n", p.Pod, p.Reason, state, where)
 	}
 }

@@ -112,6 +112,69 @@ func TestPerPodSocketLBLeavesAMeshPodItsClusterIP(t *testing.T) {
 	})
 }
 
+// A pod that the socket hooks leave alone (kpr's annotation bypass, as for
+// a VM or a sandbox) reaches Services through the packet path kpr puts on
+// its veth: TCP and UDP, from the Service address, and a Service without
+// endpoints refuses it at once. Its annotation removed, the hooks serve
+// it again and the programs leave its veth.
+func TestPerPodBypassedPodReachesServicesOnThePacketPath(t *testing.T) {
+	f := newFixture(t, "--socket-lb", "per-pod")
+	ns := f.namespace(t, "vm")
+	dnsPort := kubeobj.Port{Name: "dns", Port: 53, TargetPort: int32(udpPort), Protocol: v1.ProtocolUDP}
+	web := f.createService(t, kubeobj.Service(ns, "web", tcp80, dnsPort))
+	f.setEndpoints(t, web, v4, f.eps("pod-a", "pod-b")...)
+	empty := f.createService(t, kubeobj.Service(ns, "empty", tcp80))
+	vip, dns := clusterIP(t, web, v1.IPv4Protocol, 80), clusterIP(t, web, v1.IPv4Protocol, 53)
+	none := clusterIP(t, empty, v1.IPv4Protocol, 80)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+
+	vm, err := f.node.AddPod("vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: ns, Annotations: map[string]string{socketlb.Annotation: socketlb.AnnotationBypass}},
+		Spec:       v1.PodSpec{NodeName: nodeName, Containers: []v1.Container{{Name: "guest", Image: "guest"}}},
+	}
+	pod, err = f.client.CoreV1().Pods(ns).Create(f.ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podProcess(t, f.cgroup.Path, pod.UID, vm.NetNS)
+	waitUntil(t, convergeTimeout, "kpr puts the packet path on the bypassed pod's veth", func() error {
+		out, _ := f.kprStatus(t, "--metrics-address", f.kpr.MetricsAddr)
+		if want := ns + "/vm (annotation: annotation " + socketlb.Annotation + ": bypass), packet path on " + vm.HostVeth; !strings.Contains(string(out), want) {
+			return fmt.Errorf("kpr status lacks %q:\n%s", want, out)
+		}
+		return nil
+	})
+	waitServes(t, tcpWho, vm.NetNS, vip, "pod-a", "pod-b")
+	waitServes(t, udpWho, vm.NetNS, dns, "pod-a", "pod-b")
+	for _, series := range []string{`kpr_sock_bypasses_total{hook="connect4"}`, `kpr_tc_translations_total{direction="forward"}`} {
+		if v, err := f.kpr.Metric(series); err != nil || v == "0" {
+			t.Errorf("%s = %q, %v; want the bypassed pod's connections counted", series, v, err)
+		}
+	}
+	began := time.Now()
+	_, err = harness.DialTCP(vm.NetNS, none, dialTimeout)
+	if !errors.Is(err, unix.ECONNREFUSED) || time.Since(began) > time.Second {
+		t.Errorf("TCP to %s, a Service without endpoints, from the bypassed pod: %v after %s; want refused at once", none, err, time.Since(began))
+	}
+	if v, err := f.kpr.Metric(`kpr_tc_rejected_total`); err != nil || v == "0" {
+		t.Errorf("kpr_tc_rejected_total = %q, %v; want the refusal counted", v, err)
+	}
+
+	setAnnotation(t, f, pod, socketlb.Annotation, "")
+	waitUntil(t, convergeTimeout, "the packet path leaves the pod served by the hooks again", func() error {
+		out, _ := f.kprStatus(t, "--metrics-address", f.kpr.MetricsAddr)
+		if want := "bypassed pods: 0, packet path on 0 pod devices"; !strings.Contains(string(out), want) {
+			return fmt.Errorf("kpr status lacks %q:\n%s", want, out)
+		}
+		return nil
+	})
+	requireServes(t, tcpWho, vm.NetNS, vip, "pod-a", "pod-b")
+}
+
 // setAnnotation sets (or, with value "", removes) an annotation of pod.
 func setAnnotation(t *testing.T, f *fixture, pod *v1.Pod, key, value string) {
 	t.Helper()
