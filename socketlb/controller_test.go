@@ -1,8 +1,8 @@
 package socketlb
 
 import (
-	"fmt"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
