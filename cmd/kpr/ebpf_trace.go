@@ -213,6 +213,10 @@ func traceLine(ev maps.TraceEvent) string {
 		fmt.Fprintf(&b, " -> %s translated", ev.Backend)
 	case "rejected":
 		b.WriteString(" rejected (no endpoints)")
+	case "bypassed":
+		// --socket-lb per-pod or host-only: the socket's pod keeps the
+		// Service address, and the packet path on its veth translates.
+		b.WriteString(" bypassed (left to the packet path on the pod's veth)")
 	default:
 		fmt.Fprintf(&b, " %s", ev.Verdict)
 	}

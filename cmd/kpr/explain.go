@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -18,6 +19,7 @@ import (
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/socketlb"
 )
 
 // explainFlags are the flags of `kpr explain`: the ones of `kpr run` that
@@ -25,22 +27,29 @@ import (
 type explainFlags struct {
 	run    runFlags
 	output *outputFormat
+	// pod is --pod: explain which path serves this pod.
+	pod string
 }
 
 func newExplainCommand(g *globalFlags) *cobra.Command {
 	f := &explainFlags{}
 	cmd := &cobra.Command{
-		Use:   "explain <namespace/name[:port]> | <address:port>",
+		Use:   "explain <namespace/name[:port]> | <address:port> | --pod <namespace/name> [Service]",
 		Short: "Explain where a Service goes on this node, and why: every endpoint used or left out, the backends per frontend, and what the maps hold",
 		Long: "explain reads the Service, its EndpointSlices and this node's Node from the API and translates them with the code " +
 			"`kpr run` uses, recording why each endpoint is used or left out. It then compares the result with the pinned BPF maps " +
 			"under --bpf-root, or in the iptables mode with the rules in the node's tables, and names every difference. " +
-			"Pass the same --hostname-override, --nodeport-addresses, --external-ips, --bpf-root and --host-netns as the daemon." +
+			"Pass the same --hostname-override, --nodeport-addresses, --external-ips, --bpf-root and --host-netns as the daemon. " +
+			"--pod says which path serves a pod's traffic to Services (the socket hooks, or the packet path on its veth), why, " +
+			"and whether the node agrees; pass the daemon's --socket-lb, --socket-lb-sandbox-handlers and --cgroup-root with it." +
 			exitCodesHelp("the Service was explained (divergences, if any, are in the report)", exitNeedsRoot) +
 			"\n  (6: the report was printed, but without the comparison with the dataplane)",
-		Args:              cobra.ExactArgs(1),
+		Args:              cobra.RangeArgs(0, 1),
 		ValidArgsFunction: completeFirstArg(completeServices(f.run.serviceLister())),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 && f.pod == "" {
+				return usageError(errors.New("name a Service (namespace/name[:port] or address:port), or a pod with --pod namespace/name"))
+			}
 			f.run.syncPeriod = time.Second // not used; watcherConfig insists on one
 			cfg, err := f.run.watcherConfig()
 			if err != nil {
@@ -58,10 +67,19 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			at := dataplaneAt{bpfRoot: g.bpfRoot, run: f.run}
-			res, err := explain(cmd.Context(), client, at, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
-			if err != nil {
-				return err
+			at := dataplaneAt{bpfRoot: g.bpfRoot, run: f.run, nodeName: cfg.NodeName}
+			res := &explainOutput{Node: cfg.NodeName, Divergences: []string{}}
+			if len(args) == 1 {
+				res, err = explain(cmd.Context(), client, at, desired.NodeConfig{NodePortAddresses: cfg.NodePortAddresses, ExternalIPs: cfg.ExternalIPs}, cfg.NodeName, args[0])
+				if err != nil {
+					return err
+				}
+			}
+			if f.pod != "" {
+				if res.Pod, err = explainPod(cmd.Context(), client, at, f.pod); err != nil {
+					return err
+				}
+				res.Divergences = append(res.Divergences, res.Pod.Divergences...)
 			}
 			err = f.output.print(cmd.OutOrStdout(), res, func(w io.Writer) error {
 				writeExplain(w, res)
@@ -85,6 +103,10 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 	fl.BoolVar(&f.run.kubeProxy.localhostNodePorts, "iptables-localhost-nodeports", true, "as given to kpr run (the iptables mode's NodePorts on 127.0.0.1 depend on it)")
 	// As given to kpr run: the netfilter modes' rules depend on them.
 	addDetectLocalFlags(fl, &f.run.detectLocal)
+	fl.StringVar(&f.pod, "pod", "", "explain which path serves this pod's traffic to Services (namespace/name), and why")
+	fl.StringVar(&f.run.ebpf.socketLB, "socket-lb", "all", "for --pod: as given to kpr run")
+	fl.StringSliceVar(&f.run.ebpf.sandboxHandlers, "socket-lb-sandbox-handlers", socketlb.DefaultSandboxHandlers, "for --pod: as given to kpr run")
+	fl.StringVar(&f.run.ebpf.cgroupRoot, "cgroup-root", "", "for --pod: as given to kpr run (where the pods' cgroups are); default: the cgroup2 root")
 	return cmd
 }
 
@@ -96,7 +118,9 @@ const explainNodeWait = 10 * time.Second
 // explainOutput is `kpr explain -o json`.
 type explainOutput struct {
 	Node        string               `json:"node"`
-	Explanation *desired.Explanation `json:"explanation"`
+	Explanation *desired.Explanation `json:"explanation,omitempty"`
+	// Pod is --pod's answer.
+	Pod *podPath `json:"pod,omitempty"`
 	Problems    []string             `json:"problems,omitempty"`
 	// Dataplane is the mode whose state the translation was compared
 	// with: "ebpf" (the pinned maps), "iptables" (the rules in the
@@ -238,7 +262,16 @@ func serviceAt(ctx context.Context, client *apiclient.Clients, node desired.Node
 }
 
 func writeExplain(w io.Writer, res *explainOutput) {
+	if res.Pod != nil {
+		writePodPath(w, res.Pod)
+	}
 	ex := res.Explanation
+	if ex == nil {
+		return
+	}
+	if res.Pod != nil {
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "Service %s on node %s\n", ex.Service, res.Node)
 	if ex.Skipped != "" {
 		fmt.Fprintf(w, "  not proxied by kpr: %s\n", ex.Skipped)

@@ -99,6 +99,8 @@ type kernelReport = loader.Report
 type dataplaneAt struct {
 	bpfRoot string
 	run     runFlags
+	// nodeName is the daemon's node, where explain and trace run.
+	nodeName string
 }
 
 // modeLeftovers is how a mode's state goes once another mode serves, or

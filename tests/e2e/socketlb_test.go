@@ -24,6 +24,7 @@ import (
 
 	"github.com/kpr-io/kpr/socketlb"
 	"github.com/kpr-io/kpr/tests/harness"
+	"github.com/kpr-io/kpr/tests/kprproc"
 	"github.com/kpr-io/kpr/tests/kubeobj"
 )
 
@@ -163,6 +164,25 @@ func TestPerPodBypassedPodReachesServicesOnThePacketPath(t *testing.T) {
 	if v, err := f.kpr.Metric(`kpr_tc_rejected_total`); err != nil || v == "0" {
 		t.Errorf("kpr_tc_rejected_total = %q, %v; want the refusal counted", v, err)
 	}
+	trace := traceOne(t, f, vip, func() {
+		if _, err := tcpWho(vm.NetNS, vip); err != nil {
+			t.Error(err)
+		}
+	})
+	if want := vip.String() + " bypassed (left to the packet path on the pod's veth)"; !strings.Contains(trace, want) {
+		t.Errorf("kpr trace of the bypassed pod's connect lacks %q:\n%s", want, trace)
+	}
+	explainPod := func() string {
+		return string(f.kprCommand(t, "explain", "--pod", ns+"/vm", "--kubeconfig", f.cluster.KubeconfigPath, "--hostname-override", nodeName,
+			"--host-netns", f.node.NetNS.Path, "--socket-lb", "per-pod", "--cgroup-root", f.cgroup.Path))
+	}
+	out := explainPod()
+	for _, want := range []string{"Pod " + ns + "/vm reaches Services through the packet path: annotation " + socketlb.Annotation + ": bypass",
+		"listed in kpr_sock_bypass; packet path programs on " + vm.HostVeth} {
+		if !strings.Contains(out, want) || strings.Contains(out, "DIVERGENCE") {
+			t.Errorf("kpr explain --pod lacks %q, or names a divergence:\n%s", want, out)
+		}
+	}
 
 	setAnnotation(t, f, pod, socketlb.Annotation, "")
 	waitUntil(t, convergeTimeout, "the packet path leaves the pod served by the hooks again", func() error {
@@ -173,6 +193,48 @@ func TestPerPodBypassedPodReachesServicesOnThePacketPath(t *testing.T) {
 		return nil
 	})
 	requireServes(t, tcpWho, vm.NetNS, vip, "pod-a", "pod-b")
+	out = explainPod()
+	for _, want := range []string{"through the socket hooks: served by the socket hooks", "not listed in kpr_sock_bypass; packet path programs on none"} {
+		if !strings.Contains(out, want) || strings.Contains(out, "DIVERGENCE") {
+			t.Errorf("kpr explain --pod lacks %q, or names a divergence:\n%s", want, out)
+		}
+	}
+}
+
+// traceOne runs `kpr trace --frontend fe --count 1` around do, and
+// returns the decision it printed.
+func traceOne(t *testing.T, f *fixture, fe netip.AddrPort, do func()) string {
+	t.Helper()
+	bin, err := kprproc.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "trace", "--frontend", fe.String(), "--count", "1", "--bpf-root", f.kpr.BPFRoot)
+	var stdout strings.Builder
+	cmd.Stdout = &stdout
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(stderr).ReadString('\n'); err != nil || !strings.Contains(line, "tracing") {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("kpr trace --frontend %s: %q, %v", fe, line, err)
+	}
+	do()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("kpr trace --count 1: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("kpr trace --count 1 printed no decision within 10s: %q", stdout.String())
+	}
+	return stdout.String()
 }
 
 // setAnnotation sets (or, with value "", removes) an annotation of pod.
