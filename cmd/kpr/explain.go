@@ -120,8 +120,8 @@ type explainOutput struct {
 	Node        string               `json:"node"`
 	Explanation *desired.Explanation `json:"explanation,omitempty"`
 	// Pod is --pod's answer.
-	Pod *podPath `json:"pod,omitempty"`
-	Problems    []string             `json:"problems,omitempty"`
+	Pod      *podPath `json:"pod,omitempty"`
+	Problems []string `json:"problems,omitempty"`
 	// Dataplane is the mode whose state the translation was compared
 	// with: "ebpf" (the pinned maps), "iptables" (the rules in the
 	// node's tables), "ipvs" (the virtual servers); empty when none was
