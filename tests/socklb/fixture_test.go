@@ -34,8 +34,9 @@ type fixture struct {
 	// socketLB is the mode the hooks load with.
 	socketLB loader.SocketLBMode
 	// podTC loads the pods' packet path too (loader.PodTC), attached to
-	// nothing until a test names devices.
-	podTC bool
+	// nothing until a test names devices, in podTCMode.
+	podTC     bool
+	podTCMode loader.TCAttachMode
 	// outside leaves the test process out of the hooks' cgroup: its
 	// sockets are a VM's or a sandbox's, which no socket hook sees.
 	outside bool
@@ -103,7 +104,7 @@ func (f *fixture) load(sizes loader.MapSizes) {
 	opts := loader.Options{BPFRoot: f.bpfRoot, CgroupRoot: f.cgroup.Path, HostNetNS: f.node.NetNS.Path,
 		SocketLB: f.socketLB, Sizes: sizes}
 	if f.podTC {
-		opts.PodTC = &loader.TCOptions{NetNS: f.node.NetNS.Path}
+		opts.PodTC = &loader.TCOptions{NetNS: f.node.NetNS.Path, Mode: f.podTCMode}
 	}
 	loaded, err := loader.Load(opts)
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/tests/harness"
@@ -21,10 +23,24 @@ import (
 // host-side veth can translate them.
 
 // newPodPathFixture is a node with backends and the pods' programs loaded,
-// whose test process is no socket hook's.
+// whose test process is no socket hook's. kpr loads the packet path only
+// for the modes that leave pods to it; per-pod it is (the test process
+// need not be bypassed: the hooks never see it). A kernel that cannot tell
+// pods apart runs per-pod as all, without the packet path: the test is
+// skipped there.
 func newPodPathFixture(t *testing.T, backends int) *fixture {
 	t.Helper()
-	return (&fixture{t: t, socketLB: loader.SocketLBAll, podTC: true, outside: true}).start(backends, loader.MapSizes{})
+	return newPodPathFixtureAttached(t, backends, loader.TCAttachAuto)
+}
+
+func newPodPathFixtureAttached(t *testing.T, backends int, mode loader.TCAttachMode) *fixture {
+	t.Helper()
+	requireNetNSCookies(t)
+	f := (&fixture{t: t, socketLB: loader.SocketLBPerPod, podTC: true, podTCMode: mode, outside: true}).start(backends, loader.MapSizes{})
+	if f.loaded.PodTC == nil {
+		t.Fatalf("--socket-lb per-pod loaded as %s without the pods' packet path", f.loaded.SocketLB)
+	}
+	return f
 }
 
 // vmPod adds a pod and puts the pods' programs on its host-side veth.
@@ -158,4 +174,50 @@ func TestVMPodReachesItselfThroughItsService(t *testing.T) {
 			t.Errorf("UDP %s from the VM pod to itself: answered by %q from %s (%v)", udp, who, from, err)
 		}
 	}
+}
+
+// Where the kernel lacks tcx (before Linux 6.6) the pods' programs are
+// clsact filters of their own, apart from the node devices' filters:
+// they serve the same, and leave the device bare when the pod is gone
+// from the packet path.
+func TestVMPodOnClsactFilters(t *testing.T) {
+	f := newPodPathFixtureAttached(t, 1, loader.TCAttachLegacy)
+	fam := families[0]
+	f.service(fam.vip, tcpPort, dataplane.TCP, f.pods...)
+	vm := f.vmPod(t, "vm")
+	tcp := netip.AddrPortFrom(fam.vip, tcpPort)
+	if who, err := harness.WhoTCP(vm.NetNS, tcp, timeout); err != nil || who != f.pods[0].Name {
+		t.Fatalf("TCP %s from the VM pod over clsact filters: answered by %q (%v)", tcp, who, err)
+	}
+	attached, err := loader.PodTCAttachedDevices(f.bpfRoot, f.node.NetNS.Path)
+	if err != nil || !slices.Equal(attached, []string{vm.HostVeth}) {
+		t.Errorf("pod devices with kpr's filters = %v, %v; want [%s]", attached, err, vm.HostVeth)
+	}
+	if nodeDevices, err := loader.TCAttachedDevices(f.bpfRoot, f.node.NetNS.Path); err != nil || len(nodeDevices) != 0 {
+		t.Errorf("the pods' filters count as the node devices' programs: %v, %v", nodeDevices, err)
+	}
+	if err := f.loaded.PodTC.SetDevices(nil); err != nil {
+		t.Fatal(err)
+	}
+	qdiscs, err := f.node.NetNS.Netlink().QdiscList(vmLink(t, f, vm))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range qdiscs {
+		if q.Type() == "clsact" {
+			t.Errorf("%s kept a clsact qdisc after leaving the packet path", vm.HostVeth)
+		}
+	}
+	if _, err := harness.WhoTCP(vm.NetNS, tcp, time.Second); err == nil {
+		t.Errorf("TCP %s from the VM pod still answered after its device left the packet path", tcp)
+	}
+}
+
+func vmLink(t *testing.T, f *fixture, pod *harness.Pod) netlink.Link {
+	t.Helper()
+	l, err := f.node.NetNS.Netlink().LinkByName(pod.HostVeth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
