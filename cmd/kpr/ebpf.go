@@ -178,7 +178,8 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 	fl.StringVar(&f.socketLB, "socket-lb", "all", "which sockets the socket hooks translate: all; host-only (the node's own network namespace: "+
 		"every pod is left to the packet path); or per-pod (every pod but those with an injected Istio or Linkerd sidecar, "+
 		"a sandbox runtime (--socket-lb-sandbox-handlers), a KubeVirt VM, or the annotation "+socketlb.Annotation+": "+
-		socketlb.AnnotationBypass+"; "+socketlb.Annotation+": "+socketlb.AnnotationServe+" keeps a pod; needs list and watch on Pods and RuntimeClasses)")
+		socketlb.AnnotationBypass+"; "+socketlb.Annotation+": "+socketlb.AnnotationServe+" keeps a pod). The pods the hooks leave alone are "+
+		"translated per packet by tc programs on their veths; host-only and per-pod need list and watch on Pods and RuntimeClasses")
 	fl.StringSliceVar(&f.sandboxHandlers, "socket-lb-sandbox-handlers", socketlb.DefaultSandboxHandlers, "RuntimeClass handlers whose pods "+
 		"--socket-lb per-pod leaves to the packet path: VM and sandbox runtimes, whose sockets the node's kernel does not see (a trailing * matches any suffix)")
 	fl.Uint32Var(&f.sizes.Services, "map-size-services", 0, "entries of the service map (frontends plus backend slots); 0 keeps the default 262144")
@@ -195,7 +196,8 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 		"LoadBalancer IPs kpr translates per packet (tc programs); empty means every device that carries a node address, "+
 		"skipping loopback, down, bridge, tunnel and pod devices, followed while kpr runs (docs/tc-dataplane.md)")
 	fl.StringVar(&f.tcAttach, "tc-attach", "auto", "how the tc programs attach to the devices: auto (tcx where the kernel has it, Linux 6.6+), tcx, clsact, "+
-		"or none (no tc programs: traffic from other machines is not served)")
+		"or none (no tc programs on the node's devices: traffic from other machines is not served; the pods' programs of "+
+		"--socket-lb per-pod and host-only attach as auto would)")
 	fl.StringVar(&f.snatPorts, "snat-port-range", "", "source ports FIRST-LAST of flows SNATed to a backend on another node; empty keeps "+
 		defaultSNATPorts()+", which must stay outside the node's net.ipv4.ip_local_port_range (each backend address and port has the whole range)")
 	fl.StringVar(&f.lbAlgorithm, "lb-algorithm", lbRandom, "how the tc programs pick the backend of a new flow from outside: random (a hash of the flow over the backends), "+
