@@ -262,8 +262,13 @@ bench-plots:
 bench-controlplane: deps tools
 	$(GO) test ./tests/syncperf -run '^$$' -bench . -benchtime 1x -count=1 -timeout 1h
 
+## bench-dataplane: what the socket hooks add to connect(), and requests per
+## second from a pod through a ClusterIP on each path of --socket-lb per-pod
+## (the packet path, the socket hooks, a direct connection) against
+## kube-proxy-style iptables rules, 1,000 Services (docs/dataplane-benchmark.md)
 bench-dataplane: deps
 	$(GO) test ./tests/socklb -run '^$$' -bench Connect -benchtime 5000x -count 3
+	$(GO) test ./tests/tcnat -run '^$$' -bench PodClusterIPRequests -benchtime 1x -count=1 -timeout 30m
 
 ## bench-tc: requests per second and latency through a NodePort, kpr's tc
 ## programs against kube-proxy-style iptables rules (legacy and nft), each in
