@@ -118,27 +118,12 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, i
  */
 #define SNAT_TAKEOVER_IDLE_NS NSEC_PER_SEC
 
-/*
- * A flow that is over keeps its port until its last packet is
- * SNAT_CLOSED_IDLE_NS old: the client's last ACK, or its reset, may still
- * be on the way to the backend, whose connection is then still open and
- * drops a new SYN on the same ends; the new flow's client waited out a
- * second (seen in the hostile benchmark's capture). TCP's minimum
- * retransmission timeout.
- */
-#define SNAT_CLOSED_IDLE_NS (NSEC_PER_SEC / 5)
-
-/* Whether held's last packet is at least idle old: expires_ns is that
- * packet's time plus the lifetime its flags give (ct_touch). */
-static __always_inline int snat_idle(const struct ct_value *held, __u8 proto, __u64 now, __u64 idle)
-{
-	return now + ct_lifetime_ns(proto, held->flags) >= held->expires_ns + idle;
-}
-
+/* A flow that is over keeps its port for CT_CLOSED_IDLE_NS (ct.h says
+ * why). */
 static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 proto, __u64 now)
 {
 	if (ct_closed(held->flags))
-		return snat_idle(held, proto, now, SNAT_CLOSED_IDLE_NS);
+		return ct_idle(held, proto, now, CT_CLOSED_IDLE_NS);
 	if (ct_assured(proto, held->flags))
 		return 0;
 	/* The client acknowledged the backend's answer: the three-way
@@ -149,7 +134,7 @@ static __always_inline int snat_reclaimable(const struct ct_value *held, __u8 pr
 	 * never gets this far. */
 	if (proto == IPPROTO_TCP && (held->flags & (CT_F_REPLIED | CT_F_ACK_FWD)) == (CT_F_REPLIED | CT_F_ACK_FWD))
 		return 0;
-	return snat_idle(held, proto, now, SNAT_TAKEOVER_IDLE_NS);
+	return ct_idle(held, proto, now, SNAT_TAKEOVER_IDLE_NS);
 }
 
 /*

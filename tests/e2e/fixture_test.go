@@ -71,6 +71,10 @@ type fixture struct {
 	kpr     *kprproc.Process
 	// mode is the dataplane kpr runs.
 	mode dataMode
+	// clientNS is where the Service scenarios' client sockets live: the
+	// node's own namespace, or under modePacketPath a pod the socket
+	// hooks leave to the packet path.
+	clientNS *harness.NetNS
 }
 
 // newFixture starts everything, kpr in the eBPF mode. kprArgs are extra
@@ -157,6 +161,10 @@ func newModeFixture(t *testing.T, m dataMode, kprArgs ...string) *fixture {
 		}
 	})
 	f.waitHealthy()
+	f.clientNS = f.node.NetNS
+	if m.packetPath {
+		f.clientNS = f.bypassedPod(t, "client").NetNS
+	}
 	return f
 }
 

@@ -37,6 +37,10 @@ type dataMode struct {
 	// nftables says kpr serves Services through its nftables table
 	// (inet kpr); variant is then only the node's other rules'.
 	nftables bool
+	// packetPath runs the eBPF mode with --socket-lb per-pod and the
+	// scenarios' client (fixture.client) a bypassed pod, served by the
+	// packet path on its veth rather than by the socket hooks.
+	packetPath bool
 }
 
 // The modes. The eBPF one runs under the default --mode auto, which
@@ -47,7 +51,8 @@ var (
 	modeIPTablesLegacy = dataMode{name: "iptables-legacy", args: []string{"--mode", "iptables"}, variant: "legacy"}
 	modeIPVS           = dataMode{name: "ipvs", args: []string{"--mode", "ipvs"}, variant: "nft", ipvs: true}
 	modeNFTables       = dataMode{name: "nftables", args: []string{"--mode", "nftables"}, variant: "nft", nftables: true}
-	allModes           = []dataMode{modeEBPF, modeIPTablesNFT, modeIPTablesLegacy, modeIPVS, modeNFTables}
+	modePacketPath     = dataMode{name: "ebpf-packet-path", args: []string{"--socket-lb", "per-pod"}, packetPath: true}
+	allModes           = []dataMode{modeEBPF, modePacketPath, modeIPTablesNFT, modeIPTablesLegacy, modeIPVS, modeNFTables}
 )
 
 // ebpf says kpr translates in its BPF programs, with no netfilter rule.
@@ -61,6 +66,9 @@ func (m dataMode) unavailable() string {
 	if m.ebpf() {
 		if err := loader.Probe().RequireSocketLB(); err != nil {
 			return "the kernel cannot run the eBPF mode: " + err.Error()
+		}
+		if m.packetPath && !loader.Probe().Has(loader.FeatureNetnsCookieSockopt) {
+			return "the kernel lacks SO_NETNS_COOKIE (Linux 5.14+): --socket-lb per-pod serves every pod with the socket hooks, and loads no packet path"
 		}
 		return ""
 	}

@@ -38,27 +38,33 @@ var serviceScenarios = []struct {
 	name     string
 	run      func(t *testing.T, f *fixture, ns string)
 	ebpfOnly string
+	// socketHooksOnly, when set, says why a scenario tests what only the
+	// socket hooks do, and not the packet path of a bypassed client.
+	socketHooksOnly string
 }{
-	{"basic", testBasic, ""},
-	{"multiport", testMultiport, ""},
-	{"scale", testScale, ""},
-	{"recreate", testRecreate, ""},
-	{"no-endpoints", testNoEndpoints, ""},
-	{"terminating", testTerminating, ""},
-	{"affinity", testAffinity, ""},
-	{"internal-local", testInternalTrafficPolicyLocal, ""},
-	{"topology", testTopology, ""},
-	{"ignored", testIgnored, ""},
-	{"udp", testUDP, ""},
+	{"basic", testBasic, "", ""},
+	{"multiport", testMultiport, "", ""},
+	{"scale", testScale, "", ""},
+	{"recreate", testRecreate, "", ""},
+	{"no-endpoints", testNoEndpoints, "", ""},
+	{"terminating", testTerminating, "", ""},
+	{"affinity", testAffinity, "", ""},
+	{"internal-local", testInternalTrafficPolicyLocal, "", ""},
+	{"topology", testTopology, "", ""},
+	{"ignored", testIgnored, "", ""},
+	{"udp", testUDP, "", ""},
 	{"udp-stale-socket", testStaleUDPSocket, "destroying the connected UDP sockets of a removed backend is the eBPF mode's " +
-		"(bpf_sock_destroy); the iptables and IPVS modes delete their conntrack entries instead, as kube-proxy does"},
-	{"dual-stack", testDualStack, ""},
-	{"nodeport", testNodePort, ""},
-	{"external-ip", testExternalIPAll, ""},
+		"(bpf_sock_destroy); the iptables and IPVS modes delete their conntrack entries instead, as kube-proxy does",
+		"a bypassed pod's sockets are not the node's to destroy: the packet path moves its flow to a live backend at the next datagram, " +
+			"as kube-proxy's conntrack cleanup does"},
+	{"dual-stack", testDualStack, "", ""},
+	{"nodeport", testNodePort, "", ""},
+	{"external-ip", testExternalIPAll, "", ""},
 }
 
 // TestServices runs the Service semantics scenarios against one kpr per
-// mode: eBPF, iptables-nft, iptables-legacy and IPVS.
+// mode: eBPF (with the socket hooks' client, and with a bypassed pod on the
+// packet path), iptables-nft, iptables-legacy, IPVS and nftables.
 func TestServices(t *testing.T) {
 	forEachMode(t, allModes, func(t *testing.T, m dataMode) {
 		f := newModeFixture(t, m)
@@ -67,9 +73,29 @@ func TestServices(t *testing.T) {
 				if !m.ebpf() && sc.ebpfOnly != "" {
 					t.Skip(sc.ebpfOnly)
 				}
+				if m.packetPath && sc.socketHooksOnly != "" {
+					t.Skip(sc.socketHooksOnly)
+				}
 				sc.run(t, f, f.namespace(t, sc.name))
 				f.requireRunning(t)
 			})
+		}
+		if m.packetPath {
+			if t.Failed() {
+				all, _ := f.kpr.Metrics()
+				for _, l := range strings.Split(all, "\n") {
+					if strings.HasPrefix(l, "kpr_tc_") {
+						t.Log(l)
+					}
+				}
+			}
+			// The client's connections took the packet path, not the
+			// socket hooks.
+			for _, series := range []string{`kpr_tc_translations_total{direction="forward"}`, `kpr_sock_bypasses_total{hook="connect4"}`} {
+				if v, err := f.kpr.Metric(series); err != nil || v == "0" {
+					t.Errorf("%s = %q, %v after the scenarios; want the bypassed client's connections counted", series, v, err)
+				}
+			}
 		}
 	})
 }
@@ -78,7 +104,7 @@ func testBasic(t *testing.T, f *fixture, ns string) {
 	svc := f.createService(t, kubeobj.Service(ns, "web", tcp80))
 	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
 	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-b")
 	// Pods are clients too.
 	requireServes(t, tcpWho, f.pod("pod-c").NetNS, vip, "pod-a", "pod-b")
 }
@@ -101,8 +127,8 @@ func testMultiport(t *testing.T, f *fixture, ns string) {
 	}
 	f.applySlice(t, slice)
 
-	waitServes(t, tcpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 80), "pod-a", "pod-b", "pod-c")
-	requireServes(t, httpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 81), "pod-a", "pod-b", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, clusterIP(t, svc, v1.IPv4Protocol, 80), "pod-a", "pod-b", "pod-c")
+	requireServes(t, httpWho, f.clientNS, clusterIP(t, svc, v1.IPv4Protocol, 81), "pod-a", "pod-b", "pod-c")
 }
 
 // testScale scales up and down, and measures how quickly a backend removed
@@ -111,10 +137,10 @@ func testScale(t *testing.T, f *fixture, ns string) {
 	svc := f.createService(t, kubeobj.Service(ns, "scale", tcp80))
 	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
 	f.setEndpoints(t, svc, v4, f.eps("pod-a")...)
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a")
 
 	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b", "pod-c")...)
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-b", "pod-c")
 
 	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-c")...)
 	written := time.Now()
@@ -131,7 +157,7 @@ func testScale(t *testing.T, f *fixture, ns string) {
 			t.Fatalf("pod-b still got new connections %s after it was removed from the slice", convergeTimeout)
 		}
 		before := time.Now()
-		who, err := tcpWho(f.node.NetNS, vip)
+		who, err := tcpWho(f.clientNS, vip)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,13 +175,13 @@ func testScale(t *testing.T, f *fixture, ns string) {
 	if took >= time.Second {
 		t.Errorf("removed backend got new connections for %s after the slice update, want < 1s", took)
 	}
-	requireServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-c")
+	requireServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-c")
 
 	// Down to nothing and back up.
 	f.setEndpoints(t, svc, v4)
-	f.waitRefused(t, f.node.NetNS, vip, false)
+	f.waitRefused(t, f.clientNS, vip, false)
 	f.setEndpoints(t, svc, v4, f.eps("pod-d")...)
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-d")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-d")
 }
 
 // testRecreate deletes a Service (and its slice, as the garbage collector
@@ -164,7 +190,7 @@ func testRecreate(t *testing.T, f *fixture, ns string) {
 	svc := f.createService(t, kubeobj.Service(ns, "again", tcp80))
 	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
 	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-b")
 
 	if err := f.client.CoreV1().Services(ns).Delete(f.ctx, svc.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -178,7 +204,7 @@ func testRecreate(t *testing.T, f *fixture, ns string) {
 		}
 		return nil
 	})
-	f.requireUntranslated(t, f.node.NetNS, vip)
+	f.requireUntranslated(t, f.clientNS, vip)
 
 	// The allocator may hold the freed IP for a moment.
 	again := kubeobj.Service(ns, "again", tcp80)
@@ -191,7 +217,7 @@ func testRecreate(t *testing.T, f *fixture, ns string) {
 		return err
 	})
 	f.setEndpoints(t, svc, v4, f.eps("pod-c")...)
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-c")
 }
 
 // testNoEndpoints: a Service without endpoints rejects connections at
@@ -200,15 +226,15 @@ func testNoEndpoints(t *testing.T, f *fixture, ns string) {
 	svc := f.createService(t, kubeobj.Service(ns, "empty", tcp80,
 		kubeobj.Port{Name: "dns", Port: 53, TargetPort: int32(udpPort), Protocol: v1.ProtocolUDP}))
 	tcpVIP, udpVIP := clusterIP(t, svc, v1.IPv4Protocol, 80), clusterIP(t, svc, v1.IPv4Protocol, 53)
-	f.waitRefused(t, f.node.NetNS, tcpVIP, false)
-	f.waitRefused(t, f.node.NetNS, udpVIP, true)
+	f.waitRefused(t, f.clientNS, tcpVIP, false)
+	f.waitRefused(t, f.clientNS, udpVIP, true)
 	f.waitRefused(t, f.pod("pod-a").NetNS, tcpVIP, false)
 
 	f.setEndpoints(t, svc, v4, f.eps("pod-a")...)
-	waitServes(t, tcpWho, f.node.NetNS, tcpVIP, "pod-a")
+	waitServes(t, tcpWho, f.clientNS, tcpVIP, "pod-a")
 	f.setEndpoints(t, svc, v4)
-	f.waitRefused(t, f.node.NetNS, tcpVIP, false)
-	f.waitRefused(t, f.node.NetNS, udpVIP, true)
+	f.waitRefused(t, f.clientNS, tcpVIP, false)
+	f.waitRefused(t, f.clientNS, udpVIP, true)
 }
 
 // testTerminating: with no ready endpoint, serving terminating ones are
@@ -221,16 +247,16 @@ func testTerminating(t *testing.T, f *fixture, ns string) {
 
 	// A ready endpoint wins over terminating ones.
 	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4), f.ep("pod-b", v4, terminatingServing), f.ep("pod-c", v4, terminatingServing))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a")
 
 	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, terminatingServing), f.ep("pod-c", v4, terminatingServing))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-b", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-b", "pod-c")
 
 	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, terminatingServing), f.ep("pod-c", v4, terminatingGone))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-b")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-b")
 
 	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, terminatingGone), f.ep("pod-c", v4, terminatingGone))
-	f.waitRefused(t, f.node.NetNS, vip, false)
+	f.waitRefused(t, f.clientNS, vip, false)
 }
 
 // testAffinity: with ClientIP affinity every client (a network namespace)
@@ -239,14 +265,14 @@ func testAffinity(t *testing.T, f *fixture, ns string) {
 	svc := f.createService(t, kubeobj.Service(ns, "sticky", tcp80))
 	vip := clusterIP(t, svc, v1.IPv4Protocol, 80)
 	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b", "pod-c")...)
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-b", "pod-c")
 
 	f.updateService(t, svc, func(s *v1.Service) {
 		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 		s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To(int32(600))}}
 	})
 	for _, client := range []string{"node", "pod-d"} {
-		nsh := f.node.NetNS
+		nsh := f.clientNS
 		if client != "node" {
 			nsh = f.pod(client).NetNS
 		}
@@ -289,7 +315,7 @@ func testAffinity(t *testing.T, f *fixture, ns string) {
 		s.Spec.SessionAffinity = v1.ServiceAffinityNone
 		s.Spec.SessionAffinityConfig = nil
 	})
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-b", "pod-c")
 }
 
 // testInternalTrafficPolicyLocal: only this node's endpoints serve the
@@ -302,16 +328,16 @@ func testInternalTrafficPolicyLocal(t *testing.T, f *fixture, ns string) {
 
 	f.setEndpoints(t, svc, v4,
 		f.ep("pod-a", v4, onNode(nodeName)), f.ep("pod-b", v4, onNode(otherNode)), f.ep("pod-c", v4, onNode(nodeName)))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-c")
 
 	f.setEndpoints(t, svc, v4, f.ep("pod-b", v4, onNode(otherNode)), f.ep("pod-c", v4, onNode(otherNode)))
-	f.waitRefused(t, f.node.NetNS, vip, false)
+	f.waitRefused(t, f.clientNS, vip, false)
 
 	// Switching the policy back to Cluster uses them all.
 	f.updateService(t, svc, func(s *v1.Service) {
 		s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyCluster)
 	})
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-b", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-b", "pod-c")
 }
 
 // testTopology: zone and node hints narrow the backends as kube-proxy's
@@ -326,19 +352,19 @@ func testTopology(t *testing.T, f *fixture, ns string) {
 
 	t.Log("zone hints: only the endpoints hinted for this node's zone")
 	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4, inZone), f.ep("pod-b", v4, elsewhere), f.ep("pod-c", v4, inZone))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-c")
 
 	t.Log("one ready endpoint without hints: no filter")
 	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4, inZone), f.ep("pod-b", v4, elsewhere), f.ep("pod-c", v4))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-b", "pod-c")
 
 	t.Log("no hint for this zone: no filter")
 	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4, elsewhere), f.ep("pod-b", v4, elsewhere))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-b")
 
 	t.Log("not-ready endpoints do not count: hints of the ready ones apply")
 	f.setEndpoints(t, svc, v4, f.ep("pod-a", v4, inZone), f.ep("pod-b", v4, elsewhere), f.ep("pod-c", v4, conditions(false, false, false)))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a")
 
 	f.updateService(t, svc, func(s *v1.Service) {
 		s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferSameNode)
@@ -348,21 +374,21 @@ func testTopology(t *testing.T, f *fixture, ns string) {
 		f.ep("pod-a", v4, nodeHints(nodeName), inZone),
 		f.ep("pod-b", v4, nodeHints(otherNode), inZone),
 		f.ep("pod-c", v4, nodeHints(otherNode), elsewhere))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a")
 
 	t.Log("no node hint for this node: zone hints apply")
 	f.setEndpoints(t, svc, v4,
 		f.ep("pod-a", v4, nodeHints(otherNode), inZone),
 		f.ep("pod-b", v4, nodeHints(otherNode), inZone),
 		f.ep("pod-c", v4, nodeHints(otherNode), elsewhere))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-b")
 
 	t.Log("one endpoint without node hints: zone hints apply")
 	f.setEndpoints(t, svc, v4,
 		f.ep("pod-a", v4, nodeHints(nodeName), inZone),
 		f.ep("pod-b", v4, inZone),
 		f.ep("pod-c", v4, nodeHints(otherNode), elsewhere))
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	waitServes(t, tcpWho, f.clientNS, vip, "pod-a", "pod-b")
 }
 
 // testIgnored: a Service another proxy owns and a headless Service never
@@ -391,7 +417,7 @@ func testIgnored(t *testing.T, f *fixture, ns string) {
 	// kpr has seen (and skipped) the ones above.
 	marker := f.createService(t, kubeobj.Service(ns, "marker", tcp80))
 	f.setEndpoints(t, marker, v4, f.eps("pod-d")...)
-	waitServes(t, tcpWho, f.node.NetNS, clusterIP(t, marker, v1.IPv4Protocol, 80), "pod-d")
+	waitServes(t, tcpWho, f.clientNS, clusterIP(t, marker, v1.IPv4Protocol, 80), "pod-d")
 
 	foreignVIP := clusterIP(t, foreign, v1.IPv4Protocol, 80)
 	if f.hasFrontend(t, foreignVIP.Addr()) {
@@ -423,7 +449,7 @@ func testIgnored(t *testing.T, f *fixture, ns string) {
 			}
 		}
 	}
-	f.requireUntranslated(t, f.node.NetNS, foreignVIP)
+	f.requireUntranslated(t, f.clientNS, foreignVIP)
 }
 
 // testUDP: UDP Services in both families; replies come from the ClusterIP
@@ -435,16 +461,16 @@ func testUDP(t *testing.T, f *fixture, ns string) {
 	f.setEndpoints(t, svc, v6, f.ep("pod-a", v6), f.ep("pod-b", v6))
 	for _, fam := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
 		vip := clusterIP(t, svc, fam, 53)
-		waitServes(t, udpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+		waitServes(t, udpWho, f.clientNS, vip, "pod-a", "pod-b")
 		requireServes(t, udpWho, f.pod("pod-c").NetNS, vip, "pod-a", "pod-b")
 		// A connected socket drops replies from any other source.
-		if _, err := harness.WhoUDPConnected(f.node.NetNS, vip, dialTimeout); err != nil {
+		if _, err := harness.WhoUDPConnected(f.clientNS, vip, dialTimeout); err != nil {
 			t.Errorf("connected UDP socket to %s: %v", vip, err)
 		}
 	}
 	// A backend going away is no longer chosen.
 	f.setEndpoints(t, svc, v4, f.eps("pod-b")...)
-	waitServes(t, udpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 53), "pod-b")
+	waitServes(t, udpWho, f.clientNS, clusterIP(t, svc, v1.IPv4Protocol, 53), "pod-b")
 }
 
 // testStaleUDPSocket: a connected UDP socket whose backend leaves the
@@ -457,7 +483,7 @@ func testStaleUDPSocket(t *testing.T, f *fixture, ns string) {
 		t.Skip("this kernel cannot destroy UDP sockets (iter/udp and bpf_sock_destroy need Linux 6.5+); `kpr probe` says so")
 	}
 	pause := exec.Command("sleep", "600")
-	if err := harness.StartCommand(f.node.NetNS, pause); err != nil {
+	if err := harness.StartCommand(f.clientNS, pause); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -468,9 +494,9 @@ func testStaleUDPSocket(t *testing.T, f *fixture, ns string) {
 		kubeobj.Port{Name: "dns", Port: 53, TargetPort: int32(udpPort), Protocol: v1.ProtocolUDP}))
 	f.setEndpoints(t, svc, v4, f.eps("pod-a")...)
 	vip := clusterIP(t, svc, v1.IPv4Protocol, 53)
-	waitServes(t, udpWho, f.node.NetNS, vip, "pod-a")
+	waitServes(t, udpWho, f.clientNS, vip, "pod-a")
 
-	c, err := harness.DialUDP(f.node.NetNS, vip)
+	c, err := harness.DialUDP(f.clientNS, vip)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,7 +515,7 @@ func testStaleUDPSocket(t *testing.T, f *fixture, ns string) {
 		}
 		return fmt.Errorf("the old socket still answers %q, %v", who, err)
 	})
-	waitServes(t, udpWho, f.node.NetNS, vip, "pod-b")
+	waitServes(t, udpWho, f.clientNS, vip, "pod-b")
 	// Operators see it, and how full the maps are.
 	waitUntil(t, convergeTimeout, "kpr's metrics count the destroyed socket", func() error {
 		for series, want := range map[string]func(v string) bool{
@@ -519,8 +545,8 @@ func testDualStack(t *testing.T, f *fixture, ns string) {
 	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
 	f.setEndpoints(t, svc, v6, f.ep("pod-b", v6), f.ep("pod-c", v6))
 	vip4, vip6 := clusterIP(t, svc, v1.IPv4Protocol, 80), clusterIP(t, svc, v1.IPv6Protocol, 80)
-	waitServes(t, tcpWho, f.node.NetNS, vip4, "pod-a", "pod-b")
-	waitServes(t, tcpWho, f.node.NetNS, vip6, "pod-b", "pod-c")
+	waitServes(t, tcpWho, f.clientNS, vip4, "pod-a", "pod-b")
+	waitServes(t, tcpWho, f.clientNS, vip6, "pod-b", "pod-c")
 	requireServes(t, tcpWho, f.pod("pod-d").NetNS, vip6, "pod-b", "pod-c")
 
 	if f.mode.iptables() || f.mode.nftables {
@@ -568,7 +594,7 @@ func testNodePort(t *testing.T, f *fixture, ns string) {
 	f.setEndpoints(t, svc, v4, f.eps("pod-a", "pod-b")...)
 	onNodeIP := netip.AddrPortFrom(nodeIP.Addr(), nodePort)
 	onLoopback := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), nodePort)
-	waitServes(t, tcpWho, f.node.NetNS, onNodeIP, "pod-a", "pod-b")
+	waitServes(t, tcpWho, f.clientNS, onNodeIP, "pod-a", "pod-b")
 	if f.mode.ipvs || f.mode.nftables {
 		// IPVS does not forward packets from lo to other hosts, so the
 		// IPVS mode, as kube-proxy's, has no NodePort on 127.0.0.1
@@ -581,7 +607,7 @@ func testNodePort(t *testing.T, f *fixture, ns string) {
 		requireServes(t, tcpWho, f.node.NetNS, onLoopback, "pod-a", "pod-b")
 	}
 	requireServes(t, tcpWho, f.pod("pod-c").NetNS, onNodeIP, "pod-a", "pod-b")
-	requireServes(t, tcpWho, f.node.NetNS, clusterIP(t, svc, v1.IPv4Protocol, 80), "pod-a", "pod-b")
+	requireServes(t, tcpWho, f.clientNS, clusterIP(t, svc, v1.IPv4Protocol, 80), "pod-a", "pod-b")
 
 	own, err := f.pod("pod-c").ServeTCP(nodePort)
 	if err != nil {

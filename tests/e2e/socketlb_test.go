@@ -201,6 +201,35 @@ func TestPerPodBypassedPodReachesServicesOnThePacketPath(t *testing.T) {
 	}
 }
 
+// bypassedPod adds a pod whose Pod object asks to bypass the socket hooks
+// (kpr's annotation), with a process as the kubelet would start it, and
+// waits until kpr has put the packet path on its veth and listed it.
+func (f *fixture) bypassedPod(t *testing.T, name string) *harness.Pod {
+	t.Helper()
+	pod, err := f.node.AddPod(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := f.namespace(t, "bypassed-"+name)
+	obj := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{socketlb.Annotation: socketlb.AnnotationBypass}},
+		Spec:       v1.PodSpec{NodeName: nodeName, Containers: []v1.Container{{Name: "guest", Image: "guest"}}},
+	}
+	obj, err = f.client.CoreV1().Pods(ns).Create(f.ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podProcess(t, f.cgroup.Path, obj.UID, pod.NetNS)
+	waitUntil(t, convergeTimeout, "kpr puts the packet path on the bypassed pod's veth", func() error {
+		out, _ := f.kprStatus(t, "--metrics-address", f.kpr.MetricsAddr)
+		if want := ns + "/" + name + " (annotation: annotation " + socketlb.Annotation + ": bypass), packet path on " + pod.HostVeth; !strings.Contains(string(out), want) {
+			return fmt.Errorf("kpr status lacks %q:\n%s", want, out)
+		}
+		return nil
+	})
+	return pod
+}
+
 // traceOne runs `kpr trace --frontend fe --count 1` around do, and
 // returns the decision it printed.
 func traceOne(t *testing.T, f *fixture, fe netip.AddrPort, do func()) string {

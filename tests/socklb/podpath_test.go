@@ -1,7 +1,9 @@
 package socklb
 
 import (
+	"bufio"
 	"errors"
+	"net"
 	"net/netip"
 	"slices"
 	"syscall"
@@ -220,4 +222,47 @@ func vmLink(t *testing.T, f *fixture, pod *harness.Pod) netlink.Link {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// A client may reuse a source port at once for a connection to another
+// Service: its kernel keeps the closed connection's port only for the
+// same destination. When both Services have the same backend, the new
+// flow's reply entry is the closed flow's, which must give way; under
+// kube-proxy netfilter lets it too. Before, the new SYN was dropped for
+// the closed flow's whole closing time.
+func TestVMPodReusesASourcePortForAnotherService(t *testing.T) {
+	f := newPodPathFixture(t, 1)
+	vip1, vip2 := netip.MustParseAddr("10.96.0.21"), netip.MustParseAddr("10.96.0.22")
+	f.service(vip1, tcpPort, dataplane.TCP, f.pods...)
+	f.service(vip2, tcpPort, dataplane.TCP, f.pods...)
+	vm := f.vmPod(t, "vm")
+	const port = 40123
+	dial := func(to netip.Addr) error {
+		d := net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{Port: port},
+			// The first connection's TIME_WAIT holds the port for its own
+			// destination only.
+			Control: func(_, _ string, c syscall.RawConn) error {
+				var serr error
+				err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) })
+				return errors.Join(err, serr)
+			}}
+		return harness.Do(vm.NetNS, func() error {
+			c, err := d.Dial("tcp", netip.AddrPortFrom(to, tcpPort).String())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			_, err = bufio.NewReader(c).ReadString('\n')
+			return err
+		})
+	}
+	if err := dial(vip1); err != nil {
+		t.Fatalf("first connection, from port %d to %s: %v", port, vip1, err)
+	}
+	// Past the closed flow's last packets (CT_CLOSED_IDLE_NS, 200 ms).
+	time.Sleep(300 * time.Millisecond)
+	if err := dial(vip2); err != nil {
+		t.Errorf("a connection from the same port %d to %s, another Service with the same backend: %v", port, vip2, err)
+	}
 }
