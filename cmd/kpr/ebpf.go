@@ -175,7 +175,7 @@ type ebpfFlags struct {
 
 func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "cgroup v2 directory whose sockets kpr translates; default: the cgroup2 root")
-	fl.StringVar(&f.socketLB, "socket-lb", "all", "which sockets the socket hooks translate: all; host-only (the node's own network namespace: "+
+	fl.StringVar(&f.socketLB, "socket-lb", loader.SocketLBPerPod.String(), "which sockets the socket hooks translate: all; host-only (the node's own network namespace: "+
 		"every pod is left to the packet path); or per-pod (every pod but those with an injected Istio or Linkerd sidecar, "+
 		"a sandbox runtime (--socket-lb-sandbox-handlers), a KubeVirt VM, or the annotation "+socketlb.Annotation+": "+
 		socketlb.AnnotationBypass+"; "+socketlb.Annotation+": "+socketlb.AnnotationServe+" keeps a pod). The pods the hooks leave alone are "+

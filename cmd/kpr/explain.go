@@ -19,6 +19,7 @@ import (
 	"github.com/kpr-io/kpr/apiclient"
 	"github.com/kpr-io/kpr/dataplane"
 	"github.com/kpr-io/kpr/desired"
+	"github.com/kpr-io/kpr/loader"
 	"github.com/kpr-io/kpr/socketlb"
 )
 
@@ -104,7 +105,7 @@ func newExplainCommand(g *globalFlags) *cobra.Command {
 	// As given to kpr run: the netfilter modes' rules depend on them.
 	addDetectLocalFlags(fl, &f.run.detectLocal)
 	fl.StringVar(&f.pod, "pod", "", "explain which path serves this pod's traffic to Services (namespace/name), and why")
-	fl.StringVar(&f.run.ebpf.socketLB, "socket-lb", "all", "for --pod: as given to kpr run")
+	fl.StringVar(&f.run.ebpf.socketLB, "socket-lb", loader.SocketLBPerPod.String(), "for --pod: as given to kpr run")
 	fl.StringSliceVar(&f.run.ebpf.sandboxHandlers, "socket-lb-sandbox-handlers", socketlb.DefaultSandboxHandlers, "for --pod: as given to kpr run")
 	fl.StringVar(&f.run.ebpf.cgroupRoot, "cgroup-root", "", "for --pod: as given to kpr run (where the pods' cgroups are); default: the cgroup2 root")
 	return cmd

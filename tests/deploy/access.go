@@ -40,9 +40,9 @@ var NotNeeded = []Access{
 	{"get", "", "namespaces", "", "", "default"}, {"list", "", "namespaces", "", "", ""}, {"update", "", "namespaces", "", "", "kube-system"},
 }
 
-// PerPodSocketLB is what --socket-lb per-pod and host-only read beside
-// Needed: the Pods of each node and the RuntimeClasses. Only a chart with
-// socketLB per-pod or host-only grants it.
+// PerPodSocketLB is what --socket-lb per-pod (the default) and host-only
+// read beside Needed: the Pods of each node and the RuntimeClasses. A
+// chart with socketLB: all does not grant it.
 var PerPodSocketLB = []Access{
 	{"list", "", "pods", "", "", ""}, {"watch", "", "pods", "", "", ""},
 	{"list", "node.k8s.io", "runtimeclasses", "", "", ""}, {"watch", "node.k8s.io", "runtimeclasses", "", "", ""},

@@ -83,7 +83,7 @@ func TestDeployBase(t *testing.T) {
 	}
 
 	t.Run("the ServiceAccount may do what kpr needs and no more", func(t *testing.T) {
-		if err := deploy.CheckLeastPrivilege(ctx, c.Client, deploy.Namespace, deploy.ServiceAccount, false); err != nil {
+		if err := deploy.CheckLeastPrivilege(ctx, c.Client, deploy.Namespace, deploy.ServiceAccount, true); err != nil {
 			t.Error(err)
 		}
 	})

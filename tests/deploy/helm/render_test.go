@@ -381,7 +381,7 @@ func TestChartPassesADryRun(t *testing.T) {
 					}
 				}
 			}
-			perPod := tc.vals["socketLB"] == "per-pod" || tc.vals["socketLB"] == "host-only"
+			perPod := tc.vals["socketLB"] != "all"
 			if err := deploy.CheckLeastPrivilege(ctx, c.Client, tc.namespace, tc.serviceAccount, perPod); err != nil {
 				t.Error(err)
 			}
