@@ -231,6 +231,100 @@ static __always_inline int snat_forward(struct __sk_buff *skb, const struct pkt 
 	return fib_send(skb, p, rc, fib);
 }
 
+/* The room for the forward entry a packet works on (kpr_tc_ct_room). */
+static __always_inline struct ct_value *flow_room(void)
+{
+	__u32 room = CT_ROOM_FORWARD;
+
+	return bpf_map_lookup_elem(&kpr_tc_ct_room, &room);
+}
+
+/* flow_begin's results besides a verdict: TC verdicts are -1 to 8. */
+#define FLOW_FOUND 0x100
+#define FLOW_NONE 0x101
+
+/*
+ * The start of the path of a TCP or UDP packet from a client, on either
+ * kind of device. A reply to a SNATed flow (addressed to a SNAT port)
+ * goes back to its client at once. A packet of a flow kpr knows and that
+ * is not over gets the flow's forward entry, copied into to (flow_room;
+ * ct_touch may move the entry, ct.h), and the flow notes it: FLOW_FOUND.
+ * FLOW_NONE for any other packet, with to zeroed for a new flow's entry.
+ * Otherwise the verdict: a RST or FIN outside the window is dropped.
+ */
+static __always_inline int flow_begin(struct __sk_buff *skb, const struct pkt *p, struct ct_key *fkey,
+				      struct ct_value *to, __u64 now)
+{
+	struct ct_value *ct;
+	int ret;
+
+	if (snat_port(p->dport)) {
+		ret = snat_reply(skb, p);
+		if (ret != -1)
+			return ret;
+	}
+	ct_key_of(fkey, p->saddr, p->sport, p->daddr, p->dport, p->proto, CT_DIR_FORWARD);
+	ct = ct_lookup(fkey);
+	if (!ct || !ct_usable(ct, p, now)) {
+		__builtin_memset(to, 0, sizeof(*to));
+		return FLOW_NONE;
+	}
+	ret = ct_forward_seen(skb, ct, p);
+	if (ret < 0)
+		return TC_ACT_SHOT;
+	*to = *ct;
+	ct_touch(ct, p->saddr, p->sport, p->proto, ret, now);
+	return FLOW_FOUND;
+}
+
+/* flow_may_open's verdict for a packet that may open a flow. */
+#define FLOW_OPENS 1
+
+/*
+ * Whether a packet to a frontend, of no flow kpr knows, may open one:
+ * FLOW_OPENS, or the verdict for it. A later fragment follows the flow its
+ * first fragment opened, and opens none: that one was dropped, or its
+ * flow is already over, and a flow picked now could differ from the first
+ * fragment's (another SNAT port). Only a plain SYN opens a TCP flow. A SYN
+ * with ACK, RST or FIN opens no connection (netfilter calls it INVALID)
+ * and is dropped: translated, it would hold entries and a SNAT port for
+ * nothing; passed on, the node would answer it with a reset, to a source
+ * that may be spoofed. Another segment belongs to a connection kpr never
+ * saw, such as one made through kube-proxy's NAT before kpr took over the
+ * node, which the kernel's conntrack still carries; a random pick would
+ * send it to a backend that answers with a reset. A Maglev frontend
+ * (maglev) picks the flow's backend again instead: that is how a flow
+ * survives moving to another node behind an ECMP router. Its entries have
+ * the handshake lifetime until the backend answers (ct.h).
+ */
+static __always_inline int flow_may_open(const struct pkt *p, int maglev)
+{
+	if (p->frag_later) {
+		STAT_INC(drop_fragment);
+		return TC_ACT_SHOT;
+	}
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_FLAG_SYN) && !tcp_plain_syn(p->tcp_flags)) {
+		STAT_INC(drop_invalid_syn);
+		return TC_ACT_SHOT;
+	}
+	if (p->proto == IPPROTO_TCP && !(p->tcp_flags & TCP_FLAG_SYN) && !maglev) {
+		STAT_INC(midstream);
+		return TC_PASS;
+	}
+	return FLOW_OPENS;
+}
+
+/* A packet of a flow, on to its backend: DNATed for the kernel to route,
+ * or SNATed too and sent on by kpr. */
+static __always_inline int flow_forward(struct __sk_buff *skb, const struct pkt *p, const struct ct_value *to)
+{
+	if (to->flags & CT_F_SNAT)
+		return snat_forward(skb, p, to);
+	if (dnat(skb, p, to))
+		return TC_ACT_SHOT;
+	return TC_PASS;
+}
+
 /* Egress toward the client: a reply of a flow that was not SNATed (backend
  * -> client) leaves with the frontend's address and port as its source.
  * The node's devices see those of local backends, a pod's device those of

@@ -53,6 +53,10 @@ func TestVerifierCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pod, err := bpf.LoadTcPod()
+	if err != nil {
+		t.Fatal(err)
+	}
 	sockTerm, err := bpf.LoadSockTerm()
 	if err != nil {
 		t.Fatal(err)
@@ -67,6 +71,9 @@ func TestVerifierCost(t *testing.T) {
 	}{
 		{"Kpr", kpr, ""},
 		{"TcNodeport", tc, ""},
+		// Loadable wherever the node's tc programs are, though only a
+		// kernel with SO_NETNS_COOKIE runs it (per-pod, host-only).
+		{"TcPod", pod, ""},
 		{"SockTerm", sockTerm, report.errorOf(FeatureUDPSockTerm)},
 	} {
 		counts, err := verifierCounts(obj.spec)

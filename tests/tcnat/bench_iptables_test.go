@@ -63,6 +63,29 @@ const (
 	benchFirst = 30000 // NodePort of the first dressed Service
 )
 
+// alternateRounds measures *benchRounds rounds of every side, each pass
+// over the sides in the reverse order of the one before, so that a load
+// change on the shared machine hits every side alike, and returns each
+// side's rounds by name.
+func alternateRounds[S any](sides []S, name func(S) string, round func(S) roundResult) map[string][]roundResult {
+	results := map[string][]roundResult{}
+	for i := 0; i < *benchRounds; i++ {
+		order := sides
+		if i%2 == 1 {
+			order = slices.Clone(sides)
+			slices.Reverse(order)
+		}
+		for _, s := range order {
+			res := round(s)
+			// Progress on stdout: a benchmark's log keeps only 10 lines,
+			// which the summary needs.
+			fmt.Printf("round %d %-16s %s  (%d requests, %d failed%s)\n", i+1, name(s), res, len(res.latencies), res.failed, firstFailure(res))
+			results[name(s)] = append(results[name(s)], res)
+		}
+	}
+	return results
+}
+
 // requestLine is what a client sends; the echo server answers with its
 // greeting and the line.
 var requestLine = []byte("ping\n")
@@ -80,21 +103,9 @@ func BenchmarkNodePortRequests(b *testing.B) {
 	for _, s := range r.sides {
 		r.round(b, s, *benchRound/3, *benchClients)
 	}
-	results := map[string][]roundResult{}
-	for i := 0; i < *benchRounds; i++ {
-		order := r.sides
-		if i%2 == 1 {
-			order = slices.Clone(r.sides)
-			slices.Reverse(order)
-		}
-		for _, s := range order {
-			res := r.round(b, s, *benchRound, *benchClients)
-			// Progress on stdout: a benchmark's log keeps only 10 lines,
-			// which the summary below needs.
-			fmt.Printf("round %d %-16s %s  (%d requests, %d failed%s)\n", i+1, s.name, res, len(res.latencies), res.failed, firstFailure(res))
-			results[s.name] = append(results[s.name], res)
-		}
-	}
+	results := alternateRounds(r.sides, func(s *benchSide) string { return s.name }, func(s *benchSide) roundResult {
+		return r.round(b, s, *benchRound, *benchClients)
+	})
 	kpr := pool(results[sideKpr])
 	b.ReportMetric(kpr.rate(), "kpr-req/s")
 	b.ReportMetric(us(kpr.quantile(0.50)), "kpr-p50-µs")

@@ -34,7 +34,7 @@ import (
 //     kube-proxy needs it (br_netfilter).
 //
 // Every node has the same backends and the same Services. Rounds alternate
-// as in BenchmarkNodePortRequests. docs/dataplane-benchmark.md has the
+// as in BenchmarkNodePortRequests (alternateRounds). docs/dataplane-benchmark.md has the
 // results.
 //
 //	go test ./tests/tcnat -run '^$' -bench PodClusterIPRequests -benchtime 1x
@@ -48,19 +48,9 @@ func BenchmarkPodClusterIPRequests(b *testing.B) {
 	for _, s := range r.sides {
 		r.round(b, s, *benchRound/3, *benchClients)
 	}
-	results := map[string][]roundResult{}
-	for i := 0; i < *benchRounds; i++ {
-		order := r.sides
-		if i%2 == 1 {
-			order = slices.Clone(r.sides)
-			slices.Reverse(order)
-		}
-		for _, s := range order {
-			res := r.round(b, s, *benchRound, *benchClients)
-			fmt.Printf("round %d %-16s %s  (%d requests, %d failed%s)\n", i+1, s.name, res, len(res.latencies), res.failed, firstFailure(res))
-			results[s.name] = append(results[s.name], res)
-		}
-	}
+	results := alternateRounds(r.sides, func(s *podSide) string { return s.name }, func(s *podSide) roundResult {
+		return r.round(b, s, *benchRound, *benchClients)
+	})
 	for _, s := range r.sides {
 		p := pool(results[s.name])
 		b.Logf("all rounds: %-16s %s", s.name, p)
