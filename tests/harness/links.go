@@ -49,21 +49,29 @@ func operUp(nl *netlink.Handle, index int) func() (bool, error) {
 
 func hasLinkLocal(nl *netlink.Handle, index int) func() (bool, error) {
 	return func() (bool, error) {
-		l, err := nl.LinkByIndex(index)
-		if err != nil {
-			return false, err
-		}
-		addrs, err := nl.AddrList(l, netlink.FAMILY_V6)
-		if err != nil {
-			return false, err
-		}
-		for _, a := range addrs {
-			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
-				return true, nil
-			}
-		}
-		return false, nil
+		a, err := linkLocal(nl, index)
+		return a.IsValid(), err
 	}
+}
+
+// linkLocal is the link's usable (not tentative) IPv6 link-local address,
+// or the zero Addr while it has none.
+func linkLocal(nl *netlink.Handle, index int) (netip.Addr, error) {
+	l, err := nl.LinkByIndex(index)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	addrs, err := nl.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+			ip, _ := netip.AddrFromSlice(a.IP)
+			return ip, nil
+		}
+	}
+	return netip.Addr{}, nil
 }
 
 // uplinkPeerName names the dead end of the uplink veth.

@@ -91,8 +91,10 @@ type Node struct {
 	reserved map[string]bool
 	lastV4   netip.Addr
 	lastV6   netip.Addr
-	vethSeq  int
-	closed   bool
+	// The last addresses given to routed pods (AddRoutedPod).
+	lastRoutedV4, lastRoutedV6 netip.Addr
+	vethSeq                    int
+	closed                     bool
 }
 
 // NewNode builds the node namespace and registers its teardown (pods,
@@ -107,14 +109,16 @@ func NewNode(tb testing.TB, opts Options) (*Node, error) {
 	}
 	sweepStaleOnce()
 	n := &Node{
-		Bridge:    opts.BridgeName,
-		Uplink:    opts.UplinkName,
-		GatewayV4: opts.GatewayV4,
-		GatewayV6: opts.GatewayV6,
-		suffix:    randomSuffix(6),
-		reserved:  map[string]bool{},
-		lastV4:    opts.GatewayV4.Addr(),
-		lastV6:    opts.GatewayV6.Addr(),
+		Bridge:       opts.BridgeName,
+		Uplink:       opts.UplinkName,
+		GatewayV4:    opts.GatewayV4,
+		GatewayV6:    opts.GatewayV6,
+		suffix:       randomSuffix(6),
+		reserved:     map[string]bool{},
+		lastV4:       opts.GatewayV4.Addr(),
+		lastV6:       opts.GatewayV6.Addr(),
+		lastRoutedV4: routedV4.Addr(),
+		lastRoutedV6: routedV6.Addr(),
 	}
 	n.NetNS, err = newNetNS(NamePrefix + n.suffix + "-node")
 	if err != nil {
@@ -200,6 +204,27 @@ func (n *Node) AddAddress(prefix netip.Prefix) error {
 // usable, so the first packet to or from it is not lost.
 // name must be 1-32 characters of [a-z0-9-] and unique on the node.
 func (n *Node) AddPod(name string) (*Pod, error) {
+	return n.addPod(name, false)
+}
+
+// routedV4 and routedV6 hold the addresses of routed pods (after the
+// first), the same on every node: no test links two nodes' routed pods.
+var (
+	routedV4 = netip.MustParsePrefix("10.245.0.1/24")
+	routedV6 = netip.MustParsePrefix("fd00:245::1/64")
+)
+
+// AddRoutedPod is AddPod for a routed CNI (Calico's way): the pod's veth
+// is on no bridge, and its addresses (from 10.245.0.0/24 and
+// fd00:245::/64, outside the bridge's subnet) are host addresses; the
+// node routes each to the veth, and the pod sends everything there: IPv4
+// through Calico's gateway 169.254.1.1, IPv6 to the veth's link-local
+// address.
+func (n *Node) AddRoutedPod(name string) (*Pod, error) {
+	return n.addPod(name, true)
+}
+
+func (n *Node) addPod(name string, routed bool) (*Pod, error) {
 	if !validName(name) {
 		return nil, fmt.Errorf("pod name %q: use 1-32 characters of [a-z0-9-]", name)
 	}
@@ -212,21 +237,27 @@ func (n *Node) AddPod(name string) (*Pod, error) {
 		n.mu.Unlock()
 		return nil, fmt.Errorf("AddPod: pod %q already exists on node %s", name, n.NetNS.Name)
 	}
-	v4, err4 := nextAddr(n.GatewayV4, n.lastV4)
-	v6, err6 := nextAddr(n.GatewayV6, n.lastV6)
+	// A routed pod's addresses are outside the bridge's subnet: the
+	// bridged pods would look for them on the bridge.
+	subnet4, subnet6, last4, last6 := n.GatewayV4, n.GatewayV6, &n.lastV4, &n.lastV6
+	if routed {
+		subnet4, subnet6, last4, last6 = routedV4, routedV6, &n.lastRoutedV4, &n.lastRoutedV6
+	}
+	v4, err4 := nextAddr(subnet4, *last4)
+	v6, err6 := nextAddr(subnet6, *last6)
 	if err := errors.Join(err4, err6); err != nil {
 		n.mu.Unlock()
 		return nil, err
 	}
 	// Addresses are never reused: a recycled IP could match stale neighbor
 	// or conntrack entries and make a test pass or fail by accident.
-	n.lastV4, n.lastV6 = v4, v6
+	*last4, *last6 = v4, v6
 	n.vethSeq++
 	hostVeth := fmt.Sprintf("kprv%d", n.vethSeq)
 	n.reserved[name] = true
 	n.mu.Unlock()
 
-	p, err := n.buildPod(name, hostVeth, v4, v6)
+	p, err := n.buildPod(name, hostVeth, v4, v6, routed)
 	if err != nil {
 		n.mu.Lock()
 		delete(n.reserved, name)
@@ -239,8 +270,8 @@ func (n *Node) AddPod(name string) (*Pod, error) {
 	return p, nil
 }
 
-func (n *Node) buildPod(name, hostVeth string, v4, v6 netip.Addr) (*Pod, error) {
-	p := &Pod{Name: name, IPv4: v4, IPv6: v6, HostVeth: hostVeth, node: n}
+func (n *Node) buildPod(name, hostVeth string, v4, v6 netip.Addr, routed bool) (*Pod, error) {
+	p := &Pod{Name: name, IPv4: v4, IPv6: v6, HostVeth: hostVeth, node: n, routed: routed}
 	var err error
 	if p.NetNS, err = newNetNS(NamePrefix + n.suffix + "-" + name); err != nil {
 		return nil, err
@@ -261,8 +292,12 @@ func (p *Pod) wire() error {
 	if err := p.NetNS.writeSysctl("net/ipv6/conf/default/accept_dad", "0"); err != nil {
 		return err
 	}
+	master := n.BridgeIndex
+	if p.routed {
+		master = 0
+	}
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: p.HostVeth, MasterIndex: n.BridgeIndex},
+		LinkAttrs:     netlink.LinkAttrs{Name: p.HostVeth, MasterIndex: master},
 		PeerName:      "eth0",
 		PeerNamespace: netlink.NsFd(int(p.NetNS.Handle())),
 	}
@@ -281,10 +316,11 @@ func (p *Pod) wire() error {
 		return fmt.Errorf("find eth0 in %s: %w", p.NetNS.Name, err)
 	}
 	p.EthIndex = eth0.Attrs().Index
-	for _, a := range []netip.Prefix{
-		netip.PrefixFrom(p.IPv4, n.GatewayV4.Bits()),
-		netip.PrefixFrom(p.IPv6, n.GatewayV6.Bits()),
-	} {
+	bits4, bits6 := n.GatewayV4.Bits(), n.GatewayV6.Bits()
+	if p.routed {
+		bits4, bits6 = 32, 128
+	}
+	for _, a := range []netip.Prefix{netip.PrefixFrom(p.IPv4, bits4), netip.PrefixFrom(p.IPv6, bits6)} {
 		if err := addAddr(podNL, eth0, a); err != nil {
 			return err
 		}
@@ -300,6 +336,9 @@ func (p *Pod) wire() error {
 	// IPv6 layer drops incoming multicast (neighbour solicitations) until
 	// addrconf has handled the carrier; it creates the link-local address
 	// in that step, so wait for one as well.
+	if p.routed {
+		return p.route(podNL, nodeNL, eth0)
+	}
 	for _, l := range []struct {
 		nl    *netlink.Handle
 		index int
@@ -333,6 +372,61 @@ func (p *Pod) wire() error {
 		}
 		if err := podNL.RouteAdd(r); err != nil {
 			return fmt.Errorf("add default route via %s in %s: %w", gw, p.NetNS.Name, err)
+		}
+	}
+	return nil
+}
+
+// route wires a routed pod (AddRoutedPod): host routes to the pod on the
+// node, and the pod's default routes to the node's end of its veth.
+func (p *Pod) route(podNL, nodeNL *netlink.Handle, eth0 netlink.Link) error {
+	n := p.node
+	for _, l := range []struct {
+		nl    *netlink.Handle
+		index int
+		where string
+	}{
+		{podNL, p.EthIndex, "eth0 in " + p.NetNS.Name},
+		{nodeNL, p.HostVethIndex, p.HostVeth + " in " + n.NetNS.Name},
+	} {
+		if err := waitFor(l.where+" operationally up", operUp(l.nl, l.index)); err != nil {
+			return err
+		}
+	}
+	if err := waitFor("IPv6 link-local address on "+p.HostVeth+" in "+n.NetNS.Name, hasLinkLocal(nodeNL, p.HostVethIndex)); err != nil {
+		return err
+	}
+	if err := waitFor("IPv6 link-local address on eth0 in "+p.NetNS.Name, hasLinkLocal(podNL, p.EthIndex)); err != nil {
+		return err
+	}
+	for _, a := range []netip.Addr{p.IPv4, p.IPv6} {
+		r := &netlink.Route{LinkIndex: p.HostVethIndex, Dst: prefixToIPNet(netip.PrefixFrom(a, a.BitLen()))}
+		if err := nodeNL.RouteAdd(r); err != nil {
+			return fmt.Errorf("route %s to %s in %s: %w", a, p.HostVeth, n.NetNS.Name, err)
+		}
+	}
+	hostLL, err := linkLocal(nodeNL, p.HostVethIndex)
+	if err != nil {
+		return err
+	}
+	host, err := nodeNL.LinkByIndex(p.HostVethIndex)
+	if err != nil {
+		return err
+	}
+	// Calico's gateway, an address no one holds: its node answers the
+	// pod's ARP for it (proxy ARP, given a default route, which this
+	// node lacks); here the pod knows its MAC, the veth's, beforehand.
+	gw4 := netip.MustParseAddr("169.254.1.1")
+	if err := podNL.NeighAdd(&netlink.Neigh{LinkIndex: p.EthIndex, IP: gw4.AsSlice(), HardwareAddr: host.Attrs().HardwareAddr,
+		State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4}); err != nil {
+		return fmt.Errorf("neighbour %s in %s: %w", gw4, p.NetNS.Name, err)
+	}
+	for _, r := range []*netlink.Route{
+		{LinkIndex: p.EthIndex, Dst: prefixToIPNet(netip.PrefixFrom(netip.IPv4Unspecified(), 0)), Gw: gw4.AsSlice(), Flags: int(netlink.FLAG_ONLINK)},
+		{LinkIndex: p.EthIndex, Dst: prefixToIPNet(netip.PrefixFrom(netip.IPv6Unspecified(), 0)), Gw: hostLL.AsSlice()},
+	} {
+		if err := podNL.RouteAdd(r); err != nil {
+			return fmt.Errorf("add default route %s in %s: %w", r.Dst, p.NetNS.Name, err)
 		}
 	}
 	return nil

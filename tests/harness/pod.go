@@ -24,6 +24,8 @@ type Pod struct {
 	EthIndex int
 
 	node *Node
+	// routed: on no bridge (Node.AddRoutedPod).
+	routed bool
 
 	mu      sync.Mutex
 	servers []*Server

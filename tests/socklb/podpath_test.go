@@ -52,6 +52,12 @@ func (f *fixture) vmPod(t *testing.T, name string) *harness.Pod {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f.onPacketPath(t, pod)
+}
+
+// onPacketPath adds pod's host-side veth to the packet path's devices.
+func (f *fixture) onPacketPath(t *testing.T, pod *harness.Pod) *harness.Pod {
+	t.Helper()
 	if err := f.loaded.PodTC.SetDevices(append(f.loaded.PodTC.Devices(), pod.HostVeth)); err != nil {
 		t.Fatal(err)
 	}
@@ -264,5 +270,34 @@ func TestVMPodReusesASourcePortForAnotherService(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if err := dial(vip2); err != nil {
 		t.Errorf("a connection from the same port %d to %s, another Service with the same backend: %v", port, vip2, err)
+	}
+}
+
+// On a routed CNI (Calico's: no bridge, a host route per pod, proxy ARP)
+// the programs sit on the pod's veth as on a bridge CNI's: a VM pod
+// reaches a Service, and itself through it.
+func TestVMPodOnARoutedCNI(t *testing.T) {
+	f := newPodPathFixture(t, 1)
+	vm, err := f.node.AddRoutedPod("vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.onPacketPath(t, vm)
+	if _, err := vm.ServeTCP(tcpPort); err != nil {
+		t.Fatal(err)
+	}
+	self := netip.MustParseAddr("10.96.0.30")
+	for _, fam := range families {
+		f.service(fam.vip, tcpPort, dataplane.TCP, f.pods...)
+	}
+	f.service(self, tcpPort, dataplane.TCP, vm)
+	for _, fam := range families {
+		tcp := netip.AddrPortFrom(fam.vip, tcpPort)
+		if who, err := harness.WhoTCP(vm.NetNS, tcp, timeout); err != nil || who != f.pods[0].Name {
+			t.Errorf("TCP %s from a routed VM pod: answered by %q (%v), want %s", tcp, who, err, f.pods[0].Name)
+		}
+	}
+	if who, err := harness.WhoTCP(vm.NetNS, netip.AddrPortFrom(self, tcpPort), timeout); err != nil || who != vm.Name {
+		t.Errorf("TCP %s from the routed VM pod to itself: answered by %q (%v)", self, who, err)
 	}
 }
