@@ -131,6 +131,27 @@ enum icmp_error_kind { ICMP_ERR_TOO_BIG, ICMP_ERR_PORT_UNREACH };
 #define ICMP_PORT_UNREACH 3
 #define ICMPV6_PORT_UNREACH 4
 
+/* A new IPv4 header in ip, from the packet's destination back to its
+ * sender, carrying len bytes of proto, with its checksum: the header of
+ * every answer kpr makes of a packet in place. Returns 0, or -1. */
+static __always_inline int pmtu_ip4_back(struct iphdr *ip, const struct pkt *p, __u8 proto, __u16 len)
+{
+	__s64 sum;
+
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tot_len = bpf_htons(sizeof(*ip) + len);
+	ip->ttl = PMTU_TTL;
+	ip->protocol = proto;
+	ip->saddr = p->daddr[3];
+	ip->daddr = p->saddr[3];
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0);
+	if (sum < 0)
+		return -1;
+	ip->check = pmtu_csum_fold(sum);
+	return 0;
+}
+
 /* IPv4: fragmentation needed or port unreachable, quoting the IP header
  * with its options. */
 static __always_inline int pmtu_error4(struct __sk_buff *skb, const struct pkt *p,
@@ -138,19 +159,9 @@ static __always_inline int pmtu_error4(struct __sk_buff *skb, const struct pkt *
 {
 	struct iphdr *ip = (void *)b->l3;
 	__u32 qlen = (b->quote[0] & 0xf) * 4 + 8; /* ihl >= 5: parse() checked */
-	__s64 sum;
 
-	ip->version = 4;
-	ip->ihl = 5;
-	ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(b->icmp) + qlen);
-	ip->ttl = PMTU_TTL;
-	ip->protocol = IPPROTO_ICMP;
-	ip->saddr = p->daddr[3];
-	ip->daddr = p->saddr[3];
-	sum = bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0);
-	if (sum < 0)
+	if (pmtu_ip4_back(ip, p, IPPROTO_ICMP, sizeof(b->icmp) + qlen))
 		return -1;
-	ip->check = pmtu_csum_fold(sum);
 	b->icmp.type = ICMP_DEST_UNREACH;
 	if (kind == ICMP_ERR_PORT_UNREACH) {
 		b->icmp.code = ICMP_PORT_UNREACH;

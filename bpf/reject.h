@@ -101,19 +101,9 @@ static __always_inline int reject_reset(struct __sk_buff *skb, const struct pkt 
 				   sizeof(*ip6));
 	} else {
 		struct iphdr *ip = (void *)b->l3;
-		__s64 sum;
 
-		ip->version = 4;
-		ip->ihl = 5;
-		ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(*th));
-		ip->ttl = PMTU_TTL;
-		ip->protocol = IPPROTO_TCP;
-		ip->saddr = p->daddr[3];
-		ip->daddr = p->saddr[3];
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0);
-		if (sum < 0)
+		if (pmtu_ip4_back(ip, p, IPPROTO_TCP, sizeof(*th)))
 			return -1;
-		ip->check = pmtu_csum_fold(sum);
 		/* IPv4's pseudo-header: the addresses, then zero, the
 		 * protocol and the TCP length in one 32-bit word. */
 		b->ph.saddr[0] = p->daddr[3];

@@ -339,18 +339,8 @@ func (p *Pod) wire() error {
 	if p.routed {
 		return p.route(podNL, nodeNL, eth0)
 	}
-	for _, l := range []struct {
-		nl    *netlink.Handle
-		index int
-		where string
-	}{
-		{podNL, p.EthIndex, "eth0 in " + p.NetNS.Name},
-		{nodeNL, p.HostVethIndex, p.HostVeth + " in " + n.NetNS.Name},
-		{nodeNL, n.BridgeIndex, n.Bridge + " in " + n.NetNS.Name},
-	} {
-		if err := waitFor(l.where+" operationally up", operUp(l.nl, l.index)); err != nil {
-			return err
-		}
+	if err := p.waitUp(podNL, nodeNL, true); err != nil {
+		return err
 	}
 	if err := waitFor("IPv6 link-local address on eth0 in "+p.NetNS.Name, hasLinkLocal(podNL, p.EthIndex)); err != nil {
 		return err
@@ -377,21 +367,39 @@ func (p *Pod) wire() error {
 	return nil
 }
 
-// route wires a routed pod (AddRoutedPod): host routes to the pod on the
-// node, and the pod's default routes to the node's end of its veth.
-func (p *Pod) route(podNL, nodeNL *netlink.Handle, eth0 netlink.Link) error {
+// waitUp waits until both ends of the pod's veth, and the bridge if it is
+// on one, are operationally up.
+func (p *Pod) waitUp(podNL, nodeNL *netlink.Handle, bridged bool) error {
 	n := p.node
-	for _, l := range []struct {
+	links := []struct {
 		nl    *netlink.Handle
 		index int
 		where string
 	}{
 		{podNL, p.EthIndex, "eth0 in " + p.NetNS.Name},
 		{nodeNL, p.HostVethIndex, p.HostVeth + " in " + n.NetNS.Name},
-	} {
+	}
+	if bridged {
+		links = append(links, struct {
+			nl    *netlink.Handle
+			index int
+			where string
+		}{nodeNL, n.BridgeIndex, n.Bridge + " in " + n.NetNS.Name})
+	}
+	for _, l := range links {
 		if err := waitFor(l.where+" operationally up", operUp(l.nl, l.index)); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// route wires a routed pod (AddRoutedPod): host routes to the pod on the
+// node, and the pod's default routes to the node's end of its veth.
+func (p *Pod) route(podNL, nodeNL *netlink.Handle, eth0 netlink.Link) error {
+	n := p.node
+	if err := p.waitUp(podNL, nodeNL, false); err != nil {
+		return err
 	}
 	if err := waitFor("IPv6 link-local address on "+p.HostVeth+" in "+n.NetNS.Name, hasLinkLocal(nodeNL, p.HostVethIndex)); err != nil {
 		return err
