@@ -119,7 +119,9 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 	struct svc_key skey = {};
 	struct ct_value *to;
 	const struct svc_value *master;
+	struct ct_value *ct;
 	struct pkt p = {};
+	__u32 room = CT_ROOM_FORWARD;
 	__u64 now;
 	int ret;
 
@@ -136,12 +138,27 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 	}
 	if (ret == PARSED_ICMP)
 		return icmp_ingress(skb, &p);
-	to = flow_room();
+	if (snat_port(p.dport)) {
+		ret = snat_reply(skb, &p);
+		if (ret != -1)
+			return ret;
+	}
+
+	ct_key_of(&fkey, p.saddr, p.sport, p.daddr, p.dport, p.proto, CT_DIR_FORWARD);
+
+	to = bpf_map_lookup_elem(&kpr_tc_ct_room, &room);
 	if (!to)
 		return TC_PASS; /* never: a per-CPU array's entries always exist */
 	now = bpf_ktime_get_ns();
-	ret = flow_begin(skb, &p, &fkey, to, now);
-	if (ret == FLOW_NONE) {
+	ct = ct_lookup(&fkey);
+	if (ct && ct_usable(ct, &p, now)) {
+		ret = ct_forward_seen(skb, ct, &p);
+		if (ret < 0)
+			return TC_ACT_SHOT; /* a RST or FIN outside the window */
+		/* Copied first: ct_touch may move the entry (ct.h). */
+		*to = *ct;
+		ct_touch(ct, p.saddr, p.sport, p.proto, ret, now);
+	} else {
 		/* Not a flow kpr knows (or one that is over): only traffic to
 		 * a frontend goes further, so nothing else ever depends on
 		 * the conntrack map having room. */
@@ -152,16 +169,44 @@ int kpr_tc_ingress(struct __sk_buff *skb)
 			STAT_INC(drop_source_range);
 			return TC_ACT_SHOT;
 		}
-		ret = flow_may_open(&p, lb_has_maglev(master, skey.scope));
-		if (ret != FLOW_OPENS)
-			return ret;
+		/* A later fragment follows the flow its first fragment
+		 * opened, and opens none: that one was dropped, or its flow
+		 * is already over, and a flow picked now could differ from
+		 * the first fragment's (another SNAT port). */
+		if (p.frag_later) {
+			STAT_INC(drop_fragment);
+			return TC_ACT_SHOT;
+		}
+		/* Only a plain SYN opens a TCP flow. A SYN with ACK, RST or
+		 * FIN opens no connection (netfilter calls it INVALID) and is
+		 * dropped: translated, it would hold entries and a SNAT port
+		 * for nothing; passed on, the node would answer it with a
+		 * reset, to a source that may be spoofed. Another segment
+		 * belongs to a connection kpr never saw, such as one made
+		 * through kube-proxy's NAT before kpr took over the node,
+		 * which the kernel's conntrack still carries; a random pick
+		 * would send it to a backend that answers with a reset. A
+		 * Maglev frontend picks the flow's backend again instead: that
+		 * is how a flow survives moving to another node behind an
+		 * ECMP router. Its entries have the handshake lifetime until
+		 * the backend answers (ct.h). */
+		if (p.proto == IPPROTO_TCP && (p.tcp_flags & TCP_FLAG_SYN) && !tcp_plain_syn(p.tcp_flags)) {
+			STAT_INC(drop_invalid_syn);
+			return TC_ACT_SHOT;
+		}
+		if (p.proto == IPPROTO_TCP && !(p.tcp_flags & TCP_FLAG_SYN) && !lb_has_maglev(master, skey.scope)) {
+			STAT_INC(midstream);
+			return TC_PASS;
+		}
+		__builtin_memset(to, 0, sizeof(*to));
 		if (ct_create(skb, &p, &fkey, &skey, master, to, now, FLOW_FROM_OUTSIDE))
 			return TC_ACT_SHOT;
-	} else if (ret != FLOW_FOUND) {
-		return ret;
 	}
-	/* A local backend: the kernel routes the DNATed packet there. */
-	return flow_forward(skb, &p, to);
+	if (to->flags & CT_F_SNAT)
+		return snat_forward(skb, &p, to);
+	if (dnat(skb, &p, to))
+		return TC_ACT_SHOT;
+	return TC_PASS; /* a local backend: the kernel routes it there */
 }
 
 /* Egress: a reply of a flow to a local backend (backend -> client) leaves

@@ -63,7 +63,9 @@ int kpr_pod_ingress(struct __sk_buff *skb)
 	struct svc_key skey = {};
 	const struct svc_value *master;
 	struct ct_value *to;
+	struct ct_value *ct;
 	struct pkt p = {};
+	__u32 room = CT_ROOM_FORWARD;
 	__u64 now;
 	int ret;
 
@@ -72,31 +74,58 @@ int kpr_pod_ingress(struct __sk_buff *skb)
 		return TC_PASS;
 	if (ret == PARSED_ICMP)
 		return icmp_ingress(skb, &p);
-	/* A reply to a SNAT port is the pod's answer to a hairpin flow. */
-	to = flow_room();
+	/* The pod's answer to a hairpin flow, which came to it from the
+	 * frontend and a SNAT port. */
+	if (snat_port(p.dport)) {
+		ret = snat_reply(skb, &p);
+		if (ret != -1)
+			return ret;
+	}
+
+	ct_key_of(&fkey, p.saddr, p.sport, p.daddr, p.dport, p.proto, CT_DIR_FORWARD);
+	to = bpf_map_lookup_elem(&kpr_tc_ct_room, &room);
 	if (!to)
 		return TC_PASS; /* never: a per-CPU array's entries always exist */
 	now = bpf_ktime_get_ns();
-	ret = flow_begin(skb, &p, &fkey, to, now);
-	if (ret == FLOW_NONE) {
+	ct = ct_lookup(&fkey);
+	if (ct && ct_usable(ct, &p, now)) {
+		ret = ct_forward_seen(skb, ct, &p);
+		if (ret < 0)
+			return TC_ACT_SHOT; /* a RST or FIN outside the window */
+		*to = *ct; /* copied first: ct_touch may move the entry */
+		ct_touch(ct, p.saddr, p.sport, p.proto, ret, now);
+	} else {
 		master = pod_frontend(&p, &skey);
 		if (!master)
 			return TC_PASS;
-		/* As on the node's devices (flow.h), but no Maglev: a pod's
-		 * flow never moves between nodes. */
-		ret = flow_may_open(&p, 0);
-		if (ret != FLOW_OPENS)
-			return ret;
+		/* As on the node's devices (tc_nodeport.c says why): a later
+		 * fragment opens no flow, nor does a SYN with other flags, and
+		 * another segment of a connection kpr never saw (one made
+		 * through kube-proxy's NAT before kpr took over, which the
+		 * kernel's conntrack still carries) goes on untouched. */
+		if (p.frag_later) {
+			STAT_INC(drop_fragment);
+			return TC_ACT_SHOT;
+		}
+		if (p.proto == IPPROTO_TCP && (p.tcp_flags & TCP_FLAG_SYN) && !tcp_plain_syn(p.tcp_flags)) {
+			STAT_INC(drop_invalid_syn);
+			return TC_ACT_SHOT;
+		}
+		if (p.proto == IPPROTO_TCP && !(p.tcp_flags & TCP_FLAG_SYN)) {
+			STAT_INC(midstream);
+			return TC_PASS;
+		}
 		if (master->count == 0)
 			return reject_new_flow(skb, &p);
+		__builtin_memset(to, 0, sizeof(*to));
 		if (ct_create(skb, &p, &fkey, &skey, master, to, now, FLOW_FROM_POD))
 			return TC_ACT_SHOT;
-	} else if (ret != FLOW_FOUND) {
-		return ret;
 	}
-	/* The kernel routes the DNATed packet to the backend; a hairpin is
-	 * sent back by kpr. */
-	return flow_forward(skb, &p, to);
+	if (to->flags & CT_F_SNAT)
+		return snat_forward(skb, &p, to);
+	if (dnat(skb, &p, to))
+		return TC_ACT_SHOT;
+	return TC_PASS; /* the kernel routes it to the backend */
 }
 
 /* Egress, toward the pod: a reply of one of its flows leaves with the
