@@ -62,17 +62,31 @@ volatile const enum ct_flags btf_ct_flags = CT_F_REPLIED;
 
 /*
  * Two maps. A flow's entries live in kpr_ct_new until the flow has shown
- * traffic both ways (ct_assured: TCP established, UDP answered), then in
- * kpr_conntrack, and in kpr_ct_new again once a TCP flow is over (reset,
- * or closed by a FIN from each side) and only waits out its closing time;
- * ct_touch moves them. A SYN flood, spoofed or not, and clients that open
- * a connection per request so churn only kpr_ct_new: when that is full its
- * LRU evicts the oldest half-open or closed flows, never an idle
- * established one, as netfilter's full table drops unassured entries and
- * those of closing connections first (early_drop, tcp_can_early_drop). A
- * key is in one map at most: every store of a new entry removes it from
- * the other. Lookups try kpr_conntrack first, which holds most packets'
- * flows.
+ * traffic both ways (ct_assured: TCP established, UDP answered) and then
+ * lived on: ct_touch moves them to kpr_conntrack at the flow's first
+ * lifetime refresh, a forward packet at least CT_REFRESH_NS after the
+ * packet that made it assured. A flow that is over (reset, or closed by a
+ * FIN from each side) only waits out its closing time, and one in
+ * kpr_conntrack moves back to kpr_ct_new for it. A SYN flood, spoofed or
+ * not, churns only kpr_ct_new: when that is full its LRU evicts the oldest
+ * half-open, short or closed flows, never a long-lived established one, as
+ * netfilter's full table drops unassured entries and those of closing
+ * connections first (early_drop, tcp_can_early_drop).
+ *
+ * Why not at the handshake, as netfilter marks a connection assured: a
+ * move is a delete and an insert of each entry in an LRU hash, twice in a
+ * flow's life, and a client that opens a connection per request paid them
+ * on every request (a third of the packet path's BPF time for a pod, and
+ * 6 to 10 % of its request rate against iptables: docs/dataplane-
+ * benchmark.md). A flow in kpr_ct_new is kept by its LRU as long as it is
+ * recent: the flood must insert a whole CPU's share of the map while the
+ * flow is idle, and only an established connection that falls silent
+ * right after its handshake can be that idle and that young (how long, for
+ * a given flood: docs/tc-dataplane.md).
+ *
+ * A key is in one map at most: every store of a new entry removes it from
+ * the other. Lookups try kpr_conntrack first, which holds the packets of
+ * long flows, the most packets.
  */
 static __always_inline struct ct_value *ct_lookup(const struct ct_key *key)
 {
@@ -402,14 +416,15 @@ static __always_inline void ct_reply_key(struct ct_key *rkey, const struct ct_va
 }
 
 /*
- * Move a flow between the maps ("Two maps" above): to kpr_conntrack when it
- * has just shown traffic both ways (to_new 0), back to kpr_ct_new when it
- * is over (to_new 1). ct and rev are its entries, key holds rev's key on
- * entry, and the forward key is built from the client and the frontend rev
- * names. One key buffer, rebuilt, since the ingress program's stack has no
- * room for a second; ct and rev point to deleted entries on return. An
- * entry that cannot be copied stays where it is. to_new is a constant at
- * each call, so each move names its two maps directly.
+ * Move a flow between the maps ("Two maps" above): to kpr_conntrack once
+ * it has lived on after showing traffic both ways (to_new 0), back to
+ * kpr_ct_new when it is over (to_new 1). ct and rev are its entries, key
+ * holds rev's key on entry, and the forward key is built from the client
+ * and the frontend rev names. One key buffer, rebuilt, since the ingress
+ * program's stack has no room for a second; ct and rev point to deleted
+ * entries on return. An entry that cannot be copied stays where it is.
+ * to_new is a constant at each call, so each move names its two maps
+ * directly.
  */
 static __always_inline void ct_move(struct ct_value *ct, struct ct_value *rev, struct ct_key *key,
 				    const __u32 client[4], __u16 client_port, __u8 proto, int to_new)
@@ -436,10 +451,11 @@ static __always_inline void ct_move(struct ct_value *ct, struct ct_value *rev, s
  * lifetime. A SNATed flow's reply entry gets the same lifetime, since it
  * holds the flow's port, and the same state, which says whether a new flow
  * may take the port over (nat.h). Both are written when the state changes,
- * and otherwise only when the lifetime gains CT_REFRESH_NS. A flow that
- * shows traffic both ways for the first time moves to kpr_conntrack, and
- * one that this packet ends moves back to kpr_ct_new; ct then points to a
- * deleted entry, so callers copy what they need first.
+ * and otherwise only when the lifetime gains CT_REFRESH_NS. Such a refresh
+ * of a live assured flow still in kpr_ct_new moves it to kpr_conntrack,
+ * and the packet that ends a flow in kpr_conntrack moves it back ("Two
+ * maps"); the reply entry's map says where the flow lives. ct then points
+ * to a deleted entry, so callers copy what they need first.
  */
 static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4], __u16 client_port,
 				     __u8 proto, __u8 new_flags, __u64 now)
@@ -448,9 +464,10 @@ static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4],
 	struct ct_value *rev;
 	__u8 flags = ct->flags | new_flags;
 	int over = proto == IPPROTO_TCP && ct_closed(flags);
-	int was_live = ct_assured(proto, ct->flags) && !(proto == IPPROTO_TCP && ct_closed(ct->flags));
-	int promote = !ct_assured(proto, ct->flags) && ct_assured(proto, flags) && !over;
-	int demote = was_live && over;
+	int refresh = flags == ct->flags && !(new_flags & (CT_F_RST | CT_F_FIN));
+	int may_promote = refresh && ct_assured(proto, flags) && !over;
+	int may_demote = over && !(proto == IPPROTO_TCP && ct_closed(ct->flags)) && ct_assured(proto, ct->flags);
+	int kept;
 	__u64 expires;
 
 	expires = now + ct_lifetime_ns(proto, flags);
@@ -460,19 +477,22 @@ static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4],
 		return;
 	ct->flags = flags;
 	ct->expires_ns = expires;
-	if (!(flags & CT_F_SNAT) && !promote && !demote)
+	if (!(flags & CT_F_SNAT) && !may_promote && !may_demote)
 		return;
 	ct_reply_key(&rkey, ct, client, client_port, proto);
-	rev = ct_lookup(&rkey);
+	rev = bpf_map_lookup_elem(&kpr_conntrack, &rkey);
+	kept = rev != NULL;
+	if (!rev)
+		rev = bpf_map_lookup_elem(&kpr_ct_new, &rkey);
 	if (!rev)
 		return;
 	if (flags & CT_F_SNAT) {
 		rev->expires_ns = expires;
 		rev->flags |= flags & CT_F_STATE;
 	}
-	if (promote)
+	if (may_promote && !kept)
 		ct_move(ct, rev, &rkey, client, client_port, proto, 0);
-	else if (demote)
+	else if (may_demote && kept)
 		ct_move(ct, rev, &rkey, client, client_port, proto, 1);
 }
 

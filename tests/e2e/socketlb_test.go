@@ -404,3 +404,90 @@ func askThroughSidecar(ns *harness.NetNS, vip netip.AddrPort) (string, error) {
 	line, err := bufio.NewReader(c).ReadString('\n')
 	return strings.TrimSpace(line), err
 }
+
+// A bypassed pod's packet path outlives kpr: killed as a crash would, and
+// stopped as a rolling update does, kpr leaves the programs on the pod's
+// veth and their conntrack pinned, so the pod's new connections and the
+// ones it holds go on while no kpr runs. The new kpr finds the pod's veth
+// already served, and changes reach the pod again.
+func TestKprRestartKeepsABypassedPodsPacketPath(t *testing.T) {
+	f := newFixture(t, "--socket-lb", "per-pod")
+	ns := f.namespace(t, "vm-restart")
+	web := f.createService(t, kubeobj.Service(ns, "web", tcp80))
+	f.setEndpoints(t, web, v4, f.eps("pod-a", "pod-b")...)
+	vip := clusterIP(t, web, v1.IPv4Protocol, 80)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	vm := f.bypassedPod(t, "vm")
+	waitServes(t, tcpWho, vm.NetNS, vip, "pod-a", "pod-b")
+
+	held, err := harness.DialTCP(vm.NetNS, vip, dialTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	heldReader := bufio.NewReader(held)
+	echoes := func(when string) {
+		t.Helper()
+		_ = held.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := held.Write([]byte("ping\n")); err != nil {
+			t.Fatalf("%s: the held connection: %v", when, err)
+		}
+		for {
+			line, err := heldReader.ReadString('\n')
+			if err != nil {
+				t.Fatalf("%s: the held connection echoes nothing: %v", when, err)
+			}
+			if line == "ping\n" {
+				return
+			}
+		}
+	}
+	echoes("before the restarts")
+
+	probes := startProbing(vm.NetNS, vip, tcpWho, 5*time.Millisecond, "pod-a", "pod-b")
+	probesRun := func(what string) {
+		t.Helper()
+		n0, _ := probes.okSince()
+		waitUntil(t, convergeTimeout, what, func() error {
+			if n, _ := probes.okSince(); n < n0+5 {
+				return errNotYet
+			}
+			return nil
+		})
+	}
+	for _, stop := range []struct {
+		how  string
+		stop func() error
+	}{{"killed", f.kpr.Kill}, {"stopped", f.kpr.Stop}} {
+		probesRun("the bypassed pod's probes run before kpr is " + stop.how)
+		if err := stop.stop(); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, convergeTimeout, "kpr exits", func() error {
+			if !f.kpr.Exited() {
+				return errNotYet
+			}
+			return nil
+		})
+		probesRun("the bypassed pod's probes run while no kpr runs, " + stop.how)
+		echoes("no kpr running, " + stop.how)
+		if err := f.kpr.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		f.waitHealthy()
+		waitUntil(t, convergeTimeout, "the restarted kpr lists the packet path on the pod's veth", func() error {
+			out, _ := f.kprStatus(t, "--metrics-address", f.kpr.MetricsAddr)
+			if want := "packet path on " + vm.HostVeth; !strings.Contains(string(out), want) {
+				return fmt.Errorf("kpr status lacks %q:\n%s", want, out)
+			}
+			return nil
+		})
+		probesRun("the bypassed pod's probes run after kpr was " + stop.how)
+		echoes("after kpr was " + stop.how)
+	}
+	probes.finish(t)
+
+	f.setEndpoints(t, web, v4, f.eps("pod-c")...)
+	waitServes(t, tcpWho, vm.NetNS, vip, "pod-c")
+	f.requireRunning(t)
+}

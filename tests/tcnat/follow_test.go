@@ -124,6 +124,7 @@ func TestKprRunFollowsNodeDevicesAndAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dialed := time.Now()
 	defer conn.Close()
 	client := conn.LocalAddr().(*net.TCPAddr).AddrPort()
 
@@ -178,7 +179,12 @@ func TestKprRunFollowsNodeDevicesAndAddresses(t *testing.T) {
 			t.Errorf("kpr_tc_drops_total{reason=\"no_backend\"} = %v after connecting to %s, want at least 1", metric(`kpr_tc_drops_total{reason="no_backend"}`), dropped)
 		}
 		// The count is cached for 10s.
-		// An established flow is in kpr_conntrack (bpf/ct.h, "Two maps").
+		// An established flow that has carried a packet a second after
+		// its handshake is in kpr_conntrack (bpf/ct.h, "Two maps").
+		time.Sleep(time.Until(dialed.Add(1200 * time.Millisecond)))
+		if _, err := conn.Write([]byte("ping\n")); err != nil {
+			t.Fatalf("write on the open flow: %v", err)
+		}
 		established := `kpr_tc_conntrack_entries{map="kpr_conntrack"}`
 		if !eventually(15*time.Second, func() bool { return metric(established) >= 2 }) {
 			t.Errorf("%s = %v with a flow open, want at least 2 (both directions)", established, metric(established))

@@ -203,10 +203,11 @@ func dialFrom(t *testing.T, ns *harness.NetNS, local, fe netip.AddrPort) net.Con
 }
 
 // A SYN flood, spoofed, many times larger than the conntrack maps, leaves
-// an idle established connection alone: the flood's half-open flows churn
-// kpr_ct_new, and the connection's entries sit in kpr_conntrack, which the
-// flood never writes. With one map for both, the flood's entries evicted
-// the connection's, and its next segment was not translated.
+// an idle established connection alone once it has lived on past its
+// handshake: the flood's half-open flows churn kpr_ct_new, and the
+// connection's entries sit in kpr_conntrack, which the flood never writes.
+// With one map for both, the flood's entries evicted the connection's, and
+// its next segment was not translated.
 func TestSYNFloodLeavesIdleEstablishedFlows(t *testing.T) {
 	l := buildLAN(t, 1)
 	l.loadKpr(t, loader.TCOptions{}, loader.MapSizes{Conntrack: 256, ConntrackNew: 256})
@@ -214,7 +215,7 @@ func TestSYNFloodLeavesIdleEstablishedFlows(t *testing.T) {
 	fe := netip.AddrPortFrom(nodeAddr(false), 30099)
 	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
 
-	c := establishedConn(t, l, fe)
+	c := longLivedConn(t, l, fe)
 
 	const flood = 4096 // 16 times the entries of either map
 	for i := 0; i < flood; i++ {
@@ -237,8 +238,9 @@ func TestSYNFloodLeavesIdleEstablishedFlows(t *testing.T) {
 }
 
 // Connections that open, serve one request and close, many times more than
-// the conntrack maps hold, leave an idle established connection alone: a
-// flow that is over moves back to kpr_ct_new for its closing time, as
+// the conntrack maps hold, leave an idle established connection that has
+// lived on alone: a short flow never leaves kpr_ct_new, and a flow that is
+// over moves back there for its closing time, as
 // netfilter's full table drops closing connections first. With closed flows
 // kept in kpr_conntrack, a client opening a connection per request evicted
 // the idle connection's entries within seconds (at 6,000 requests a second
@@ -255,7 +257,7 @@ func TestClosedConnectionsLeaveIdleEstablishedFlows(t *testing.T) {
 	fe := netip.AddrPortFrom(nodeAddr(false), 30097)
 	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
 
-	c := establishedConn(t, l, fe)
+	c := longLivedConn(t, l, fe)
 
 	closed := int(ctSize) // two entries each: twice either map
 	for i := 0; i < closed; i++ {
