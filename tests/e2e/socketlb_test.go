@@ -40,12 +40,7 @@ import (
 // a cgroup named as the kubelet names a pod's, in the pod's network
 // namespace: kpr finds the namespace as it does on a node.
 func TestPerPodSocketLBLeavesAMeshPodItsClusterIP(t *testing.T) {
-	f := newFixture(t, "--socket-lb", "per-pod")
-	ns := f.namespace(t, "mesh")
-	web := f.createService(t, kubeobj.Service(ns, "web", tcp80))
-	f.setEndpoints(t, web, v4, f.eps("pod-a", "pod-b")...)
-	vip := clusterIP(t, web, v1.IPv4Protocol, 80)
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	f, ns, _, vip := perPodWeb(t, "mesh")
 
 	mesh, err := f.node.AddPod("mesh")
 	if err != nil {
@@ -411,12 +406,7 @@ func askThroughSidecar(ns *harness.NetNS, vip netip.AddrPort) (string, error) {
 // ones it holds go on while no kpr runs. The new kpr finds the pod's veth
 // already served, and changes reach the pod again.
 func TestKprRestartKeepsABypassedPodsPacketPath(t *testing.T) {
-	f := newFixture(t, "--socket-lb", "per-pod")
-	ns := f.namespace(t, "vm-restart")
-	web := f.createService(t, kubeobj.Service(ns, "web", tcp80))
-	f.setEndpoints(t, web, v4, f.eps("pod-a", "pod-b")...)
-	vip := clusterIP(t, web, v1.IPv4Protocol, 80)
-	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	f, _, web, vip := perPodWeb(t, "vm-restart")
 	vm := f.bypassedPod(t, "vm")
 	waitServes(t, tcpWho, vm.NetNS, vip, "pod-a", "pod-b")
 
@@ -490,4 +480,17 @@ func TestKprRestartKeepsABypassedPodsPacketPath(t *testing.T) {
 	f.setEndpoints(t, web, v4, f.eps("pod-c")...)
 	waitServes(t, tcpWho, vm.NetNS, vip, "pod-c")
 	f.requireRunning(t)
+}
+
+// perPodWeb starts kpr with --socket-lb per-pod and a Service web in a new
+// namespace named after name, served by pod-a and pod-b on TCP port 80.
+func perPodWeb(t *testing.T, name string) (*fixture, string, *v1.Service, netip.AddrPort) {
+	t.Helper()
+	f := newFixture(t, "--socket-lb", "per-pod")
+	ns := f.namespace(t, name)
+	web := f.createService(t, kubeobj.Service(ns, "web", tcp80))
+	f.setEndpoints(t, web, v4, f.eps("pod-a", "pod-b")...)
+	vip := clusterIP(t, web, v1.IPv4Protocol, 80)
+	waitServes(t, tcpWho, f.node.NetNS, vip, "pod-a", "pod-b")
+	return f, ns, web, vip
 }
