@@ -23,10 +23,10 @@ type MapSizes struct {
 	SockRev  uint32 // per-socket reverse entries (LRU)
 	Affinity uint32 // session affinity entries (LRU)
 	// Conntrack entries of the tc programs (LRU), two per flow, for the
-	// flows that have shown traffic both ways.
+	// established flows that have lived on past a second.
 	Conntrack uint32
 	// ConntrackNew are the tc programs' conntrack entries (LRU) of flows
-	// that have not shown traffic both ways yet, which a SYN flood fills.
+	// that are half-open, short or closing, which a SYN flood fills.
 	ConntrackNew uint32
 	// SrcRanges are loadBalancerSourceRanges entries, one per range of
 	// each LoadBalancer IP.

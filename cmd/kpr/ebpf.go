@@ -187,8 +187,8 @@ func addEBPFFlags(fl *pflag.FlagSet, f *ebpfFlags) {
 	fl.Uint32Var(&f.sizes.RevNat, "map-size-revnat", 0, "entries of the reverse-NAT map (one per frontend; the Maglev table map gets twice as many); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.SockRev, "map-size-sockrev", 0, "entries of the per-socket reverse map (LRU); 0 keeps the default 131072")
 	fl.Uint32Var(&f.sizes.Affinity, "map-size-affinity", 0, "entries of the session affinity map (LRU); 0 keeps the default 65536")
-	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map of flows that showed traffic both ways (LRU, two per flow); 0 keeps the default 131072")
-	fl.Uint32Var(&f.sizes.ConntrackNew, "map-size-conntrack-new", 0, "entries of the tc programs' conntrack map of flows that have not shown traffic both ways yet, "+
+	fl.Uint32Var(&f.sizes.Conntrack, "map-size-conntrack", 0, "entries of the tc programs' conntrack map of established flows that have lived on past a second (LRU, two per flow); 0 keeps the default 131072")
+	fl.Uint32Var(&f.sizes.ConntrackNew, "map-size-conntrack-new", 0, "entries of the tc programs' conntrack map of flows that are half-open, short (not yet a second past their handshake) or closing, "+
 		"which a SYN flood churns (LRU, two per flow, split evenly over the possible CPUs and rounded up to a multiple of them); 0 keeps the default 65536")
 	fl.Uint32Var(&f.sizes.SrcRanges, "map-size-src-ranges", 0, "entries of the loadBalancerSourceRanges map (one per range of each LoadBalancer IP); 0 keeps the default 65536")
 	fl.Uint32Var(&f.sizes.Frags, "map-size-frags", 0, "entries of the tc programs' map of fragmented datagrams in flight (LRU, one per datagram until its last fragment); 0 keeps the default 16384")
