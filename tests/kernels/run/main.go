@@ -388,10 +388,14 @@ func qemu(kernel, initrd, accel string, memoryMB int, timeout time.Duration, log
 	// no_timer_check: under emulation on a busy host the kernel's IO-APIC
 	// timer check can miss its ticks and panic the boot. lsm=bpf makes the
 	// BPF LSM the active one, so that a test can withhold a hook from kpr.
+	// loglevel=5 lets the stack traces of a soft lockup or an RCU stall
+	// (printed at the default level, 4) reach the log: a 5.10 guest once
+	// hung on both CPUs in tests/socklb with only their one-line headers to
+	// show for it.
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
 		"-accel", accel, "-cpu", cpu, "-smp", "2", "-m", strconv.Itoa(memoryMB),
 		"-kernel", kernel, "-initrd", initrd,
-		"-append", "console=ttyS0 quiet loglevel=4 panic=-1 no_timer_check rdinit=/init lsm=bpf",
+		"-append", "console=ttyS0 quiet loglevel=5 panic=-1 no_timer_check rdinit=/init lsm=bpf",
 		"-nic", "none", "-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio")
 	logf, err := os.Create(logPath)
 	if err != nil {
