@@ -466,7 +466,7 @@ static __always_inline void ct_touch(struct ct_value *ct, const __u32 client[4],
 	int over = proto == IPPROTO_TCP && ct_closed(flags);
 	int refresh = flags == ct->flags && !(new_flags & (CT_F_RST | CT_F_FIN));
 	int may_promote = refresh && ct_assured(proto, flags) && !over;
-	int may_demote = over && !(proto == IPPROTO_TCP && ct_closed(ct->flags)) && ct_assured(proto, ct->flags);
+	int may_demote = over && !ct_closed(ct->flags) && ct_assured(proto, ct->flags); /* over: TCP */
 	int kept;
 	__u64 expires;
 

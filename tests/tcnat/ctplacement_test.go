@@ -25,17 +25,11 @@ func TestFlowsMoveToTheLongLivedMapOnceTheyLiveOn(t *testing.T) {
 	fe := netip.AddrPortFrom(nodeAddr(false), 30093)
 	l.upsert(dataplane.NodePort, maps.ScopeInternal, fe, dataplane.TCP, l.backendsOf(fe.Addr(), echoPort)...)
 
-	c, client := dialFrontend(t, l, fe)
-	readGreeting(t, c)
-	if _, ok := l.flowOf(client, 3*time.Second, func(f maps.ConntrackFlow) bool { return f.Established }); !ok {
-		t.Fatalf("the connection from %s is not established in kpr's conntrack", client)
-	}
+	c := establishedConn(t, l, fe)
+	client := netip.MustParseAddrPort(c.LocalAddr().String())
 	l.wantFlowIn(t, client, l.loaded.Maps.KprCtNew, "just after the handshake")
 
-	time.Sleep(1200 * time.Millisecond)
-	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-	echo(t, c, bufio.NewReader(c), "ping\n")
-	l.wantFlowIn(t, client, l.loaded.Maps.KprConntrack, "after a request a second after the handshake")
+	l.liveOn(t, c)
 
 	c.Close()
 	l.wantFlowIn(t, client, l.loaded.Maps.KprCtNew, "once closed")
@@ -92,15 +86,21 @@ func flowEntries(t *testing.T, m *ebpf.Map, client netip.AddrPort) int {
 	return n
 }
 
-// longLivedConn is an established connection to fe that has carried a
-// request a second after its handshake, so that its entries sit in
-// kpr_conntrack.
+// longLivedConn is an established connection to fe that has lived on
+// (liveOn), so that its entries sit in kpr_conntrack.
 func longLivedConn(t *testing.T, l *lan, fe netip.AddrPort) net.Conn {
 	t.Helper()
 	c := establishedConn(t, l, fe)
+	l.liveOn(t, c)
+	return c
+}
+
+// liveOn has c, an established connection, carry a request a second after
+// its handshake, and waits for its entries to move to kpr_conntrack.
+func (l *lan) liveOn(t *testing.T, c net.Conn) {
+	t.Helper()
 	time.Sleep(1200 * time.Millisecond)
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 	echo(t, c, bufio.NewReader(c), "ping\n")
 	l.wantFlowIn(t, netip.MustParseAddrPort(c.LocalAddr().String()), l.loaded.Maps.KprConntrack, "after a request a second after the handshake")
-	return c
 }
